@@ -1,0 +1,62 @@
+"""Annotated dependencies: settings, a session, the caller's tenant, the engine hooks."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.config import Settings
+from app.engine.notify import SwarmNotifier
+from app.engine.scheduler import Engine
+from app.errors import Unauthorized
+
+DEFAULT_TENANT = "default"
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
+    async with request.app.state.sessions() as session:
+        yield session
+
+
+def get_tenant(
+    request: Request,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> str:
+    """The caller's tenant from `Authorization: Bearer <key>`; everyone is one tenant when
+    SWARM_API_KEYS is empty."""
+    settings = get_settings(request)
+    if not settings.auth_enabled:
+        return DEFAULT_TENANT
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("missing bearer token")
+    for key, tenant in settings.tenant_keys.items():
+        if hmac.compare_digest(key.encode(), token.strip().encode()):
+            return tenant
+    raise Unauthorized("invalid API key")
+
+
+def get_engine(request: Request) -> Engine | None:
+    engine: Engine | None = request.app.state.engine
+    return engine
+
+
+def get_notifier(request: Request) -> SwarmNotifier:
+    notifier: SwarmNotifier = request.app.state.notifier
+    return notifier
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[AsyncSession, Depends(get_session)]
+TenantDep = Annotated[str, Depends(get_tenant)]
+EngineDep = Annotated[Engine | None, Depends(get_engine)]
+NotifierDep = Annotated[SwarmNotifier, Depends(get_notifier)]

@@ -1,0 +1,50 @@
+"""Operational routes: liveness, readiness, metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from app import metrics
+from app.api.deps import SettingsDep
+from app.api.errors import error_responses
+from app.db.migrate import current_revision, head_revision
+from app.schemas import Health, Ready
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", response_model=Health, summary="The process is up")
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Ready, responses=error_responses(503),
+            summary="The database is reachable and migrated")
+async def readyz(request: Request, settings: SettingsDep) -> Response:
+    engine = request.app.state.db_engine
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+        revision = await current_revision(engine)
+    except Exception as exc:
+        return JSONResponse({"error": {"code": "unavailable",
+                                       "message": f"database unreachable: {type(exc).__name__}",
+                                       "details": None}}, status_code=503)
+    head = head_revision()
+    if revision != head:
+        return JSONResponse({"error": {"code": "unavailable",
+                                       "message": "database not migrated",
+                                       "details": {"revision": revision, "head": head}}},
+                            status_code=503)
+    return JSONResponse(Ready(status="ok", database="ok", revision=revision,
+                              price_table_version=settings.prices.version).model_dump())
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                             "description": "Prometheus text exposition"}})
+async def prometheus_metrics() -> Response:
+    body, content_type = metrics.render()
+    return Response(body, media_type=content_type)

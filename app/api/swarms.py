@@ -1,0 +1,194 @@
+"""Routes of /swarms: create, read (with ?wait=), list, cancel, events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+from sse_starlette.sse import EventSourceResponse
+
+from app.api.deps import EngineDep, NotifierDep, SessionDep, SettingsDep, TenantDep
+from app.api.errors import error_responses
+from app.api.views import swarm_read
+from app.db import queries
+from app.db.tables import Swarm
+from app.engine.specs import build_swarm, request_hash
+from app.errors import (
+    AlreadyTerminal,
+    IdempotencyKeyReused,
+    RequestInvalid,
+    SwarmNotFound,
+)
+from app.schemas import SwarmCreate, SwarmList, SwarmRead
+from app.states import SwarmStatus
+
+router = APIRouter(prefix="/swarms", tags=["swarms"])
+POLL_S = 0.5  # how often waiters re-read when the change happens in another process
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", min_length=1, max_length=255,
+           description="Same key + same body returns the same swarm (kept at least 24 h)"),
+]
+
+
+async def _read(session: AsyncSession, swarm_id: str, tenant: str) -> SwarmRead:
+    async with session.begin():
+        swarm = await queries.get_swarm(session, swarm_id, tenant)
+        if swarm is None:
+            raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id})
+        subs = (await queries.get_subtasks(session, [swarm.id]))[swarm.id]
+        position = (await queries.queue_position(session, swarm)
+                    if swarm.status == SwarmStatus.queued else None)
+    return swarm_read(swarm, subs, queue_position=position)
+
+
+async def _replay(session: AsyncSession, existing: Swarm, body: SwarmCreate,
+                  key: str, tenant: str) -> SwarmRead:
+    if existing.request_hash != request_hash(body):
+        raise IdempotencyKeyReused(
+            "this Idempotency-Key was used with a different request body",
+            details={"field": "Idempotency-Key", "swarm_id": existing.id})
+    return await _read(session, existing.id, tenant)
+
+
+@router.post(
+    "", status_code=202, response_model=SwarmRead,
+    responses=error_responses(400, 401, 413, 422),
+    summary="Start a swarm",
+)
+async def create_swarm(body: SwarmCreate, response: Response, session: SessionDep,
+                       tenant: TenantDep, settings: SettingsDep, engine: EngineDep,
+                       idempotency_key: IdempotencyKey = None) -> SwarmRead:
+    """Validate, store the swarm and its subtasks in one transaction, and queue it."""
+    new = build_swarm(body, settings, tenant, idempotency_key)
+    if idempotency_key is not None:
+        async with session.begin():
+            existing = await queries.find_by_idempotency_key(session, tenant, idempotency_key)
+        if existing is not None:
+            response.headers["Location"] = f"/swarms/{existing.id}"
+            return await _replay(session, existing, body, idempotency_key, tenant)
+    try:
+        async with session.begin():
+            await queries.insert_swarm(session, new.swarm, new.subtasks)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        # a concurrent request with the same key won the insert: answer with its swarm
+        async with session.begin():
+            existing = await queries.find_by_idempotency_key(session, tenant, idempotency_key)
+        if existing is None:
+            raise
+        response.headers["Location"] = f"/swarms/{existing.id}"
+        return await _replay(session, existing, body, idempotency_key, tenant)
+    if engine is not None:
+        engine.wake()
+    response.headers["Location"] = f"/swarms/{new.swarm.id}"
+    return await _read(session, new.swarm.id, tenant)
+
+
+@router.get("", response_model=SwarmList, responses=error_responses(400, 401, 422),
+            summary="List swarms, newest first")
+async def list_swarms(
+    session: SessionDep, tenant: TenantDep,
+    status: Annotated[SwarmStatus | None, Query(description="only swarms in this status")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
+) -> SwarmList:
+    """Tenant-scoped, keyset-paged; items omit subtask outputs and results."""
+    async with session.begin():
+        try:
+            rows, next_cursor = await queries.list_swarms(
+                session, tenant, status.value if status else None, limit, cursor)
+        except ValueError as exc:
+            raise RequestInvalid(str(exc), code="invalid_cursor",
+                                 details={"field": "cursor"}) from exc
+        subs = await queries.get_subtasks(session, [s.id for s in rows])
+    return SwarmList(
+        items=[swarm_read(s, subs[s.id], with_outputs=False) for s in rows],
+        next_cursor=next_cursor)
+
+
+@router.get("/{swarm_id}", response_model=SwarmRead, responses=error_responses(401, 404, 422),
+            summary="Read a swarm (optionally wait for it to finish)")
+async def get_swarm(
+    swarm_id: str, session: SessionDep, tenant: TenantDep, notifier: NotifierDep,
+    wait: Annotated[float | None, Query(ge=0, le=60, description="hold up to S seconds until "
+                                        "the swarm is terminal")] = None,
+) -> SwarmRead:
+    """The swarm with its subtasks, progress, usage and timing."""
+    until = time.monotonic() + (wait or 0)
+    while True:
+        view = await _read(session, swarm_id, tenant)
+        left = until - time.monotonic()
+        if SwarmStatus(view.status).terminal or left <= 0:
+            return view
+        await notifier.wait(swarm_id, min(left, POLL_S))
+
+
+@router.post("/{swarm_id}/cancel", status_code=202, response_model=SwarmRead,
+             responses=error_responses(401, 404, 409),
+             summary="Cancel a swarm")
+async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
+                       engine: EngineDep, notifier: NotifierDep) -> SwarmRead:
+    """Stops launching, cancels in-flight calls within a second; finished outputs stay."""
+    async with session.begin():
+        swarm = await queries.get_swarm(session, swarm_id, tenant)
+        if swarm is None:
+            raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id})
+        if SwarmStatus(swarm.status).terminal:
+            raise AlreadyTerminal(f"swarm is already {swarm.status}",
+                                  details={"status": swarm.status})
+        cancelled_here = await queries.request_cancel(session, swarm)
+    if cancelled_here:
+        notifier.notify(swarm_id)
+    elif engine is not None:
+        engine.cancel_local(swarm_id)
+    return await _read(session, swarm_id, tenant)
+
+
+@router.get("/{swarm_id}/events", responses={
+    200: {"description": "Server-Sent Events, one per state change",
+          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    **error_responses(401, 404)}, summary="Stream a swarm's events")
+async def swarm_events(
+    swarm_id: str, request: Request, session: SessionDep, tenant: TenantDep,
+    notifier: NotifierDep,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> EventSourceResponse:
+    """`id:` is the per-swarm sequence number; `Last-Event-ID` resumes after it; the stream
+    ends after `swarm.completed`."""
+    try:
+        after = max(int(last_event_id), 0) if last_event_id else 0
+    except ValueError as exc:
+        raise RequestInvalid("Last-Event-ID must be an integer",
+                             details={"field": "Last-Event-ID"}) from exc
+    async with session.begin():
+        if await queries.get_swarm(session, swarm_id, tenant) is None:
+            raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id})
+    sessions = request.app.state.sessions
+
+    async def stream() -> AsyncIterator[dict[str, Any]]:
+        seq = after
+        while True:
+            async with sessions() as s, s.begin():
+                rows = await queries.events_after(s, swarm_id, seq)
+            for ev in rows:
+                seq = ev.seq
+                yield {"id": str(ev.seq), "event": ev.type,
+                       "data": json.dumps({"seq": ev.seq, "swarm_id": swarm_id, **ev.data},
+                                          default=str)}
+                if ev.type == "swarm.completed":
+                    return
+            if not rows:
+                await notifier.wait(swarm_id, POLL_S)
+            else:
+                await asyncio.sleep(0)
+
+    return EventSourceResponse(stream(), ping=15)

@@ -1,0 +1,85 @@
+"""The swarm resource (SPEC §3) assembled from rows: progress, usage and timing derived here."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from app.db.tables import Subtask, Swarm
+from app.db.types import utcnow
+from app.engine import dag
+from app.gateway.pricing import usd_str
+from app.schemas import (
+    LatencyPercentiles,
+    Progress,
+    SubtaskRead,
+    SubtaskUsage,
+    SwarmRead,
+    SwarmUsage,
+    Timing,
+)
+from app.states import SubtaskKind
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile."""
+    if not sorted_values:
+        return None
+    rank = max(math.ceil(q / 100 * len(sorted_values)), 1)
+    return round(sorted_values[rank - 1], 3)
+
+
+def timing(swarm: Swarm, subtasks: Sequence[Subtask]) -> Timing:
+    """Wall time, the DAG's critical path (planner, workers, synthesis), serial sum, speedup."""
+    latency = {s.name: s.latency_ms / 1000 for s in subtasks if s.latency_ms is not None}
+    planners = [s.name for s in subtasks if s.kind == SubtaskKind.planner]
+    deps = {s.name: list(s.depends_on) or (planners if s.kind == SubtaskKind.worker else [])
+            for s in subtasks}
+    known = set(deps)
+    deps = {n: [d for d in ds if d in known] for n, ds in deps.items()}
+    critical = dag.critical_path(deps, latency)
+    serial = sum(latency.values())
+    wall: float | None = None
+    if swarm.started_at is not None:
+        end = swarm.finished_at or utcnow()
+        wall = max((end - swarm.started_at).total_seconds(), 0.0)
+    values = sorted(latency.values())
+    return Timing(
+        wall_s=None if wall is None else round(wall, 3),
+        critical_path_s=round(critical, 3),
+        serial_s=round(serial, 3),
+        speedup=round(serial / wall, 2) if wall else None,
+        subtask_latency_s=LatencyPercentiles(
+            p50=_percentile(values, 50), p95=_percentile(values, 95), p99=_percentile(values, 99)),
+    )
+
+
+def subtask_read(s: Subtask, with_output: bool) -> SubtaskRead:
+    return SubtaskRead(
+        name=s.name, kind=s.kind, status=s.status, model=s.model, depends_on=list(s.depends_on),
+        attempts=s.attempts, output=s.output if with_output else None, truncated=s.truncated,
+        error=s.error,
+        usage=SubtaskUsage(prompt_tokens=s.prompt_tokens, completion_tokens=s.completion_tokens,
+                           cost_usd=usd_str(s.cost_usd)),
+        latency_ms=s.latency_ms, started_at=s.started_at, finished_at=s.finished_at,
+    )
+
+
+def swarm_read(swarm: Swarm, subtasks: Sequence[Subtask], *, with_outputs: bool = True,
+               queue_position: int | None = None) -> SwarmRead:
+    progress = Progress(total=len(subtasks))
+    for s in subtasks:
+        setattr(progress, s.status, getattr(progress, s.status) + 1)
+    return SwarmRead(
+        id=swarm.id, status=swarm.status, created_at=swarm.created_at,
+        started_at=swarm.started_at, finished_at=swarm.finished_at, task=swarm.task,
+        metadata=swarm.meta, spec=swarm.spec, progress=progress,
+        subtasks=[subtask_read(s, with_outputs) for s in subtasks],
+        usage=SwarmUsage(prompt_tokens=swarm.prompt_tokens,
+                         completion_tokens=swarm.completion_tokens,
+                         cost_usd=usd_str(swarm.spent_usd), gateway_calls=swarm.gateway_calls),
+        timing=timing(swarm, subtasks),
+        queue_position=queue_position,
+        result=swarm.result if with_outputs else None,
+        error=swarm.error,
+    )

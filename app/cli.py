@@ -1,0 +1,102 @@
+"""The `swarm-api` console script: serve, worker, migrate, simulator."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+import sys
+
+from app.config import Settings
+
+log = logging.getLogger("swarm_api")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(settings: Settings, host: str, port: int, engine: bool) -> int:
+    import uvicorn
+
+    from app.main import create_app
+
+    if not settings.auth_enabled and not settings.allow_open and not _is_loopback(host):
+        print(f"refusing to bind {host} without SWARM_API_KEYS (set SWARM_ALLOW_OPEN=1 to "
+              "serve an open API)", file=sys.stderr)
+        return 2
+    app = create_app(settings, run_engine=engine)
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False,
+                timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
+    return 0
+
+
+async def _worker(settings: Settings) -> None:
+    from app.db.migrate import upgrade_head_async
+    from app.db.session import make_engine, make_session_factory
+    from app.engine.scheduler import Engine
+    from app.main import make_gateway
+
+    if settings.migrate_on_start:
+        await upgrade_head_async(settings.database_url)
+    db = make_engine(settings.database_url)
+    gateway = make_gateway(settings)
+    engine = Engine(settings, make_session_factory(db), gateway)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await engine.start()
+    log.info("worker %s running", engine.owner)
+    await stop.wait()
+    log.info("stopping: finishing in-flight work for up to %ss", settings.shutdown_grace_s)
+    await engine.stop()
+    await gateway.aclose()
+    await db.dispose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="swarm-api")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_serve = sub.add_parser("serve", help="the HTTP API (and, by default, the engine)")
+    p_serve.add_argument("--host", default="127.0.0.1")
+    p_serve.add_argument("--port", type=int, default=8000)
+    p_serve.add_argument("--no-engine", action="store_true", help="API only (scale-out)")
+    sub.add_parser("worker", help="the engine alone")
+    sub.add_parser("migrate", help="alembic upgrade head")
+    p_sim = sub.add_parser("simulator", help="the simulated gateway as its own process")
+    p_sim.add_argument("--host", default="127.0.0.1")
+    p_sim.add_argument("--port", type=int, default=8100)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per gateway call is noise
+
+    if args.command == "simulator":
+        from app.simulator import run_simulator
+
+        run_simulator(args.host, args.port)
+        return 0
+    settings = Settings()
+    if args.command == "migrate":
+        from app.db.migrate import upgrade_head
+
+        upgrade_head(settings.database_url)
+        print("database at head")
+        return 0
+    if args.command == "worker":
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_worker(settings))
+        return 0
+    return serve(settings, args.host, args.port, engine=settings.engine and not args.no_engine)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""Settings from the environment (prefix SWARM_) and an optional .env file."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from functools import cached_property
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.gateway.pricing import PriceTable
+
+EMBEDDED_DATABASE_URL = "sqlite+aiosqlite:///./swarm.db"
+
+
+class Settings(BaseSettings):
+    """Every knob of SPEC §2, typed; secrets never printed."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SWARM_", env_file=".env", extra="ignore", frozen=False
+    )
+
+    database_url: str = EMBEDDED_DATABASE_URL
+    gateway_url: str | None = None
+    gateway_api_key: SecretStr = SecretStr("")
+    api_keys: SecretStr = SecretStr("")
+    allow_open: bool = False
+    models_file: str | None = None
+    default_model: str = "kimi-k2.5"
+    daily_budget_usd: Decimal | None = Field(default=None, gt=0)
+    max_inflight: int = Field(default=256, ge=1, le=10_000)
+    lease_seconds: float = Field(default=15.0, gt=0)
+    auto_migrate: bool = False
+    engine: bool = True
+    max_agents: int = Field(default=1000, ge=1)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_rescues: int = Field(default=3, ge=0)
+    max_running_swarms: int = Field(default=64, ge=1)
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    webhook_secret: SecretStr = SecretStr("")
+    webhook_allow_http: bool = False
+    webhook_allow_private: bool = False
+    # the in-process simulator (used when no gateway_url is set)
+    simulator_latency_ms: float = Field(default=200.0, ge=0)
+    simulator_latency_jitter_ms: float = Field(default=100.0, ge=0)
+
+    @field_validator("gateway_url")
+    @classmethod
+    def _strip_slash(cls, v: str | None) -> str | None:
+        return v.rstrip("/") if v else None
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def migrate_on_start(self) -> bool:
+        return self.auto_migrate or self.is_sqlite
+
+    @cached_property
+    def tenant_keys(self) -> dict[str, str]:
+        """Client key -> tenant, from `tenant:key,tenant:key`."""
+        out: dict[str, str] = {}
+        for item in self.api_keys.get_secret_value().split(","):
+            item = item.strip()
+            if not item:
+                continue
+            tenant, sep, key = item.partition(":")
+            if not sep or not tenant or not key:
+                raise ValueError("SWARM_API_KEYS must be 'tenant:key,tenant:key'")
+            out[key] = tenant
+        return out
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.tenant_keys)
+
+    @cached_property
+    def prices(self) -> PriceTable:
+        if self.models_file:
+            return PriceTable.from_file(self.models_file)
+        return PriceTable.builtin()

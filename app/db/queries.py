@@ -1,0 +1,316 @@
+"""Repository functions: they take a session, never commit; the caller owns the transaction."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, insert, or_, select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db.tables import Event, GatewayCall, Subtask, Swarm
+from app.db.types import utcnow
+from app.states import TERMINAL_SWARM, SubtaskStatus, SwarmStatus
+
+ACTIVE = (SwarmStatus.planning, SwarmStatus.running, SwarmStatus.synthesizing)
+TERMINAL_VALUES = tuple(s.value for s in TERMINAL_SWARM)
+
+
+class LeaseLost(Exception):
+    """This process no longer owns the swarm: another took it over, or it was released."""
+
+
+def _is_pg(session: AsyncSession) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+async def db_now(session: AsyncSession) -> datetime:
+    """Database time on Postgres (leases never trust worker clocks); local time on SQLite,
+    which runs in this one process."""
+    if _is_pg(session):
+        value: datetime = (await session.execute(select(func.now()))).scalar_one()
+        return value
+    return utcnow()
+
+
+# ---- creation and reads ------------------------------------------------------------------
+
+
+async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[Subtask]) -> None:
+    session.add(swarm)
+    await session.flush()
+    session.add_all(subtasks)
+    await session.flush()
+
+
+async def find_by_idempotency_key(session: AsyncSession, tenant: str, key: str) -> Swarm | None:
+    stmt = select(Swarm).where(Swarm.tenant == tenant, Swarm.idempotency_key == key)
+    return (await session.execute(stmt)).scalar_one_or_none()
+
+
+async def get_swarm(session: AsyncSession, swarm_id: str, tenant: str | None) -> Swarm | None:
+    stmt = select(Swarm).where(Swarm.id == swarm_id)
+    if tenant is not None:
+        stmt = stmt.where(Swarm.tenant == tenant)
+    return (await session.execute(stmt)).scalar_one_or_none()
+
+
+async def get_subtasks(session: AsyncSession, swarm_ids: Sequence[str]) -> dict[str, list[Subtask]]:
+    """Subtasks of each swarm in creation order."""
+    out: dict[str, list[Subtask]] = {i: [] for i in swarm_ids}
+    if not swarm_ids:
+        return out
+    stmt = (
+        select(Subtask)
+        .where(Subtask.swarm_id.in_(swarm_ids))
+        .order_by(Subtask.swarm_id, Subtask.position)
+    )
+    for sub in (await session.execute(stmt)).scalars():
+        out[sub.swarm_id].append(sub)
+    return out
+
+
+async def queue_position(session: AsyncSession, swarm: Swarm) -> int:
+    """1 for the next queued swarm to be claimed, across tenants."""
+    stmt = select(func.count()).where(
+        Swarm.status == SwarmStatus.queued, Swarm.created_at < swarm.created_at
+    )
+    return int((await session.execute(stmt)).scalar_one()) + 1
+
+
+def encode_cursor(swarm: Swarm) -> str:
+    raw = f"{swarm.created_at.isoformat()}|{swarm.id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """(created_at, id) of the last item seen; ValueError when the cursor is not ours."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, _, swarm_id = raw.partition("|")
+        when = datetime.fromisoformat(created)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError("malformed cursor") from exc
+    if when.tzinfo is None or not swarm_id:
+        raise ValueError("malformed cursor")
+    return when, swarm_id
+
+
+async def list_swarms(
+    session: AsyncSession, tenant: str, status: str | None, limit: int, cursor: str | None
+) -> tuple[list[Swarm], str | None]:
+    """Newest first, keyset-paged by (created_at, id)."""
+    stmt = select(Swarm).where(Swarm.tenant == tenant)
+    if status is not None:
+        stmt = stmt.where(Swarm.status == status)
+    if cursor is not None:
+        when, last_id = decode_cursor(cursor)
+        stmt = stmt.where(
+            or_(Swarm.created_at < when, (Swarm.created_at == when) & (Swarm.id < last_id))
+        )
+    stmt = stmt.order_by(Swarm.created_at.desc(), Swarm.id.desc()).limit(limit + 1)
+    rows = list((await session.execute(stmt)).scalars())
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (encode_cursor(rows[-1]) if more and rows else None)
+
+
+async def request_cancel(session: AsyncSession, swarm: Swarm) -> bool:
+    """Flag a running swarm for cancellation; True when it was still queued and is now cancelled
+    here directly (nobody owned it)."""
+    now = await db_now(session)
+    res = await session.execute(
+        update(Swarm)
+        .where(Swarm.id == swarm.id, Swarm.status == SwarmStatus.queued)
+        .values(status=SwarmStatus.cancelled, finished_at=now, cancel_requested=True,
+                event_seq=Swarm.event_seq + 1)
+        .returning(Swarm.event_seq)
+    )
+    seq = res.scalar_one_or_none()
+    if seq is not None:
+        await session.execute(
+            update(Subtask)
+            .where(Subtask.swarm_id == swarm.id, Subtask.status == SubtaskStatus.pending)
+            .values(status=SubtaskStatus.cancelled, finished_at=now)
+        )
+        await session.execute(insert(Event).values(
+            swarm_id=swarm.id, seq=seq, type="swarm.completed", created_at=now,
+            data={"status": "cancelled", "error": None}))
+        return True
+    await session.execute(
+        update(Swarm)
+        .where(Swarm.id == swarm.id, Swarm.status.not_in(TERMINAL_VALUES))
+        .values(cancel_requested=True)
+    )
+    return False
+
+
+async def events_after(
+    session: AsyncSession, swarm_id: str, after_seq: int, limit: int = 500
+) -> list[Event]:
+    stmt = (
+        select(Event)
+        .where(Event.swarm_id == swarm_id, Event.seq > after_seq)
+        .order_by(Event.seq)
+        .limit(limit)
+    )
+    return list((await session.execute(stmt)).scalars())
+
+
+# ---- claims and leases -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    swarm_id: str
+    epoch: int
+    rescues: int
+    status: str
+
+
+def _claimable(now: Any) -> ColumnElement[bool]:
+    return or_(
+        Swarm.status == SwarmStatus.queued,
+        Swarm.status.in_(ACTIVE)
+        & or_(Swarm.lease_expires_at.is_(None), Swarm.lease_expires_at < now),
+    )
+
+
+_PG_CLAIM = text("""
+WITH picked AS MATERIALIZED (
+    SELECT id FROM swarms
+    WHERE status = 'queued'
+       OR (status IN ('planning', 'running', 'synthesizing')
+           AND (lease_expires_at IS NULL OR lease_expires_at < now()))
+    ORDER BY created_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE swarms AS s
+SET lease_owner = :owner,
+    lease_expires_at = now() + make_interval(secs => :lease),
+    lease_epoch = s.lease_epoch + 1,
+    rescues = s.rescues + CASE WHEN s.status <> 'queued' AND s.lease_owner IS NOT NULL
+                               THEN 1 ELSE 0 END
+FROM picked WHERE s.id = picked.id
+RETURNING s.id, s.lease_epoch, s.rescues, s.status
+""")
+
+
+async def claim_swarms(
+    session: AsyncSession, owner: str, lease_s: float, limit: int
+) -> list[Claim]:
+    """Take up to `limit` queued or abandoned swarms, oldest first, with a fresh lease epoch."""
+    if limit <= 0:
+        return []
+    if _is_pg(session):
+        rows = await session.execute(
+            _PG_CLAIM, {"owner": owner, "lease": float(lease_s), "limit": limit}
+        )
+        return [Claim(r[0], r[1], r[2], r[3]) for r in rows]
+    now = utcnow()
+    ids = list((await session.execute(
+        select(Swarm.id).where(_claimable(now)).order_by(Swarm.created_at).limit(limit)
+    )).scalars())
+    claims: list[Claim] = []
+    for swarm_id in ids:
+        row = (await session.execute(
+            update(Swarm)
+            .where(Swarm.id == swarm_id, _claimable(now))
+            .values(
+                lease_owner=owner,
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                lease_epoch=Swarm.lease_epoch + 1,
+                rescues=Swarm.rescues + func.iif(
+                    (Swarm.status != SwarmStatus.queued) & Swarm.lease_owner.is_not(None), 1, 0
+                ),
+            )
+            .returning(Swarm.id, Swarm.lease_epoch, Swarm.rescues, Swarm.status)
+        )).one_or_none()
+        if row is not None:
+            claims.append(Claim(row[0], row[1], row[2], row[3]))
+    return claims
+
+
+async def extend_leases(
+    session: AsyncSession, owner: str, epochs: dict[str, int], lease_s: float
+) -> dict[str, bool]:
+    """Extend the leases this process still holds: {swarm id: cancel requested}; a swarm
+    missing from the answer was lost."""
+    if not epochs:
+        return {}
+    now = await db_now(session)
+    rows = await session.execute(
+        update(Swarm)
+        .where(Swarm.id.in_(list(epochs)), Swarm.lease_owner == owner)
+        .values(lease_expires_at=now + timedelta(seconds=lease_s))
+        .returning(Swarm.id, Swarm.lease_epoch, Swarm.cancel_requested)
+    )
+    return {r[0]: bool(r[2]) for r in rows if epochs.get(r[0]) == r[1]}
+
+
+async def release_leases(session: AsyncSession, owner: str, swarm_ids: Sequence[str]) -> None:
+    """Give swarms back at once (graceful shutdown) so another process continues them."""
+    if swarm_ids:
+        await session.execute(
+            update(Swarm)
+            .where(Swarm.id.in_(list(swarm_ids)), Swarm.lease_owner == owner)
+            .values(lease_owner=None, lease_expires_at=None)
+        )
+
+
+async def load_swarm_for_run(session: AsyncSession, swarm_id: str) -> tuple[Swarm, list[Subtask]]:
+    swarm = (await session.execute(select(Swarm).where(Swarm.id == swarm_id))).scalar_one()
+    subs = (await get_subtasks(session, [swarm_id]))[swarm_id]
+    return swarm, subs
+
+
+# ---- the group commit --------------------------------------------------------------------
+
+
+@dataclass
+class SwarmWrite:
+    """What one runner wants durable: the swarm's latest totals plus rows, fenced by epoch."""
+
+    swarm_id: str
+    epoch: int
+    swarm: dict[str, Any]
+    subtasks: list[dict[str, Any]] = field(default_factory=list)
+    ledger: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[SwarmWrite]) -> set[str]:
+    """Write many runners' changes in one transaction; returns the swarm ids fenced out
+    (another process holds their lease now), whose writes were dropped."""
+    ids = list({w.swarm_id for w in writes})
+    lock = (
+        select(Swarm.id, Swarm.lease_epoch, Swarm.lease_owner)
+        .where(Swarm.id.in_(ids))
+        .with_for_update()  # holds off a concurrent claim until this commits
+    )
+    held = {r[0]: (r[1], r[2]) for r in await session.execute(lock)}
+    ok = [w for w in writes if held.get(w.swarm_id) == (w.epoch, owner)]
+    fenced = {w.swarm_id for w in writes} - {w.swarm_id for w in ok}
+    if not ok:
+        return fenced
+    latest: dict[str, dict[str, Any]] = {}
+    subtasks: list[dict[str, Any]] = []
+    ledger: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    for w in ok:
+        latest[w.swarm_id] = {"id": w.swarm_id, **w.swarm}
+        subtasks.extend(w.subtasks)
+        ledger.extend(w.ledger)
+        events.extend(w.events)
+    await session.execute(update(Swarm), list(latest.values()))
+    if subtasks:
+        await session.execute(update(Subtask), subtasks)
+    if ledger:
+        await session.execute(insert(GatewayCall), ledger)
+    if events:
+        await session.execute(insert(Event), events)
+    return fenced

@@ -1,0 +1,71 @@
+"""Column types that behave the same on PostgreSQL and SQLite."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Dialect, Numeric
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from app.gateway.pricing import USD_QUANTUM
+
+# SQLite has no exact decimal: money lives there as an integer count of USD_QUANTUM (1e-12 USD),
+# which SUM()s exactly; PostgreSQL keeps NUMERIC.
+_SCALE = Decimal(1) / USD_QUANTUM
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Money(TypeDecorator[Decimal]):
+    """Exact USD amounts: NUMERIC(24,12) on Postgres, integer pico-dollars on SQLite."""
+
+    impl = Numeric(24, 12)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(BigInteger())
+        return dialect.type_descriptor(Numeric(24, 12, asdecimal=True))
+
+    def process_bind_param(self, value: Decimal | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        value = Decimal(value)
+        if dialect.name == "sqlite":
+            return int((value * _SCALE).to_integral_value())
+        return value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Decimal | None:
+        if value is None:
+            return None
+        if dialect.name == "sqlite":
+            return Decimal(int(value)) / _SCALE
+        return Decimal(value)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC timestamps; naive datetimes are a bug and are refused."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime; use datetime.now(UTC)")
+        return value.astimezone(UTC) if dialect.name != "sqlite" else (
+            value.astimezone(UTC).replace(tzinfo=None)
+        )
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)

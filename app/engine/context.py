@@ -1,0 +1,57 @@
+"""Prompts for subtasks: dependency outputs under their names, fitted to the model's window."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# Upper bound on tokens per message beyond its text (role markers, separators)
+MESSAGE_OVERHEAD_TOKENS = 8
+
+
+def estimate_prompt_tokens(messages: Sequence[dict[str, str]]) -> int:
+    """An upper bound on the prompt tokens a gateway will bill.
+
+    Byte-level BPE tokenizers never make more tokens than UTF-8 bytes, so bytes plus a per-message
+    overhead bounds the count; the budget reserves against this bound, which keeps the cap hard.
+    """
+    return MESSAGE_OVERHEAD_TOKENS + sum(
+        len(m["content"].encode()) + MESSAGE_OVERHEAD_TOKENS for m in messages
+    )
+
+
+def truncate_marked(text: str, max_chars: int) -> str:
+    """`text` cut to about `max_chars`, with a visible marker saying how much was cut."""
+    if len(text) <= max_chars:
+        return text
+    keep = max(max_chars - 80, 0)
+    omitted = len(text) - keep
+    return f"{text[:keep]}\n[... truncated: {omitted} characters omitted to fit the context]"
+
+
+def fair_shares(sizes: Sequence[int], total: int) -> list[int]:
+    """Split `total` among items: small ones keep their size, large ones share the rest equally."""
+    shares = [0] * len(sizes)
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+    left = total
+    for rank, i in enumerate(order):
+        fair = left // (len(sizes) - rank)
+        shares[i] = min(sizes[i], fair)
+        left -= shares[i]
+    return shares
+
+
+def with_dependencies(
+    prompt: str, deps: Sequence[tuple[str, str]], budget_chars: int | None = None
+) -> str:
+    """The user message: the prompt, then each dependency's output under its name; outputs are
+    truncated (visibly) only when together they exceed `budget_chars`."""
+    if not deps:
+        return prompt
+    outputs = [out for _, out in deps]
+    if budget_chars is not None and sum(map(len, outputs)) > budget_chars:
+        shares = fair_shares([len(o) for o in outputs], max(budget_chars, 0))
+        outputs = [truncate_marked(o, s) for o, s in zip(outputs, shares, strict=True)]
+    parts = [prompt, "", "Results of the agents this step depends on:"]
+    for (name, _), out in zip(deps, outputs, strict=True):
+        parts.append(f"\n### {name}\n{out}")
+    return "\n".join(parts)

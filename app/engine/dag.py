@@ -1,0 +1,90 @@
+"""DAG checks and ordering for subtasks: pure functions, no IO."""
+
+from __future__ import annotations
+
+import graphlib
+from collections.abc import Iterable, Mapping, Sequence
+
+
+class DagError(ValueError):
+    """An invalid dependency graph; `field` and `details` say where."""
+
+    def __init__(self, code: str, message: str, details: dict[str, object]) -> None:
+        super().__init__(message)
+        self.code = code
+        self.details = details
+
+
+def find_cycle(deps: Mapping[str, Sequence[str]]) -> list[str] | None:
+    """A cycle as a closed path [a, b, ..., a], or None when the graph is acyclic."""
+    try:
+        graphlib.TopologicalSorter(deps).prepare()
+    except graphlib.CycleError as exc:
+        cycle = list(exc.args[1])
+        # graphlib lists the cycle backwards (node, its predecessor, ...): show it forwards
+        return list(reversed(cycle))
+    return None
+
+
+def validate_dag(deps: Mapping[str, Sequence[str]], field: str = "agents") -> None:
+    """Raise DagError for unknown dependencies, self-dependencies or cycles."""
+    for name, ds in deps.items():
+        for d in ds:
+            if d not in deps:
+                raise DagError(
+                    "unknown_dependency",
+                    f"{name!r} depends on unknown {d!r}",
+                    {"field": f"{field}.{name}.depends_on", "name": name, "unknown": d},
+                )
+    cycle = find_cycle(deps)
+    if cycle is not None:
+        raise DagError(
+            "dependency_cycle",
+            "dependency cycle: " + " -> ".join(cycle),
+            {"field": f"{field}.depends_on", "cycle": cycle},
+        )
+
+
+def topological_order(deps: Mapping[str, Sequence[str]], order: Iterable[str]) -> list[str]:
+    """Names in dependency order; among ready nodes the given `order` decides (stable)."""
+    rank = {name: i for i, name in enumerate(order)}
+    ts = graphlib.TopologicalSorter(deps)
+    ts.prepare()
+    out: list[str] = []
+    while ts.is_active():
+        ready = sorted(ts.get_ready(), key=lambda n: rank.get(n, len(rank)))
+        out.extend(ready)
+        ts.done(*ready)
+    return out
+
+
+def depth(deps: Mapping[str, Sequence[str]]) -> int:
+    """Number of nodes on the longest dependency chain (1 for a flat fan-out)."""
+    level: dict[str, int] = {}
+    for name in topological_order(deps, deps):
+        level[name] = 1 + max((level[d] for d in deps[name]), default=0)
+    return max(level.values(), default=0)
+
+
+def descendants(deps: Mapping[str, Sequence[str]], roots: Iterable[str]) -> set[str]:
+    """Every node that depends, directly or not, on one of `roots`."""
+    children: dict[str, list[str]] = {n: [] for n in deps}
+    for n, ds in deps.items():
+        for d in ds:
+            children.setdefault(d, []).append(n)
+    seen: set[str] = set()
+    stack = list(roots)
+    while stack:
+        for c in children.get(stack.pop(), []):
+            if c not in seen:
+                seen.add(c)
+                stack.append(c)
+    return seen
+
+
+def critical_path(deps: Mapping[str, Sequence[str]], weight: Mapping[str, float]) -> float:
+    """Longest sum of weights along a dependency chain."""
+    best: dict[str, float] = {}
+    for name in topological_order(deps, deps):
+        best[name] = weight.get(name, 0.0) + max((best[d] for d in deps[name]), default=0.0)
+    return max(best.values(), default=0.0)

@@ -1,0 +1,159 @@
+"""The engine loop of a process: claim swarms, run them, keep their leases, stop gracefully."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import random
+import socket
+import uuid
+from contextlib import suppress
+
+from app.config import Settings
+from app.db import queries
+from app.db.session import SessionFactory
+from app.engine.notify import SwarmNotifier
+from app.engine.runner import EngineContext, SwarmRunner
+from app.engine.writer import StateWriter
+from app.gateway.client import GatewayClient
+
+log = logging.getLogger(__name__)
+
+
+def process_owner() -> str:
+    """A lease owner id unique to this process (host, pid, random suffix)."""
+    return f"{socket.gethostname()[:32]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Engine:
+    """Claims queued (or abandoned) swarms up to capacity and drives each with a SwarmRunner.
+
+    Shaped after procrastinate's worker: a stop event, bounded fan-out, named tasks released by
+    a done-callback, side tasks (claiming, heartbeat) watched together, graceful shutdown.
+    """
+
+    def __init__(self, settings: Settings, sessions: SessionFactory, gateway: GatewayClient,
+                 notifier: SwarmNotifier | None = None, owner: str | None = None) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.owner = owner or process_owner()
+        self.notifier = notifier or SwarmNotifier()
+        self.writer = StateWriter(sessions, self.owner, retry_for_s=settings.lease_seconds,
+                                  on_commit=self.notifier.notify)
+        self.ctx = EngineContext(
+            settings=settings, prices=settings.prices, gateway=gateway, writer=self.writer,
+            owner=self.owner, inflight=asyncio.Semaphore(settings.max_inflight),
+            model_slots={n: asyncio.Semaphore(settings.prices[n].concurrency or 1)
+                         for n in settings.prices.names()
+                         if settings.prices[n].concurrency},
+        )
+        self.runners: dict[str, tuple[SwarmRunner, asyncio.Task[None]]] = {}
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._side: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self.writer.start()
+        self._side = [asyncio.create_task(self._claim_loop(), name="engine-claims"),
+                      asyncio.create_task(self._heartbeat_loop(), name="engine-heartbeat")]
+
+    def wake(self) -> None:
+        """A swarm was queued in this process: claim now instead of at the next poll."""
+        self._wake.set()
+
+    def cancel_local(self, swarm_id: str) -> bool:
+        """Cancel a swarm this process drives, at once; False when it is not here."""
+        entry = self.runners.get(swarm_id)
+        if entry is None:
+            return False
+        entry[0].request_cancel()
+        return True
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop claiming, let running swarms go on up to the grace period, then release them."""
+        grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
+        self._stopping.set()
+        self._wake.set()
+        tasks = [t for _, t in self.runners.values()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        left = list(self.runners)
+        for _, task in list(self.runners.values()):
+            task.cancel()
+        for task in self._side:
+            task.cancel()
+        await asyncio.gather(*tasks, *self._side, return_exceptions=True)
+        await self.writer.close()
+        if left:
+            with suppress(Exception):
+                async with self.sessions() as session, session.begin():
+                    await queries.release_leases(session, self.owner, left)
+            log.info("released %d swarms for another process", len(left))
+
+    # ---- side tasks -----------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self._claim_some()
+            except Exception:
+                log.exception("claiming failed; retrying")
+            with suppress(TimeoutError):
+                poll = self.settings.poll_interval_s * (0.5 + random.random())
+                await asyncio.wait_for(self._wake.wait(), poll)
+            self._wake.clear()
+
+    async def _claim_some(self) -> None:
+        capacity = self.settings.max_running_swarms - len(self.runners)
+        if capacity <= 0:
+            return
+        async with self.sessions() as session, session.begin():
+            claims = await queries.claim_swarms(
+                session, self.owner, self.settings.lease_seconds, capacity)
+        for claim in claims:
+            async with self.sessions() as session:
+                swarm, subs = await queries.load_swarm_for_run(session, claim.swarm_id)
+            runner = SwarmRunner(self.ctx, swarm, subs, claim.epoch, claim.rescues)
+            task = asyncio.create_task(runner.run(), name=f"swarm:{claim.swarm_id}")
+            self.runners[claim.swarm_id] = (runner, task)
+            task.add_done_callback(functools.partial(self._done, claim.swarm_id))
+        if len(claims) == capacity:
+            self._wake.set()  # there may be more waiting
+
+    def _done(self, swarm_id: str, task: asyncio.Task[None]) -> None:
+        self.runners.pop(swarm_id, None)
+        self._wake.set()  # capacity freed
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, queries.LeaseLost):
+            log.warning("swarm %s: lease lost, stopped driving it", swarm_id)
+        elif exc is not None:
+            log.error("swarm %s: runner crashed", swarm_id, exc_info=exc)
+
+    async def _heartbeat_loop(self) -> None:
+        # often enough that a cancel flagged by another process lands within a second
+        interval = min(self.settings.lease_seconds / 3, 0.5)
+        while not self._stopping.is_set():
+            await asyncio.sleep(interval)
+            if not self.runners:
+                continue
+            epochs = {sid: r.epoch for sid, (r, _) in self.runners.items()}
+            try:
+                async with self.sessions() as session, session.begin():
+                    held = await queries.extend_leases(
+                        session, self.owner, epochs, self.settings.lease_seconds)
+            except Exception:
+                log.exception("heartbeat failed")
+                continue
+            for sid in epochs:
+                entry = self.runners.get(sid)
+                if entry is None:
+                    continue
+                if sid not in held:
+                    log.warning("swarm %s: lease lost to another process", sid)
+                    entry[1].cancel()
+                elif held[sid]:
+                    entry[0].request_cancel()

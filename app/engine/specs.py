@@ -1,0 +1,123 @@
+"""From a validated request to the rows of a swarm: the checks that need settings or prices,
+defaults resolved, and the system subtasks (synthesizer) added."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from app.config import Settings
+from app.db.tables import Subtask, Swarm
+from app.db.types import utcnow
+from app.engine.dag import DagError, validate_dag
+from app.errors import RequestInvalid
+from app.schemas import SwarmCreate
+from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
+
+SYNTHESIZER = "@synthesizer"
+PLANNER = "@planner"
+
+
+@dataclass(frozen=True, slots=True)
+class NewSwarm:
+    swarm: Swarm
+    subtasks: list[Subtask]
+
+
+def request_hash(body: SwarmCreate) -> str:
+    """Stable hash of what the client asked for (for Idempotency-Key reuse checks)."""
+    canon = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def _check_model(settings: Settings, model: str, field: str) -> None:
+    if model not in settings.prices:
+        raise RequestInvalid(
+            f"model {model!r} has no price; priced models: {', '.join(settings.prices.names())}",
+            code="unknown_model", details={"field": field, "model": model})
+
+
+def _check_agents(body: SwarmCreate, settings: Settings) -> None:
+    agents = body.agents or []
+    if len(agents) > settings.max_agents:
+        raise RequestInvalid(
+            f"{len(agents)} agents; at most {settings.max_agents} are allowed",
+            code="too_many_agents",
+            details={"field": "agents", "limit": settings.max_agents, "count": len(agents)})
+    seen: dict[str, int] = {}
+    for i, a in enumerate(agents):
+        if a.name in seen:
+            raise RequestInvalid(
+                f"agent name {a.name!r} is used twice (agents.{seen[a.name]} and agents.{i})",
+                code="duplicate_agent_name", details={"field": f"agents.{i}.name",
+                                                      "name": a.name})
+        seen[a.name] = i
+        if a.model is not None:
+            _check_model(settings, a.model, f"agents.{i}.model")
+    try:
+        validate_dag({a.name: a.depends_on for a in agents})
+    except DagError as exc:
+        raise RequestInvalid(str(exc), code=exc.code, details=exc.details) from exc
+
+
+def normalise(body: SwarmCreate, settings: Settings) -> dict[str, Any]:
+    """The request with every default resolved: what the swarm will run with."""
+    spec = body.model_dump(mode="json")
+    model = body.model or settings.default_model
+    spec["model"] = model
+    spec["synthesis"]["model"] = body.synthesis.model or model
+    spec["synthesis"]["max_tokens"] = body.synthesis.max_tokens or body.max_tokens
+    spec["orchestrator"]["model"] = body.orchestrator.model or model
+    if body.limits.budget_usd is not None:
+        spec["limits"]["budget_usd"] = str(body.limits.budget_usd)
+    return spec
+
+
+def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
+                idempotency_key: str | None = None) -> NewSwarm:
+    """Validate what the schema cannot and lay out the swarm's rows (not yet inserted)."""
+    if body.agents is None:
+        raise RequestInvalid(
+            "a request without 'agents' needs the orchestrator, which is not available yet",
+            code="planning_not_available", details={"field": "agents"})
+    spec = normalise(body, settings)
+    _check_model(settings, spec["model"], "model")
+    _check_model(settings, spec["synthesis"]["model"], "synthesis.model")
+    _check_agents(body, settings)
+    swarm_id = str(uuid.uuid4())
+    now = utcnow()
+    subtasks = [
+        Subtask(
+            swarm_id=swarm_id, name=a.name, position=i, kind=SubtaskKind.worker,
+            model=a.model or spec["model"], depends_on=list(a.depends_on),
+            system_prompt=a.system_prompt, prompt=a.prompt if a.prompt is not None else body.task,
+            max_tokens=a.max_tokens or body.max_tokens,
+            temperature=a.temperature if a.temperature is not None else body.temperature,
+            weight=a.weight, status=SubtaskStatus.pending, attempts=0, truncated=False,
+            prompt_tokens=0, completion_tokens=0, cost_usd=Decimal(0),
+        )
+        for i, a in enumerate(body.agents)
+    ]
+    if body.synthesis.strategy == "synthesize":
+        subtasks.append(Subtask(
+            swarm_id=swarm_id, name=SYNTHESIZER, position=len(subtasks),
+            kind=SubtaskKind.synthesizer, model=spec["synthesis"]["model"],
+            depends_on=[a.name for a in body.agents], system_prompt="", prompt="",
+            max_tokens=spec["synthesis"]["max_tokens"], temperature=body.temperature,
+            weight=1.0, status=SubtaskStatus.pending, attempts=0, truncated=False,
+            prompt_tokens=0, completion_tokens=0, cost_usd=Decimal(0),
+        ))
+    swarm = Swarm(
+        id=swarm_id, tenant=tenant, status=SwarmStatus.queued, task=body.task, spec=spec,
+        meta=body.metadata, idempotency_key=idempotency_key,
+        request_hash=request_hash(body) if idempotency_key else None,
+        budget_usd=body.limits.budget_usd, created_at=now, prompt_tokens=0,
+        spent_usd=Decimal(0), reserved_usd=Decimal(0),
+        completion_tokens=0, gateway_calls=0, lease_epoch=0, rescues=0,
+        cancel_requested=False, event_seq=0,
+    )
+    return NewSwarm(swarm, subtasks)

@@ -1,0 +1,60 @@
+"""Fan-in without an LLM (concatenate, vote) and the synthesizer's prompt."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+_WS = re.compile(r"\s+")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerResult:
+    name: str
+    output: str
+    weight: float = 1.0
+    truncated: bool = False
+
+
+def concatenate(results: Sequence[WorkerResult]) -> str:
+    """Results in the given (topological) order, each under its name."""
+    return "\n\n".join(f"## {r.name}\n\n{r.output}" for r in results)
+
+
+def normalise_answer(text: str) -> str:
+    """Case-, whitespace- and trailing-punctuation-insensitive form of an answer."""
+    return _WS.sub(" ", text).strip().strip(".!").strip().casefold()
+
+
+def vote(results: Sequence[WorkerResult]) -> str | None:
+    """The answer with the largest total weight; ties go to the earliest agent's answer."""
+    totals: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for i, r in enumerate(results):
+        key = normalise_answer(r.output)
+        totals[key] = totals.get(key, 0.0) + r.weight
+        first.setdefault(key, i)
+    if not totals:
+        return None
+    winner = max(totals, key=lambda k: (totals[k], -first[k]))
+    return results[first[winner]].output.strip()
+
+
+def synthesis_prompt(task: str, results: Sequence[WorkerResult], missing: Sequence[str]) -> str:
+    """The synthesizer's user message: the task, every result under its name, and what is absent."""
+    parts = [f"Task:\n{task}", "", f"Results of {len(results)} sub-agents follow."]
+    for r in results:
+        note = " (truncated: the agent hit its token limit)" if r.truncated else ""
+        parts.append(f"\n### {r.name}{note}\n{r.output}")
+    if missing:
+        parts.append("\nNo result from: " + ", ".join(missing) + " (failed or skipped).")
+    parts.append("\nMerge these into one coherent answer to the task. Name the agents whose "
+                 "contributions you use.")
+    return "\n".join(parts)
+
+
+SYNTHESIZER_SYSTEM = (
+    "You are the lead of a team of sub-agents. You receive their results and write the final "
+    "answer for the person who asked."
+)

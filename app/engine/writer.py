@@ -1,0 +1,107 @@
+"""Group commit: the state writes of every runner in this process, one transaction per tick."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from app.db.queries import LeaseLost, SwarmWrite, apply_writes
+from app.db.session import SessionFactory
+
+log = logging.getLogger(__name__)
+
+Pending = tuple[SwarmWrite, asyncio.Future[None]]
+
+
+class StateWriter:
+    """Collects writes while a transaction runs and commits them together in the next one.
+
+    A write's future resolves only after its commit, so a subtask counts as done only once
+    durable; batching costs milliseconds of latency, never durability.
+    """
+
+    def __init__(self, sessions: SessionFactory, owner: str, *, retry_for_s: float = 15.0,
+                 max_batch: int = 500, on_commit: Callable[[str], None] | None = None) -> None:
+        self._sessions = sessions
+        self._on_commit = on_commit
+        self._owner = owner
+        self._retry_for_s = retry_for_s
+        self._max_batch = max_batch
+        self._queue: list[Pending] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="state-writer")
+
+    def submit(self, write: SwarmWrite) -> asyncio.Future[None]:
+        """Queue a write; await the future for durability (or LeaseLost)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._closing and self._task is None:
+            fut.set_exception(RuntimeError("state writer closed"))
+            return fut
+        self._queue.append((write, fut))
+        self._wake.set()
+        return fut
+
+    async def close(self) -> None:
+        """Flush what is queued, then stop."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch:]
+                await self._commit(batch)
+            if self._closing and not self._queue:
+                return
+
+    async def _commit(self, batch: list[Pending]) -> None:
+        writes = [w for w, _ in batch]
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self._retry_for_s
+        delay = 0.05
+        while True:
+            try:
+                async with self._sessions() as session, session.begin():
+                    fenced = await apply_writes(session, self._owner, writes)
+                break
+            except (OperationalError, DBAPIError, OSError) as exc:
+                # the database is restarting or unreachable: keep the batch, retry until the
+                # lease would have expired anyway
+                if loop.time() + delay > give_up:
+                    log.error("state write failed for good: %s", exc)
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(LeaseLost(f"state write failed: {exc}"))
+                    return
+                log.warning("state write failed, retrying in %.2fs: %s", delay, exc)
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 2.0)
+        for write, fut in batch:
+            if fut.done():
+                continue
+            if write.swarm_id in fenced:
+                fut.set_exception(LeaseLost(write.swarm_id))
+            else:
+                fut.set_result(None)
+        if self._on_commit is not None:
+            for swarm_id in {w.swarm_id for w in writes} - fenced:
+                self._on_commit(swarm_id)
+
+
+def consume(fut: asyncio.Future[None]) -> None:
+    """Done-callback for writes nobody awaits: mark their exception retrieved."""
+    if not fut.cancelled():
+        fut.exception()

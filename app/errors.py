@@ -1,0 +1,54 @@
+"""Domain errors with the HTTP status and SPEC error code they answer with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    """An error the API answers as `{"error": {"code", "message", "details"}}`."""
+
+    status_code = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, details: Any = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+        if code is not None:
+            self.code = code
+
+
+class RequestInvalid(ApiError):
+    status_code = 422
+    code = "validation_error"
+
+
+class SwarmNotFound(ApiError):
+    status_code = 404
+    code = "not_found"
+
+
+class AlreadyTerminal(ApiError):
+    status_code = 409
+    code = "already_terminal"
+
+
+class IdempotencyKeyReused(ApiError):
+    status_code = 422
+    code = "idempotency_key_reused"
+
+
+class Unauthorized(ApiError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class PayloadTooLarge(ApiError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class ServiceUnavailable(ApiError):
+    status_code = 503
+    code = "unavailable"

@@ -1,0 +1,417 @@
+"""Client for an OpenAI-compatible chat-completions gateway: one call, classified and retried."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Literal, NoReturn
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState
+
+Outcome = Literal[
+    "ok",
+    "rate_limited",
+    "server_error",
+    "timeout",
+    "invalid_response",
+    "client_error",
+    "connection_error",
+]
+
+MAX_WAIT_S = 60.0
+BACKOFF_BASE_S = 0.5
+_DETAIL_CHARS = 200
+_STATUS_OUTCOMES: dict[int, Outcome] = {429: "rate_limited", 408: "timeout"}
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts as the gateway reported them; cached tokens are part of prompt_tokens."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+_NO_USAGE = Usage()
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One logical chat completion; idempotency_key is sent unchanged on every retry."""
+
+    model: str
+    messages: list[dict[str, str]]
+    max_tokens: int
+    temperature: float | None = None
+    response_format: dict[str, str] | None = None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """What one HTTP attempt did; a failed attempt that reports usage is billed."""
+
+    attempt: int
+    status_code: int | None
+    outcome: Outcome
+    usage: Usage
+    latency_s: float
+    error: str | None
+    retry_after_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    """A successful completion and every attempt it took."""
+
+    content: str
+    finish_reason: str
+    usage: Usage
+    attempts: tuple[AttemptRecord, ...]
+
+
+class GatewayError(Exception):
+    """A call that did not succeed; carries every attempt made."""
+
+    def __init__(self, message: str, attempts: tuple[AttemptRecord, ...]) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+        last = attempts[-1] if attempts else None
+        self.status_code: int | None = last.status_code if last else None
+        # No attempt at all only happens when the deadline had already passed.
+        self.outcome: Outcome = last.outcome if last else "timeout"
+
+
+class GatewayRejected(GatewayError):
+    """The gateway refused the request (a non-retryable 4xx); retrying would not help."""
+
+
+class GatewayUnavailable(GatewayError):
+    """Retryable failures until max_attempts or the deadline ran out."""
+
+    def __init__(
+        self, message: str, attempts: tuple[AttemptRecord, ...], *, deadline_hit: bool
+    ) -> None:
+        super().__init__(message, attempts)
+        self.deadline_hit = deadline_hit
+
+
+BeforeAttempt = Callable[[int], Awaitable[None]]
+AfterAttempt = Callable[[AttemptRecord], Awaitable[None]]
+
+
+class _Retryable(Exception):
+    """Internal: the attempt failed in a way tenacity should retry."""
+
+
+async def _sleep(seconds: float) -> None:
+    # A module-level hook so tests can observe retry waits without sleeping them.
+    await asyncio.sleep(seconds)
+
+
+def _classify(status: int) -> Outcome:
+    """The outcome of a non-2xx status; client_error other than 409 is the one not retried."""
+    # 409 (a conflicting in-flight request with the same key) may clear, so it is retried; other
+    # 4xx, and 1xx/3xx (a misconfigured base URL), would fail the same way again.
+    return _STATUS_OUTCOMES.get(status) or ("server_error" if status >= 500 else "client_error")
+
+
+def _loads(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+def _usage_of(body: Any) -> Usage:
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return _NO_USAGE
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    return Usage(
+        _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")), _count(cached)
+    )
+
+
+def _choice_of(body: Any) -> tuple[str, str] | None:
+    """(content, finish_reason) of the first choice, or None when the body has the wrong shape."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    message = choices[0].get("message")
+    if not isinstance(message, dict) or "content" not in message:
+        return None
+    content = message["content"]
+    if content is not None and not isinstance(content, str):
+        return None
+    finish = choices[0].get("finish_reason")
+    return content or "", finish if isinstance(finish, str) else ""
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    """The server's wait hint in seconds: retry-after-ms, else Retry-After (seconds or date)."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            value = float(millis) / 1000
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value):
+            return max(value, 0.0)
+    text = headers.get("retry-after")
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        value = (when - datetime.now(UTC)).total_seconds()
+    return max(value, 0.0) if math.isfinite(value) else None
+
+
+def _wait_s(record: AttemptRecord) -> float:
+    """The pause before the next attempt: the server's hint, else full-jitter backoff; capped."""
+    if record.retry_after_s is not None:
+        return min(record.retry_after_s, MAX_WAIT_S)
+    ceiling = BACKOFF_BASE_S * 2.0 ** min(record.attempt - 1, 16)
+    return random.uniform(0.0, min(ceiling, MAX_WAIT_S))
+
+
+@dataclass(slots=True)
+class _Call:
+    """The state of one complete() call, read by the tenacity policy callables."""
+
+    body: bytes
+    headers: dict[str, str] | None
+    max_attempts: int
+    timeout_s: float
+    deadline: float | None
+    before: BeforeAttempt | None
+    after: AfterAttempt | None
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    deadline_hit: bool = False
+
+    def retry(self, state: RetryCallState) -> bool:
+        return state.outcome is not None and isinstance(state.outcome.exception(), _Retryable)
+
+    def wait(self, state: RetryCallState) -> float:
+        # tenacity asks for the wait before asking stop; after the last attempt there is none.
+        if len(self.attempts) >= self.max_attempts:
+            return 0.0
+        return _wait_s(self.attempts[-1])
+
+    def stop(self, state: RetryCallState) -> bool:
+        if len(self.attempts) >= self.max_attempts:
+            return True
+        if self.deadline is not None and time.monotonic() + state.upcoming_sleep >= self.deadline:
+            self.deadline_hit = True
+        return self.deadline_hit
+
+    def give_up(self, state: RetryCallState | None = None) -> NoReturn:
+        last = self.attempts[-1] if self.attempts else None
+        why = "deadline reached" if self.deadline_hit else f"{len(self.attempts)} attempts"
+        detail = f": {last.outcome} ({last.error})" if last else ""
+        message = f"gateway unavailable after {why}{detail}"
+        raise GatewayUnavailable(message, tuple(self.attempts), deadline_hit=self.deadline_hit)
+
+    async def finish(
+        self, record: AttemptRecord, choice: tuple[str, str] | None = None
+    ) -> ChatResult:
+        """Record an attempt, tell the caller, then return the result or raise for tenacity."""
+        self.attempts.append(record)
+        if self.after is not None:
+            await self.after(record)
+        if choice is not None:
+            return ChatResult(choice[0], choice[1], record.usage, tuple(self.attempts))
+        if record.outcome == "client_error" and record.status_code != 409:
+            raise GatewayRejected(
+                f"gateway rejected the request: {record.error}", tuple(self.attempts)
+            )
+        raise _Retryable(record.error)
+
+
+class GatewayClient:
+    """POSTs chat completions to one gateway, over pools sharded to keep per-call CPU flat."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str = "",
+        *,
+        max_inflight: int = 256,
+        connections_per_client: int = 4,
+        transport: httpx.AsyncBaseTransport | None = None,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        if max_inflight < 1 or connections_per_client < 1:
+            raise ValueError("max_inflight and connections_per_client must be positive")
+        # A parsed URL object saves httpx re-parsing the string on every request.
+        self._url = httpx.URL(base_url.rstrip("/") + "/chat/completions")
+        self._api_key = api_key
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._transport = transport
+        self._per_client = connections_per_client
+        self._connect_timeout_s = connect_timeout_s
+        # httpcore scans every connection of a pool on each request (encode/httpcore#1035), so
+        # one big pool costs CPU per call in proportion to its size; many small ones do not.
+        shards = 1 if transport is not None else math.ceil(max_inflight / connections_per_client)
+        self._clients: list[httpx.AsyncClient | None] = [None] * shards
+        self._inflight = [0] * shards
+        self._ssl: ssl.SSLContext | None = None
+
+    def _client(self, shard: int) -> httpx.AsyncClient:
+        client = self._clients[shard]
+        if client is None:  # created lazily: a process that never calls the gateway opens nothing
+            if self._transport is not None:
+                client = httpx.AsyncClient(headers=self._headers, transport=self._transport)
+            else:
+                if self._ssl is None:  # loading CA certificates once, not once per shard
+                    self._ssl = httpx.create_ssl_context()
+                n = self._per_client
+                limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+                client = httpx.AsyncClient(headers=self._headers, limits=limits, verify=self._ssl)
+            self._clients[shard] = client
+        return client
+
+    def _scrub(self, text: str) -> str:
+        # Replace before truncating, so a key cut in half cannot slip through.
+        text = text.replace(self._api_key, "***") if self._api_key else text
+        return " ".join(text.split())[:_DETAIL_CHARS]
+
+    async def complete(
+        self,
+        request: ChatRequest,
+        *,
+        max_attempts: int = 3,
+        timeout_s: float = 60.0,
+        deadline: float | None = None,
+        before_attempt: BeforeAttempt | None = None,
+        after_attempt: AfterAttempt | None = None,
+    ) -> ChatResult:
+        """One chat completion, retried per SPEC §4; raises GatewayRejected or GatewayUnavailable.
+
+        Every before_attempt(n) that returns is matched by one after_attempt(record), unless the
+        attempt is cancelled. Exceptions from either callback propagate unchanged.
+        """
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        payload: dict[str, Any] = {"model": request.model, "messages": request.messages}
+        payload["max_tokens"] = request.max_tokens
+        if request.temperature is not None:
+            payload["temperature"] = request.temperature
+        if request.response_format is not None:
+            payload["response_format"] = request.response_format
+        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        key = request.idempotency_key
+        headers = None if key is None else {"Idempotency-Key": key}
+        call = _Call(
+            body, headers, max_attempts, timeout_s, deadline, before_attempt, after_attempt
+        )
+        if deadline is not None and time.monotonic() >= deadline:
+            call.deadline_hit = True
+            call.give_up()
+        retrying = AsyncRetrying(
+            sleep=_sleep,
+            retry=call.retry,
+            wait=call.wait,
+            stop=call.stop,
+            retry_error_callback=call.give_up,
+        )
+        result: ChatResult = await retrying(self._attempt, call)
+        return result
+
+    async def _attempt(self, call: _Call) -> ChatResult:
+        number = len(call.attempts) + 1
+        if call.before is not None:
+            await call.before(number)
+        timeout = call.timeout_s
+        if call.deadline is not None:
+            timeout = min(timeout, call.deadline - time.monotonic())
+            if timeout <= 0:  # before_attempt ate the time left: never send past the deadline
+                call.deadline_hit = True
+                error = "deadline passed before sending"
+                return await call.finish(
+                    AttemptRecord(number, None, "timeout", _NO_USAGE, 0.0, error, None)
+                )
+        shard = self._inflight.index(min(self._inflight))  # least loaded; C-speed over <=64 ints
+        client = self._client(shard)
+        timeouts = httpx.Timeout(timeout, connect=min(self._connect_timeout_s, timeout))
+        started = time.perf_counter()
+        self._inflight[shard] += 1
+        try:
+            # ASGITransport ignores httpx timeouts, and httpx's are per read, not per attempt.
+            async with asyncio.timeout(timeout):
+                response = await client.post(
+                    self._url, content=call.body, headers=call.headers, timeout=timeouts
+                )
+        except (httpx.TimeoutException, TimeoutError):
+            outcome: Outcome = "timeout"
+            error = f"no response within {timeout:.3g} s"
+        except httpx.DecodingError:  # a body whose Content-Encoding does not decode
+            outcome, error = "invalid_response", "undecodable body"
+        except httpx.RequestError as exc:
+            outcome, error = "connection_error", self._scrub(f"{type(exc).__name__}: {exc}")
+        else:
+            return await self._classified(call, number, response, time.perf_counter() - started)
+        finally:
+            self._inflight[shard] -= 1
+        latency = time.perf_counter() - started
+        return await call.finish(
+            AttemptRecord(number, None, outcome, _NO_USAGE, latency, error, None)
+        )
+
+    async def _classified(
+        self, call: _Call, number: int, response: httpx.Response, latency: float
+    ) -> ChatResult:
+        status = response.status_code
+        body = _loads(response.content)
+        usage = _usage_of(body)
+        if 200 <= status < 300:
+            choice = _choice_of(body)
+            if choice is not None:
+                return await call.finish(
+                    AttemptRecord(number, status, "ok", usage, latency, None, None), choice
+                )
+            error = "unparseable or truncated body" if body is None else "unexpected body shape"
+            return await call.finish(
+                AttemptRecord(number, status, "invalid_response", usage, latency, error, None)
+            )
+        detail = body.get("error") if isinstance(body, dict) else None
+        if isinstance(detail, dict):
+            detail = detail.get("message")
+        if not isinstance(detail, str):
+            detail = response.content[:4096].decode("utf-8", "replace")
+        error = self._scrub(f"HTTP {status}: {detail}")
+        hint = _retry_after(response.headers)
+        return await call.finish(
+            AttemptRecord(number, status, _classify(status), usage, latency, error, hint)
+        )
+
+    async def aclose(self) -> None:
+        """Close every pool opened so far."""
+        clients = [c for c in self._clients if c is not None]
+        self._clients = [None] * len(self._clients)
+        for client in clients:
+            await client.aclose()

@@ -1,0 +1,202 @@
+"""Request and response shapes of SPEC §3: strict in, lenient out."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
+AgentName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+MaxTokens = Annotated[int, Field(ge=1, le=128_000)]
+Temperature = Annotated[float, Field(ge=0, le=2)]
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+EXAMPLE_REQUEST: dict[str, Any] = {
+    "task": "Review the v1 -> v2 migration of our FastAPI payment service",
+    "agents": [
+        {"name": "code_analyst", "system_prompt": "You are a senior code analyst."},
+        {"name": "risk_auditor", "system_prompt": "You are a security auditor.",
+         "model": "deepseek-v3.2"},
+        {"name": "test_designer", "system_prompt": "You are a QA engineer.",
+         "depends_on": ["code_analyst"]},
+        {"name": "doc_writer", "system_prompt": "You write release notes.",
+         "prompt": "Write the notes",
+         "depends_on": ["code_analyst", "risk_auditor", "test_designer"]},
+    ],
+    "synthesis": {"strategy": "synthesize", "model": "kimi-k2.5", "max_tokens": 2000},
+    "model": "kimi-k2.5",
+    "max_tokens": 1500,
+    "temperature": 0.3,
+    "limits": {"concurrency": 8, "budget_usd": 5.0, "failure_tolerance": 0.0,
+               "max_attempts": 3, "subtask_timeout_s": 60, "deadline_s": 900},
+    "metadata": {"ticket": "PAY-1234"},
+}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AgentCreate(Strict):
+    name: AgentName
+    system_prompt: str = ""
+    prompt: str | None = None
+    model: ModelName | None = None
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    depends_on: list[AgentName] = Field(default_factory=list, max_length=1000)
+    weight: float = Field(default=1.0, gt=0, le=1e6)
+
+
+class OrchestratorOptions(Strict):
+    model: ModelName | None = None
+    max_subtasks: int = Field(default=8, ge=1, le=1000)
+    max_depth: int = Field(default=3, ge=1, le=20)
+
+
+class SynthesisOptions(Strict):
+    strategy: Literal["synthesize", "concatenate", "vote", "none"] = "synthesize"
+    model: ModelName | None = None
+    max_tokens: MaxTokens | None = None
+    compress: Literal["auto", "always", "never"] = "auto"
+
+
+class Limits(Strict):
+    concurrency: int = Field(default=8, ge=1, le=1000)
+    budget_usd: Decimal | None = Field(default=None, gt=0, max_digits=20, decimal_places=12)
+    failure_tolerance: float = Field(default=0.0, ge=0, le=1)
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    subtask_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    deadline_s: float = Field(default=900.0, gt=0, le=86_400)
+
+
+class SwarmCreate(Strict):
+    """The body of `POST /swarms`; only `task` is required."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_REQUEST]})
+
+    task: str = Field(min_length=1, max_length=1_000_000)
+    agents: list[AgentCreate] | None = Field(default=None, min_length=1)
+    orchestrator: OrchestratorOptions = Field(default_factory=OrchestratorOptions)
+    synthesis: SynthesisOptions = Field(default_factory=SynthesisOptions)
+    model: ModelName | None = None
+    max_tokens: MaxTokens = 1500
+    temperature: Temperature | None = None
+    limits: Limits = Field(default_factory=Limits)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    webhook_url: str | None = Field(default=None, max_length=2048)
+
+    @field_validator("task")
+    @classmethod
+    def _task_not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("task must not be empty")
+        return v
+
+
+# ---- responses -------------------------------------------------------------------------------
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: Any = None
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx answer: `{"error": {"code", "message", "details"}}`."""
+
+    error: ErrorBody
+
+
+class Progress(BaseModel):
+    total: int = 0
+    pending: int = 0
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    skipped: int = 0
+    cancelled: int = 0
+
+
+class SubtaskUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: str
+
+
+class SwarmUsage(SubtaskUsage):
+    gateway_calls: int
+
+
+class SubtaskRead(BaseModel):
+    name: str
+    kind: str
+    status: str
+    model: str
+    depends_on: list[str]
+    attempts: int
+    output: str | None = None
+    truncated: bool = False
+    error: dict[str, Any] | None
+    usage: SubtaskUsage
+    latency_ms: float | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class LatencyPercentiles(BaseModel):
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+
+class Timing(BaseModel):
+    wall_s: float | None
+    critical_path_s: float
+    serial_s: float
+    speedup: float | None
+    subtask_latency_s: LatencyPercentiles
+
+
+class SwarmRead(BaseModel):
+    id: str
+    status: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    task: str
+    metadata: dict[str, Any]
+    spec: dict[str, Any]
+    progress: Progress
+    subtasks: list[SubtaskRead]
+    usage: SwarmUsage
+    timing: Timing
+    queue_position: int | None
+    result: str | None
+    error: dict[str, Any] | None
+
+
+class SwarmList(BaseModel):
+    items: list[SwarmRead]
+    next_cursor: str | None
+
+
+class CancelAccepted(BaseModel):
+    id: str
+    status: str
+    cancel_requested: bool
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Ready(BaseModel):
+    status: str
+    database: str
+    revision: str | None
+    price_table_version: str

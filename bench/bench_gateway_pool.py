@@ -1,0 +1,239 @@
+"""Client CPU per gateway call: one big httpx pool vs GatewayClient's sharded 4-connection pools.
+
+Run: .venv/bin/python bench/bench_gateway_pool.py [--calls 3000] [--rounds 2]
+
+A zero-latency gateway runs in its own process (the built-in simulator when app.simulator
+exists, else the tiny ASGI app below), so `time.process_time()` here counts only client work.
+Writes its figures to the "Gateway client" section of bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.gateway.client import ChatRequest, GatewayClient  # noqa: E402
+
+LEVELS = (16, 64, 256)
+HEADING = "## Gateway client: per-call CPU vs in-flight calls"
+MESSAGES = [{"role": "user", "content": "Summarise the benchmark in one line."}]
+REPLY = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13},
+    }
+).encode()
+
+
+async def _tiny_gateway(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The fallback server: reads the request and answers one fixed completion."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": REPLY})
+
+
+def _serve(port: int, kind: str) -> None:
+    if kind == "simulator":
+        from app.simulator import SimulatorConfig, run_simulator
+
+        run_simulator("127.0.0.1", port, SimulatorConfig(latency_ms=0))
+    else:
+        import uvicorn
+
+        uvicorn.run(_tiny_gateway, host="127.0.0.1", port=port, log_level="warning")
+
+
+def _start_server(kind: str) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, __file__, "--serve", str(port), "--server", kind]
+    server = subprocess.Popen(command, cwd=ROOT)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    for _ in range(200):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.1):
+                return server, base_url
+        except OSError:
+            time.sleep(0.05)
+    server.kill()
+    raise SystemExit(f"the {kind} server did not start on port {port}")
+
+
+async def _drive(call: Callable[[], Awaitable[None]], calls: int, inflight: int) -> None:
+    """Keep exactly `inflight` calls running until `calls` have finished."""
+    left = calls
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await call()
+
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+
+
+async def _measure(
+    call: Callable[[], Awaitable[None]], calls: int, inflight: int
+) -> tuple[float, float]:
+    """(client CPU ms per call, calls per second), after a warm-up that opens the connections."""
+    await _drive(call, inflight * 2, inflight)
+    cpu, wall = time.process_time(), time.perf_counter()
+    await _drive(call, calls, inflight)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return cpu / calls * 1000, calls / wall
+
+
+async def _single_pool(base_url: str, calls: int, inflight: int) -> tuple[float, float]:
+    limits = httpx.Limits(max_connections=inflight, max_keepalive_connections=inflight)
+    url = httpx.URL(base_url + "/chat/completions")
+    body = json.dumps({"model": "kimi-k2.5", "messages": MESSAGES, "max_tokens": 16}).encode()
+    headers = {"Content-Type": "application/json"}
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+
+        async def call() -> None:
+            response = await client.post(url, content=body, headers=headers)
+            response.raise_for_status()
+            json.loads(response.content)
+
+        return await _measure(call, calls, inflight)
+
+
+async def _gateway_client(
+    base_url: str, calls: int, inflight: int, per_client: int
+) -> tuple[float, float]:
+    client = GatewayClient(base_url, max_inflight=inflight, connections_per_client=per_client)
+    request = ChatRequest(model="kimi-k2.5", messages=MESSAGES, max_tokens=16)
+
+    async def call() -> None:
+        await client.complete(request, max_attempts=1)
+
+    try:
+        return await _measure(call, calls, inflight)
+    finally:
+        await client.aclose()
+
+
+VARIANTS = ("single", "gw-one-pool", "gw-sharded")
+
+
+async def _run(base_url: str, calls: int, rounds: int) -> dict[tuple[str, int], tuple[float, float]]:
+    """Best (lowest CPU) of `rounds` runs per variant and level, variants interleaved."""
+    best: dict[tuple[str, int], tuple[float, float]] = {}
+    for _ in range(rounds):
+        for inflight in LEVELS:
+            for variant in VARIANTS:
+                if variant == "single":
+                    figures = await _single_pool(base_url, calls, inflight)
+                else:
+                    per_client = inflight if variant == "gw-one-pool" else 4
+                    figures = await _gateway_client(base_url, calls, inflight, per_client)
+                key = (variant, inflight)
+                if key not in best or figures[0] < best[key][0]:
+                    best[key] = figures
+    return best
+
+
+def _table(best: dict[tuple[str, int], tuple[float, float]]) -> str:
+    lines = [
+        "| in flight | httpx, one pool of N | GatewayClient, one pool of N "
+        "| GatewayClient, pools of 4 | sharded / one pool |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for n in LEVELS:
+        cells = [f"{best[v, n][0]:.2f} ms ({best[v, n][1]:,.0f}/s)" for v in VARIANTS]
+        ratio = best["gw-sharded", n][0] / best["single", n][0]
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratio:.2f}× |")
+    return "\n".join(lines)
+
+
+def _write_results(section: str) -> None:
+    path = ROOT / "bench" / "RESULTS.md"
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    pattern = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^## |\Z)", re.M | re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--server", choices=["auto", "simulator", "tiny"], default="auto")
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
+    args = parser.parse_args()
+    kind = args.server
+    if kind == "auto":
+        kind = "simulator" if (ROOT / "app" / "simulator.py").exists() else "tiny"
+    if args.serve is not None:
+        _serve(args.serve, kind)
+        return
+
+    server, base_url = _start_server(kind)
+    try:
+        started = time.perf_counter()
+        best = asyncio.run(_run(base_url, args.calls, args.rounds))
+        elapsed = time.perf_counter() - started
+    finally:
+        server.terminate()
+        server.wait(10)
+    table = _table(best)
+    print(table)
+    print(f"({elapsed:.0f} s)")
+    if args.no_write:
+        return
+    command = f".venv/bin/python bench/bench_gateway_pool.py --calls {args.calls}"
+    command += f" --rounds {args.rounds} --server {kind}"
+    server_name = "the built-in simulator (latency_ms=0)" if kind == "simulator" else "a tiny ASGI app"
+    section = f"""{HEADING}
+
+Client CPU (`time.process_time()` of the client process) per call, best of {args.rounds} rounds of
+{args.calls} calls per cell, after a warm-up that opens the connections; calls/s in brackets. The
+gateway is {server_name} under uvicorn in its own process, so its CPU is not counted
+(but it shares the machine's {os.cpu_count()} cores, which bounds calls/s). "httpx, one pool of N" is a
+bare `AsyncClient.post` + `json.loads`; "GatewayClient, one pool of N" is the full client with
+`connections_per_client = N` (one shard), isolating its own overhead; "pools of 4" is the default
+sharding. The last column is sharded GatewayClient CPU over the bare single pool.
+
+{table}
+
+- command: `{command}`
+- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; Python {platform.python_version()}, \
+httpx {httpx.__version__}, {platform.machine()}
+"""
+    _write_results(section)
+    print("updated bench/RESULTS.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Fixtures: throwaway databases (SQLite files and real PostgreSQL), the simulator, the app."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from fastapi import FastAPI
+from starlette.applications import Starlette
+
+from app.config import Settings
+from app.db.migrate import upgrade_head
+from app.gateway.client import GatewayClient
+from app.main import create_app
+from app.simulator import SimulatorConfig, create_simulator
+
+PG_URL = os.environ.get(
+    "SWARM_TEST_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+SKIP_PG = os.environ.get("SWARM_TEST_SKIP_POSTGRES") == "1"
+BACKENDS = ["sqlite"] if SKIP_PG else ["sqlite", "postgres"]
+
+
+def _pg_dsn(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+def _with_db(url: str, name: str) -> str:
+    return url.rsplit("/", 1)[0] + "/" + name
+
+
+async def _pg_admin(sql: str) -> None:
+    conn = await asyncpg.connect(_pg_dsn(PG_URL), timeout=5)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    """A migrated throwaway Postgres database for the session (dropped at the end)."""
+    name = f"swarm_test_{uuid.uuid4().hex[:10]}"
+    try:
+        asyncio.run(_pg_admin(f'CREATE DATABASE "{name}"'))
+    except (OSError, asyncpg.PostgresError) as exc:
+        pytest.fail(
+            f"PostgreSQL is not reachable at {PG_URL} ({exc!r}). Start it, point "
+            "SWARM_TEST_DATABASE_URL at one, or set SWARM_TEST_SKIP_POSTGRES=1 to run "
+            "the SQLite half only.", pytrace=False)
+    url = _with_db(PG_URL, name)
+    upgrade_head(url)
+    yield url
+    asyncio.run(_pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "template.db"
+    upgrade_head(f"sqlite+aiosqlite:///{path}")
+    return path
+
+
+async def _truncate(url: str) -> None:
+    conn = await asyncpg.connect(_pg_dsn(url), timeout=5)
+    try:
+        await conn.execute("TRUNCATE swarms, subtasks, gateway_calls, events CASCADE")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated, empty database: a fresh SQLite file, or the truncated Postgres one."""
+    if request.param == "sqlite":
+        template: Path = request.getfixturevalue("sqlite_template")
+        path = tmp_path / "swarm.db"
+        shutil.copy(template, path)
+        return f"sqlite+aiosqlite:///{path}"
+    url: str = request.getfixturevalue("pg_template")
+    asyncio.run(_truncate(url))
+    return url
+
+
+@pytest.fixture
+def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
+    """SQLite only (API behaviour that does not depend on the database)."""
+    path = tmp_path / "swarm.db"
+    shutil.copy(sqlite_template, path)
+    return f"sqlite+aiosqlite:///{path}"
+
+
+def make_settings(database_url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {"database_url": database_url, "poll_interval_s": 0.2,
+                              "lease_seconds": 5.0, "shutdown_grace_s": 0.0}
+    values.update(overrides)
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+class Harness:
+    """A running app (engine in-process) wired to a simulator, with an HTTP client."""
+
+    def __init__(self, app: FastAPI, client: httpx.AsyncClient, simulator: Starlette) -> None:
+        self.app = app
+        self.client = client
+        self.simulator = simulator
+
+    @property
+    def sim_stats(self) -> Any:
+        return self.simulator.state.stats
+
+    async def stats(self) -> dict[str, Any]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=self.simulator),
+                                     base_url="http://sim") as c:
+            data: dict[str, Any] = (await c.get("/v1/_stats")).json()
+            return data
+
+    async def post(self, body: dict[str, Any], **kw: Any) -> httpx.Response:
+        return await self.client.post("/swarms", json=body, **kw)
+
+    async def run(self, body: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
+        """Create a swarm and wait until it is terminal."""
+        r = await self.post(body)
+        assert r.status_code == 202, r.text
+        return await self.wait(r.json()["id"], timeout)
+
+    async def wait(self, swarm_id: str, timeout: float = 30) -> dict[str, Any]:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            assert left > 0, f"swarm {swarm_id} not terminal after {timeout}s"
+            r = await self.client.get(f"/swarms/{swarm_id}", params={"wait": min(left, 10)})
+            assert r.status_code == 200, r.text
+            data: dict[str, Any] = r.json()
+            if data["status"] in ("succeeded", "failed", "cancelled"):
+                return data
+
+
+async def start_harness(settings: Settings, sim_config: SimulatorConfig | None = None,
+                        run_engine: bool = True) -> tuple[Harness, Any]:
+    simulator = create_simulator(sim_config or SimulatorConfig(latency_ms=0))
+    gateway = GatewayClient("http://sim/v1", transport=httpx.ASGITransport(app=simulator),
+                            max_inflight=settings.max_inflight)
+    app = create_app(settings, gateway=gateway, run_engine=run_engine)
+    ctx = app.router.lifespan_context(app)
+    await ctx.__aenter__()
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api")
+    harness = Harness(app, client, simulator)
+
+    async def close() -> None:
+        await client.aclose()
+        await ctx.__aexit__(None, None, None)
+        await gateway.aclose()
+
+    return harness, close
+
+
+@pytest.fixture
+async def harness(database_url: str) -> AsyncIterator[Harness]:
+    """App + engine + zero-latency simulator on each database backend."""
+    h, close = await start_harness(make_settings(database_url))
+    yield h
+    await close()
+
+
+@pytest.fixture
+async def api(sqlite_url: str) -> AsyncIterator[Harness]:
+    """App + engine on SQLite only, for API-shape tests."""
+    h, close = await start_harness(make_settings(sqlite_url))
+    yield h
+    await close()

@@ -1,0 +1,506 @@
+"""GatewayClient against httpx.MockTransport: classification, retries, waits, hooks, pools."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from app.gateway import client as client_module
+from app.gateway.client import (
+    AttemptRecord,
+    ChatRequest,
+    GatewayClient,
+    GatewayRejected,
+    GatewayUnavailable,
+)
+
+BASE_URL = "http://gateway.test/v1"
+API_KEY = "sk-test-SECRET-0123456789"
+REQUEST = ChatRequest(
+    model="kimi-k2.5",
+    messages=[{"role": "user", "content": "hello"}],
+    max_tokens=64,
+    idempotency_key="swarm-1:task-a:1",
+)
+
+Reply = httpx.Response | Exception | Callable[[httpx.Request], Awaitable[httpx.Response]]
+
+
+def completion(
+    content: str | None = "hi",
+    finish_reason: str = "stop",
+    usage: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": usage if usage is not None else {"prompt_tokens": 12, "completion_tokens": 3},
+    }
+
+
+def ok_response() -> httpx.Response:
+    return httpx.Response(200, json=completion())
+
+
+class Gateway:
+    """A scripted gateway: answers each request with the next reply, recording when it came."""
+
+    def __init__(self, *replies: Reply) -> None:
+        self.replies = list(replies)
+        self.requests: list[httpx.Request] = []
+        self.times: list[float] = []
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        self.times.append(time.monotonic())
+        reply = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(reply, httpx.Response):
+            return reply
+        return await reply(request)
+
+
+@pytest.fixture
+async def make_client() -> AsyncIterator[Callable[..., GatewayClient]]:
+    clients: list[GatewayClient] = []
+
+    def make(gateway: Gateway, api_key: str = API_KEY) -> GatewayClient:
+        clients.append(GatewayClient(BASE_URL, api_key, transport=httpx.MockTransport(gateway)))
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        await client.aclose()
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Retry waits the client asked for, recorded instead of slept."""
+    asked: list[float] = []
+
+    async def record(seconds: float) -> None:
+        asked.append(seconds)
+
+    monkeypatch.setattr(client_module, "_sleep", record)
+    return asked
+
+
+async def test_ok_parses_content_finish_reason_and_usage(
+    make_client: Callable[..., GatewayClient],
+) -> None:
+    usage = {
+        "prompt_tokens": 100,
+        "completion_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 40},
+    }
+    gateway = Gateway(httpx.Response(200, json=completion("answer", "stop", usage)))
+    request = ChatRequest(
+        model="m",
+        messages=[{"role": "user", "content": "q"}],
+        max_tokens=32,
+        temperature=0.2,
+        response_format={"type": "json_object"},
+    )
+
+    result = await make_client(gateway).complete(request)
+
+    assert (result.content, result.finish_reason) == ("answer", "stop")
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (100, 7)
+    assert result.usage.cached_tokens == 40
+    [attempt] = result.attempts
+    assert (attempt.attempt, attempt.status_code, attempt.outcome) == (1, 200, "ok")
+    assert attempt.usage == result.usage and attempt.error is None
+    sent = gateway.requests[0]
+    assert sent.method == "POST" and str(sent.url) == f"{BASE_URL}/chat/completions"
+    assert sent.headers["content-type"] == "application/json"
+    assert json.loads(sent.content) == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "q"}],
+        "max_tokens": 32,
+        "temperature": 0.2,
+        "response_format": {"type": "json_object"},
+    }
+
+
+async def test_unset_options_are_left_out_of_the_body(
+    make_client: Callable[..., GatewayClient],
+) -> None:
+    gateway = Gateway(ok_response())
+    await make_client(gateway, api_key="").complete(
+        ChatRequest(model="m", messages=[], max_tokens=1)
+    )
+    sent = gateway.requests[0]
+    assert json.loads(sent.content) == {"model": "m", "messages": [], "max_tokens": 1}
+    assert "authorization" not in sent.headers and "idempotency-key" not in sent.headers
+
+
+async def test_null_content_and_length_finish_are_a_success_without_retry(
+    make_client: Callable[..., GatewayClient],
+) -> None:
+    gateway = Gateway(httpx.Response(200, json=completion(None, "length")))
+    result = await make_client(gateway).complete(REQUEST)
+    assert (result.content, result.finish_reason) == ("", "length")
+    assert len(gateway.requests) == 1
+
+
+async def _sleep_forever(request: httpx.Request) -> httpx.Response:
+    await asyncio.sleep(30)
+    raise AssertionError("the attempt should have timed out")
+
+
+def truncated() -> httpx.Response:
+    return httpx.Response(200, content=json.dumps(completion()).encode()[:40])
+
+
+RETRYABLE: list[tuple[str, Callable[[], Reply], str, int | None]] = [
+    ("429", lambda: httpx.Response(429, json={"error": {"message": "slow"}}), "rate_limited", 429),
+    ("500", lambda: httpx.Response(500, json={"error": "boom"}), "server_error", 500),
+    ("502-html", lambda: httpx.Response(502, html="<html>Bad</html>"), "server_error", 502),
+    ("503", lambda: httpx.Response(503), "server_error", 503),
+    ("504", lambda: httpx.Response(504, text="gateway timeout"), "server_error", 504),
+    ("529", lambda: httpx.Response(529, json={"error": "overloaded"}), "server_error", 529),
+    ("408", lambda: httpx.Response(408), "timeout", 408),
+    ("409", lambda: httpx.Response(409, json={"error": "in flight"}), "client_error", 409),
+    ("slow", lambda: _sleep_forever, "timeout", None),
+    ("read-timeout", lambda: httpx.ReadTimeout("read"), "timeout", None),
+    ("connect-error", lambda: httpx.ConnectError("refused"), "connection_error", None),
+    ("not-json", lambda: httpx.Response(200, text="<html>ok?</html>"), "invalid_response", 200),
+    ("truncated", truncated, "invalid_response", 200),
+    ("wrong-shape", lambda: httpx.Response(200, json={"choices": []}), "invalid_response", 200),
+    ("no-message", lambda: httpx.Response(200, json={"choices": [{}]}), "invalid_response", 200),
+]
+
+
+@pytest.mark.parametrize(
+    ("first", "outcome", "status"),
+    [case[1:] for case in RETRYABLE],
+    ids=[case[0] for case in RETRYABLE],
+)
+async def test_retryable_failures_recover_on_a_later_attempt(
+    make_client: Callable[..., GatewayClient],
+    waits: list[float],
+    first: Callable[[], Reply],
+    outcome: str,
+    status: int | None,
+) -> None:
+    gateway = Gateway(first(), first(), ok_response())
+    result = await make_client(gateway).complete(REQUEST, timeout_s=0.05)
+    assert result.content == "hi"
+    assert [a.outcome for a in result.attempts] == [outcome, outcome, "ok"]
+    assert [a.status_code for a in result.attempts] == [status, status, 200]
+    assert [a.attempt for a in result.attempts] == [1, 2, 3]
+    assert all(a.error for a in result.attempts[:2]) and len(waits) == 2
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 422, 418])
+async def test_non_retryable_statuses_are_rejected_after_one_attempt(
+    make_client: Callable[..., GatewayClient], waits: list[float], status: int
+) -> None:
+    gateway = Gateway(httpx.Response(status, json={"error": {"message": "bad request"}}))
+    with pytest.raises(GatewayRejected) as caught:
+        await make_client(gateway).complete(REQUEST, max_attempts=5)
+    assert len(gateway.requests) == 1 and waits == []
+    assert (caught.value.status_code, caught.value.outcome) == (status, "client_error")
+    assert [a.attempt for a in caught.value.attempts] == [1]
+    assert f"HTTP {status}" in str(caught.value) and "bad request" in str(caught.value)
+
+
+async def test_usage_reported_by_failed_attempts_is_kept(
+    make_client: Callable[..., GatewayClient], waits: list[float]
+) -> None:
+    billed = {"prompt_tokens": 50, "completion_tokens": 9}
+    gateway = Gateway(httpx.Response(500, json={"error": "late", "usage": billed}))
+    with pytest.raises(GatewayUnavailable) as caught:
+        await make_client(gateway).complete(REQUEST, max_attempts=2)
+    assert [(a.usage.prompt_tokens, a.usage.completion_tokens) for a in caught.value.attempts] == [
+        (50, 9),
+        (50, 9),
+    ]
+
+
+def _date_in(seconds: float) -> str:
+    return format_datetime(datetime.now(UTC) + timedelta(seconds=seconds), usegmt=True)
+
+
+@pytest.mark.parametrize(
+    ("headers", "low", "high"),
+    [
+        (lambda: {"retry-after-ms": "200"}, 0.2, 0.2),
+        (lambda: {"Retry-After": "0.2"}, 0.2, 0.2),
+        # An HTTP date has whole seconds: 1.2 s ahead, truncated, is 0.2-1.2 s ahead.
+        (lambda: {"Retry-After": _date_in(1.2)}, 0.15, 1.25),
+        # retry-after-ms is the finer hint and wins over Retry-After.
+        (lambda: {"retry-after-ms": "200", "Retry-After": "30"}, 0.2, 0.2),
+    ],
+    ids=["retry-after-ms", "seconds", "http-date", "ms-wins"],
+)
+async def test_server_wait_hints_are_honoured(
+    make_client: Callable[..., GatewayClient],
+    headers: Callable[[], dict[str, str]],
+    low: float,
+    high: float,
+) -> None:
+    async def limited(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, headers=headers())
+
+    gateway = Gateway(limited, ok_response())
+    result = await make_client(gateway).complete(REQUEST)
+    hint = result.attempts[0].retry_after_s
+    assert hint is not None and low <= hint <= high
+    assert gateway.times[1] - gateway.times[0] >= hint
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"retry-after-ms": "3600000"}, {"Retry-After": "3600"}, {"Retry-After": _date_in(7200)}],
+    ids=["ms", "seconds", "http-date"],
+)
+async def test_waits_are_capped_at_sixty_seconds(
+    make_client: Callable[..., GatewayClient], waits: list[float], headers: dict[str, str]
+) -> None:
+    gateway = Gateway(httpx.Response(503, headers=headers), ok_response())
+    result = await make_client(gateway).complete(REQUEST)
+    assert waits == [60.0]
+    assert (result.attempts[0].retry_after_s or 0) > 3000  # the record keeps the raw hint
+
+
+async def test_without_a_hint_backoff_doubles_with_full_jitter(
+    make_client: Callable[..., GatewayClient],
+    waits: list[float],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ranges: list[tuple[float, float]] = []
+
+    def top(low: float, high: float) -> float:
+        ranges.append((low, high))
+        return high
+
+    monkeypatch.setattr(random, "uniform", top)
+    gateway = Gateway(httpx.Response(500))
+    with pytest.raises(GatewayUnavailable):
+        await make_client(gateway).complete(REQUEST, max_attempts=4)
+    assert ranges == [(0.0, 0.5), (0.0, 1.0), (0.0, 2.0)] and waits == [0.5, 1.0, 2.0]
+
+
+async def test_exhausted_attempts_raise_unavailable_with_every_attempt(
+    make_client: Callable[..., GatewayClient], waits: list[float]
+) -> None:
+    gateway = Gateway(httpx.Response(503, text="down"))
+    with pytest.raises(GatewayUnavailable) as caught:
+        await make_client(gateway).complete(REQUEST, max_attempts=3)
+    error = caught.value
+    assert len(gateway.requests) == 3 and not error.deadline_hit
+    assert [a.attempt for a in error.attempts] == [1, 2, 3]
+    assert (error.status_code, error.outcome) == (503, "server_error")
+    assert "3 attempts" in str(error) and "HTTP 503" in str(error)
+
+
+async def test_a_wait_past_the_deadline_stops_retrying_at_once(
+    make_client: Callable[..., GatewayClient],
+) -> None:
+    gateway = Gateway(httpx.Response(429, headers={"Retry-After": "5"}), ok_response())
+    started = time.monotonic()
+    with pytest.raises(GatewayUnavailable) as caught:
+        await make_client(gateway).complete(REQUEST, max_attempts=5, deadline=started + 1.0)
+    assert caught.value.deadline_hit and len(caught.value.attempts) == 1
+    assert time.monotonic() - started < 0.5 and len(gateway.requests) == 1
+
+
+async def test_the_deadline_clamps_the_attempt_timeout(
+    make_client: Callable[..., GatewayClient],
+) -> None:
+    gateway = Gateway(_sleep_forever)
+    started = time.monotonic()
+    with pytest.raises(GatewayUnavailable) as caught:
+        await make_client(gateway).complete(REQUEST, timeout_s=10, deadline=started + 0.2)
+    assert caught.value.deadline_hit and [a.outcome for a in caught.value.attempts] == ["timeout"]
+    assert 0.15 < time.monotonic() - started < 1.0
+
+
+async def test_a_deadline_already_past_sends_nothing(
+    make_client: Callable[..., GatewayClient],
+) -> None:
+    gateway = Gateway(ok_response())
+    called: list[int] = []
+
+    async def before(attempt: int) -> None:
+        called.append(attempt)
+
+    with pytest.raises(GatewayUnavailable) as caught:
+        await make_client(gateway).complete(
+            REQUEST, deadline=time.monotonic() - 1, before_attempt=before
+        )
+    assert caught.value.deadline_hit and caught.value.attempts == ()
+    assert gateway.requests == [] and called == []
+
+
+async def test_a_deadline_passed_inside_before_attempt_sends_nothing_but_is_recorded(
+    make_client: Callable[..., GatewayClient],
+) -> None:
+    gateway = Gateway(ok_response())
+    seen: list[AttemptRecord] = []
+
+    async def slow_reservation(attempt: int) -> None:
+        await asyncio.sleep(0.1)
+
+    async def after(record: AttemptRecord) -> None:
+        seen.append(record)
+
+    with pytest.raises(GatewayUnavailable) as caught:
+        await make_client(gateway).complete(
+            REQUEST,
+            deadline=time.monotonic() + 0.05,
+            before_attempt=slow_reservation,
+            after_attempt=after,
+        )
+    assert caught.value.deadline_hit and gateway.requests == []
+    assert [(r.outcome, r.status_code) for r in seen] == [("timeout", None)]
+
+
+async def test_hooks_run_in_order_around_each_attempt(
+    make_client: Callable[..., GatewayClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[Any] = []
+
+    async def before(attempt: int) -> None:
+        events.append(("before", attempt))
+
+    async def after(record: AttemptRecord) -> None:
+        events.append(("after", record))
+
+    async def sleep(seconds: float) -> None:
+        events.append(("sleep", seconds))
+
+    monkeypatch.setattr(client_module, "_sleep", sleep)
+    gateway = Gateway(httpx.Response(503, headers={"retry-after-ms": "5"}), ok_response())
+    result = await make_client(gateway).complete(
+        REQUEST, before_attempt=before, after_attempt=after
+    )
+    assert events == [
+        ("before", 1),
+        ("after", result.attempts[0]),
+        ("sleep", 0.005),
+        ("before", 2),
+        ("after", result.attempts[1]),
+    ]
+    assert [a.outcome for a in result.attempts] == ["server_error", "ok"]
+
+
+class Refused(Exception):
+    pass
+
+
+@pytest.mark.parametrize("refuse_at", [1, 2])
+async def test_an_error_from_before_attempt_propagates_and_sends_nothing(
+    make_client: Callable[..., GatewayClient], waits: list[float], refuse_at: int
+) -> None:
+    async def before(attempt: int) -> None:
+        if attempt == refuse_at:
+            raise Refused
+
+    gateway = Gateway(httpx.Response(500), ok_response())
+    with pytest.raises(Refused):
+        await make_client(gateway).complete(REQUEST, before_attempt=before)
+    assert len(gateway.requests) == refuse_at - 1
+
+
+async def test_headers_repeat_on_every_retry_and_the_key_never_leaks(
+    make_client: Callable[..., GatewayClient], waits: list[float]
+) -> None:
+    async def echo(request: httpx.Request) -> httpx.Response:
+        seen = request.headers.get("authorization")
+        return httpx.Response(500, json={"error": {"message": f"bad auth {seen}"}})
+
+    gateway = Gateway(echo, httpx.ConnectError(f"refused {API_KEY}"), echo)
+    with pytest.raises(GatewayUnavailable) as caught:
+        await make_client(gateway).complete(REQUEST, max_attempts=3)
+    assert [r.headers["idempotency-key"] for r in gateway.requests] == ["swarm-1:task-a:1"] * 3
+    assert [r.headers["authorization"] for r in gateway.requests] == [f"Bearer {API_KEY}"] * 3
+    messages = [str(caught.value)] + [a.error or "" for a in caught.value.attempts]
+    assert all("bad auth" in m or "refused" in m for m in messages)
+    assert not any(API_KEY in m for m in messages)
+
+    gateway = Gateway(echo)
+    gateway.replies = [httpx.Response(401, text=f"key {API_KEY} is not valid")]
+    with pytest.raises(GatewayRejected) as rejected:
+        await make_client(gateway).complete(REQUEST)
+    assert "is not valid" in str(rejected.value) and API_KEY not in str(rejected.value)
+
+
+async def test_cancelling_a_call_abandons_the_request_promptly(
+    make_client: Callable[..., GatewayClient],
+) -> None:
+    arrived = asyncio.Event()
+    after_calls: list[AttemptRecord] = []
+
+    async def hang(request: httpx.Request) -> httpx.Response:
+        arrived.set()
+        await asyncio.sleep(30)
+        return ok_response()
+
+    async def after(record: AttemptRecord) -> None:
+        after_calls.append(record)
+
+    client = make_client(Gateway(hang))
+    task = asyncio.create_task(client.complete(REQUEST, after_attempt=after))
+    await asyncio.wait_for(arrived.wait(), 1)
+    started = time.monotonic()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 1)
+    assert time.monotonic() - started < 0.5
+    assert after_calls == [] and client._inflight == [0]
+
+
+async def test_calls_spread_over_lazily_created_small_pools(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_client = httpx.AsyncClient
+    pools: list[tuple[httpx.Limits, list[int]]] = []
+    release = asyncio.Event()
+
+    def pool(**kwargs: Any) -> httpx.AsyncClient:
+        served: list[int] = []
+        pools.append((kwargs["limits"], served))
+
+        async def handler(request: httpx.Request) -> httpx.Response:
+            served.append(1)
+            await release.wait()
+            return ok_response()
+
+        return real_client(headers=kwargs["headers"], transport=httpx.MockTransport(handler))
+
+    monkeypatch.setattr(httpx, "AsyncClient", pool)
+    client = GatewayClient(BASE_URL, max_inflight=12, connections_per_client=4)
+    release.set()
+    try:
+        await client.complete(REQUEST)  # one call at a time needs one pool only
+        release.clear()
+        assert len(pools) == 1
+        calls = [asyncio.create_task(client.complete(REQUEST)) for _ in range(12)]
+        while sum(len(served) for _, served in pools) < 13:
+            await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(*calls)
+    finally:
+        await client.aclose()
+    assert [len(served) for _, served in pools] == [5, 4, 4]
+    assert all(limits.max_connections == 4 for limits, _ in pools)
+    assert all(limits.max_keepalive_connections == 4 for limits, _ in pools)
