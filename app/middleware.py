@@ -10,10 +10,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app import metrics
 
 
-class _TooLarge(Exception):
-    pass
-
-
 async def _send_413(send: Send, limit: int) -> None:
     body = json.dumps({"error": {"code": "payload_too_large",
                                  "message": f"request body over {limit} bytes",
@@ -48,29 +44,32 @@ class BodyLimit:
         if _declared_length(scope) > self.limit:
             await _send_413(send, self.limit)
             return
+        # Read the whole body first (it is at most `limit` bytes): a limit hit while the app
+        # reads would surface as the framework's 400 "error parsing the body", not a 413.
+        chunks: list[bytes] = []
         seen = 0
-        started = False
-
-        async def limited_receive() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
+            if message["type"] != "http.request":
+                return  # the client went away before sending its body
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.limit:
                 await _send_413(send, self.limit)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: http.disconnect
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
 
 
 class HttpMetrics:

@@ -2,13 +2,52 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
 NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
+METADATA_MAX_DEPTH = 32
+
+
+def _no_nul(v: str) -> str:
+    # PostgreSQL text and jsonb cannot store U+0000: refuse it here rather than answer a 500
+    if "\x00" in v:
+        raise ValueError("must not contain NUL (U+0000) characters")
+    return v
+
+
+def _json_value(v: Any, depth: int) -> None:
+    if depth > METADATA_MAX_DEPTH:
+        raise ValueError(f"nested deeper than {METADATA_MAX_DEPTH} levels")
+    if isinstance(v, str):
+        _no_nul(v)
+        try:
+            v.encode()
+        except UnicodeEncodeError:
+            raise ValueError("must be valid unicode (no lone surrogates)") from None
+    elif isinstance(v, float) and not math.isfinite(v):
+        raise ValueError("numbers must be finite (no NaN or Infinity)")
+    elif isinstance(v, dict):
+        for k, item in v.items():
+            _json_value(k, depth)
+            _json_value(item, depth + 1)
+    elif isinstance(v, list):
+        for item in v:
+            _json_value(item, depth + 1)
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
 AgentName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 MaxTokens = Annotated[int, Field(ge=1, le=128_000)]
 Temperature = Annotated[float, Field(ge=0, le=2)]
@@ -42,8 +81,8 @@ class Strict(BaseModel):
 
 class AgentCreate(Strict):
     name: AgentName
-    system_prompt: str = ""
-    prompt: str | None = None
+    system_prompt: Text = ""
+    prompt: Text | None = None
     model: ModelName | None = None
     max_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
@@ -78,7 +117,7 @@ class SwarmCreate(Strict):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_REQUEST]})
 
-    task: str = Field(min_length=1, max_length=1_000_000)
+    task: Text = Field(min_length=1, max_length=1_000_000)
     agents: list[AgentCreate] | None = Field(default=None, min_length=1)
     orchestrator: OrchestratorOptions = Field(default_factory=OrchestratorOptions)
     synthesis: SynthesisOptions = Field(default_factory=SynthesisOptions)
@@ -87,13 +126,19 @@ class SwarmCreate(Strict):
     temperature: Temperature | None = None
     limits: Limits = Field(default_factory=Limits)
     metadata: dict[str, Any] = Field(default_factory=dict)
-    webhook_url: str | None = Field(default=None, max_length=2048)
+    webhook_url: Text | None = Field(default=None, max_length=2048)
 
     @field_validator("task")
     @classmethod
     def _task_not_blank(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("task must not be empty")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_storable(cls, v: dict[str, Any]) -> dict[str, Any]:
+        _json_value(v, 1)
         return v
 
 

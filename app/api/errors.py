@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,10 +21,28 @@ _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "
                415: "unsupported_media_type", 429: "too_many_requests", 503: "unavailable"}
 
 
+def _safe(value: Any) -> Any:
+    """What JSON can carry of an echoed input: NaN/Infinity as strings, lone surrogates
+    replaced (a bad request must not turn into a 500 while its error is rendered)."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "replace").decode()
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {_safe(str(k)): _safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_safe(v) for v in value]
+    return value
+
+
 def error_response(status: int, code: str, message: str, details: Any = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(
-        {"error": {"code": code, "message": message, "details": details}},
+        {"error": {"code": code, "message": _safe(message), "details": _safe(details)}},
         status_code=status, headers=headers)
 
 
@@ -34,10 +53,13 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "body"
 
 
-def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (str, int, float, bool)):
+def _jsonable(value: Any, limit: int = 200) -> Any:
+    """The offending input, echoed: scalars as they are, anything else (and long strings) as a
+    short string (a missing field's input is the whole body)."""
+    if value is None or isinstance(value, (int, float, bool)):
         return value
-    return str(value)
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -33,12 +34,22 @@ POLL_S = 0.5  # how often waiters re-read when the change happens in another pro
 
 IdempotencyKey = Annotated[
     str | None,
-    Header(alias="Idempotency-Key", min_length=1, max_length=255,
+    Header(alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$",
            description="Same key + same body returns the same swarm (kept at least 24 h)"),
 ]
 
 
+def _check_id(swarm_id: str) -> None:
+    """Ids are UUIDs: anything else is unknown without asking the database (which may reject
+    it, e.g. PostgreSQL on a NUL byte)."""
+    try:
+        uuid.UUID(swarm_id)
+    except ValueError:
+        raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id}) from None
+
+
 async def _read(session: AsyncSession, swarm_id: str, tenant: str) -> SwarmRead:
+    _check_id(swarm_id)
     async with session.begin():
         swarm = await queries.get_swarm(session, swarm_id, tenant)
         if swarm is None:
@@ -133,11 +144,12 @@ async def get_swarm(
 
 
 @router.post("/{swarm_id}/cancel", status_code=202, response_model=SwarmRead,
-             responses=error_responses(401, 404, 409),
+             responses=error_responses(401, 404, 409, 422),
              summary="Cancel a swarm")
 async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
                        engine: EngineDep, notifier: NotifierDep) -> SwarmRead:
     """Stops launching, cancels in-flight calls within a second; finished outputs stay."""
+    _check_id(swarm_id)
     async with session.begin():
         swarm = await queries.get_swarm(session, swarm_id, tenant)
         if swarm is None:
@@ -153,10 +165,10 @@ async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
     return await _read(session, swarm_id, tenant)
 
 
-@router.get("/{swarm_id}/events", responses={
+@router.get("/{swarm_id}/events", response_class=EventSourceResponse, responses={
     200: {"description": "Server-Sent Events, one per state change",
           "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-    **error_responses(401, 404)}, summary="Stream a swarm's events")
+    **error_responses(401, 404, 422)}, summary="Stream a swarm's events")
 async def swarm_events(
     swarm_id: str, request: Request, session: SessionDep, tenant: TenantDep,
     notifier: NotifierDep,
@@ -169,6 +181,7 @@ async def swarm_events(
     except ValueError as exc:
         raise RequestInvalid("Last-Event-ID must be an integer",
                              details={"field": "Last-Event-ID"}) from exc
+    _check_id(swarm_id)
     async with session.begin():
         if await queries.get_swarm(session, swarm_id, tenant) is None:
             raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id})

@@ -87,6 +87,9 @@ class SwarmRunner:
     def request_cancel(self) -> None:
         self._stop_with(SwarmStatus.cancelled, None)
 
+    def _deadline_error(self) -> dict[str, Any]:
+        return _error("deadline_exceeded", f"deadline of {self.limits['deadline_s']} s passed")
+
     def _stop_with(self, status: SwarmStatus, error: dict[str, Any] | None) -> None:
         if not self._stop.is_set():
             self._stop_status, self._stop_error = status, error
@@ -258,8 +261,7 @@ class SwarmRunner:
                     return
                 timeout = self.deadline - time.monotonic()
                 if timeout <= 0:
-                    self._stop_with(SwarmStatus.failed, _error(
-                        "deadline_exceeded", f"deadline of {self.limits['deadline_s']} s passed"))
+                    self._stop_with(SwarmStatus.failed, self._deadline_error())
                     return
                 waiting: list[asyncio.Future[Any]] = [*running, stop_wait]
                 done, _ = await asyncio.wait(waiting, timeout=timeout,
@@ -409,9 +411,12 @@ class SwarmRunner:
             return await self._fail(sub, t0, _error("gateway_rejected", str(exc),
                                                     status=exc.status_code))
         except GatewayUnavailable as exc:
-            code = "deadline_exceeded" if exc.deadline_hit else "gateway_unavailable"
-            return await self._fail(sub, t0, _error(code, str(exc), status=exc.status_code,
-                                                    outcome=exc.outcome))
+            if exc.deadline_hit:
+                # the swarm's deadline, seen first by the client: stop like the phase loop does
+                self._stop_with(SwarmStatus.failed, self._deadline_error())
+                return SubtaskStatus.running  # _finish cancels it
+            return await self._fail(sub, t0, _error(
+                "gateway_unavailable", str(exc), status=exc.status_code, outcome=exc.outcome))
         finally:
             metrics.subtasks_in_flight.labels(label).dec()
             for r in held:

@@ -87,6 +87,7 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
     spec = normalise(body, settings)
     _check_model(settings, spec["model"], "model")
     _check_model(settings, spec["synthesis"]["model"], "synthesis.model")
+    _check_model(settings, spec["orchestrator"]["model"], "orchestrator.model")
     _check_agents(body, settings)
     swarm_id = str(uuid.uuid4())
     now = utcnow()
