@@ -135,12 +135,14 @@ async def get_swarm(
 ) -> SwarmRead:
     """The swarm with its subtasks, progress, usage and timing."""
     until = time.monotonic() + (wait or 0)
-    while True:
-        view = await _read(session, swarm_id, tenant)
-        left = until - time.monotonic()
-        if SwarmStatus(view.status).terminal or left <= 0:
-            return view
+    view = await _read(session, swarm_id, tenant)
+    status = view.status
+    while not SwarmStatus(status).terminal and (left := until - time.monotonic()) > 0:
+        # woken on every commit of this swarm here: re-check only the status, cheaply
         await notifier.wait(swarm_id, min(left, POLL_S))
+        async with session.begin():
+            status = await queries.get_status(session, swarm_id, tenant) or status
+    return view if status == view.status else await _read(session, swarm_id, tenant)
 
 
 @router.post("/{swarm_id}/cancel", status_code=202, response_model=SwarmRead,
@@ -191,6 +193,10 @@ async def swarm_events(
         seq = after
         while True:
             async with sessions() as s, s.begin():
+                # status first: the terminal status commits with `swarm.completed`, so a client
+                # resuming at or past that event gets an ended stream, not one held open forever
+                swarm = await queries.get_swarm(s, swarm_id, tenant)
+                ended = swarm is None or SwarmStatus(swarm.status).terminal
                 rows = await queries.events_after(s, swarm_id, seq)
             for ev in rows:
                 seq = ev.seq
@@ -200,6 +206,8 @@ async def swarm_events(
                 if ev.type == "swarm.completed":
                     return
             if not rows:
+                if ended:
+                    return
                 await notifier.wait(swarm_id, POLL_S)
             else:
                 await asyncio.sleep(0)

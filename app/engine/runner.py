@@ -15,7 +15,7 @@ from typing import Any
 
 from app import metrics
 from app.config import Settings
-from app.db.queries import SwarmWrite
+from app.db.queries import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.engine import dag
@@ -106,13 +106,9 @@ class SwarmRunner:
                events: Sequence[Row] = ()) -> asyncio.Future[None]:
         s = self.swarm
         s.spent_usd, s.reserved_usd = self.budget.spent, self.budget.reserved
-        snapshot = {
-            "status": s.status, "spent_usd": s.spent_usd, "reserved_usd": s.reserved_usd,
-            "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
-            "gateway_calls": s.gateway_calls, "result": s.result, "error": s.error,
-            "started_at": s.started_at, "finished_at": s.finished_at, "event_seq": s.event_seq,
-        }
-        rows = [_subtask_row(sub) for sub in subs]
+        snapshot = {c: getattr(s, c) for c in SWARM_STATE_COLUMNS}
+        rows = [{"id_": sub.id, **{c: getattr(sub, c) for c in SUBTASK_STATE_COLUMNS}}
+                for sub in subs]
         return self.ctx.writer.submit(
             SwarmWrite(s.id, self.epoch, snapshot, rows, list(ledger), list(events)))
 
@@ -477,13 +473,3 @@ class SwarmRunner:
             "latency_ms": round(rec.latency_s * 1000, 3), "created_at": utcnow(),
         }
 
-
-_SUBTASK_COLUMNS = ("status", "attempts", "output", "error", "truncated", "prompt_tokens",
-                    "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at",
-                    "finished_at")
-
-
-def _subtask_row(sub: Subtask) -> dict[str, Any]:
-    row = {c: getattr(sub, c) for c in _SUBTASK_COLUMNS}
-    row["id"] = sub.id
-    return row
