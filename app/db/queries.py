@@ -331,9 +331,9 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
     if subtasks:
         await conn.execute(_SUBTASK_UPDATE, subtasks)
     if ledger:
-        await conn.execute(insert(GatewayCall.__table__), ledger)
+        await conn.execute(_LEDGER_INSERT, ledger)
     if events:
-        await conn.execute(insert(Event.__table__), events)
+        await conn.execute(_EVENT_INSERT, events)
     return fenced
 
 
@@ -356,3 +356,5 @@ SUBTASK_STATE_COLUMNS = (
 )
 _SWARM_UPDATE = _update_by_id(cast(Table, Swarm.__table__), SWARM_STATE_COLUMNS)
 _SUBTASK_UPDATE = _update_by_id(cast(Table, Subtask.__table__), SUBTASK_STATE_COLUMNS)
+_LEDGER_INSERT = insert(cast(Table, GatewayCall.__table__))
+_EVENT_INSERT = insert(cast(Table, Event.__table__))
