@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.engine import dag
+from app.engine.layout import COMPRESSOR_PREFIX
 from app.gateway.pricing import usd_str
 from app.schemas import (
     LatencyPercentiles,
@@ -33,10 +34,14 @@ def timing(swarm: Swarm, subtasks: Sequence[Subtask]) -> Timing:
     """Wall time, the DAG's critical path (planner, workers, synthesis), serial sum, speedup."""
     latency = {s.name: s.latency_ms / 1000 for s in subtasks if s.latency_ms is not None}
     planners = [s.name for s in subtasks if s.kind == SubtaskKind.planner]
-    deps = {s.name: list(s.depends_on) or (planners if s.kind == SubtaskKind.worker else [])
-            for s in subtasks}
-    known = set(deps)
-    deps = {n: [d for d in ds if d in known] for n, ds in deps.items()}
+    known = {s.name for s in subtasks}
+    deps: dict[str, list[str]] = {}
+    for s in subtasks:
+        ds = list(s.depends_on) or (planners if s.kind == SubtaskKind.worker else [])
+        if s.kind != SubtaskKind.compressor:
+            # a compressed input reaches its consumer through its compressor
+            ds += [f"{COMPRESSOR_PREFIX}{d}" for d in s.depends_on]
+        deps[s.name] = [d for d in ds if d in known]
     critical = dag.critical_path(deps, latency)
     serial = sum(latency.values())
     wall: float | None = None

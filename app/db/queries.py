@@ -300,6 +300,7 @@ class SwarmWrite:
     subtasks: list[dict[str, Any]] = field(default_factory=list)
     ledger: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    new_subtasks: list[dict[str, Any]] = field(default_factory=list)  # planned, compressors
 
 
 async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[SwarmWrite]) -> set[str]:
@@ -317,17 +318,21 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
     if not ok:
         return fenced
     latest: dict[str, dict[str, Any]] = {}
+    inserts: list[dict[str, Any]] = []
     subtasks: list[dict[str, Any]] = []
     ledger: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     for w in ok:
         latest[w.swarm_id] = {"id_": w.swarm_id, **w.swarm}
-        subtasks.extend(w.subtasks)
+        inserts.extend(w.new_subtasks)
+        subtasks.extend({"swarm_id_": w.swarm_id, **row} for row in w.subtasks)
         ledger.extend(w.ledger)
         events.extend(w.events)
     # Core executemany: the ORM's bulk paths cost several times more per row (measured)
     conn = await session.connection()
     await conn.execute(_SWARM_UPDATE, list(latest.values()))
+    if inserts:
+        await conn.execute(_SUBTASK_INSERT, inserts)
     if subtasks:
         await conn.execute(_SUBTASK_UPDATE, subtasks)
     if ledger:
@@ -337,11 +342,11 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
     return fenced
 
 
-def _update_by_id(table: Table, columns: Sequence[str]) -> Update:
-    """UPDATE table SET col = :col, ... WHERE id = :id, for executemany with dict rows."""
+def _update_by_key(table: Table, key: Sequence[str], columns: Sequence[str]) -> Update:
+    """UPDATE table SET col = :col, ... WHERE key = :key_, for executemany with dict rows."""
     return (
         update(table)
-        .where(table.c.id == bindparam("id_"))
+        .where(*(table.c[k] == bindparam(f"{k}_") for k in key))
         .values({c: bindparam(c) for c in columns})
     )
 
@@ -354,7 +359,9 @@ SUBTASK_STATE_COLUMNS = (
     "status", "attempts", "output", "error", "truncated", "prompt_tokens", "completion_tokens",
     "cost_usd", "latency_ms", "ready_at", "started_at", "finished_at",
 )
-_SWARM_UPDATE = _update_by_id(cast(Table, Swarm.__table__), SWARM_STATE_COLUMNS)
-_SUBTASK_UPDATE = _update_by_id(cast(Table, Subtask.__table__), SUBTASK_STATE_COLUMNS)
+_SWARM_UPDATE = _update_by_key(cast(Table, Swarm.__table__), ["id"], SWARM_STATE_COLUMNS)
+_SUBTASK_UPDATE = _update_by_key(
+    cast(Table, Subtask.__table__), ["swarm_id", "name"], SUBTASK_STATE_COLUMNS)
+_SUBTASK_INSERT = insert(cast(Table, Subtask.__table__))
 _LEDGER_INSERT = insert(cast(Table, GatewayCall.__table__))
 _EVENT_INSERT = insert(cast(Table, Event.__table__))

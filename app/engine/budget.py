@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Protocol
 
 
 class BudgetExceeded(Exception):
@@ -68,3 +69,16 @@ class SwarmBudget:
     def record(self, actual: Decimal) -> None:
         """Spend that had no reservation (settled by an earlier process before a takeover)."""
         self.spent += actual
+
+
+class SharedCap(Protocol):
+    """A cap shared beyond one swarm (the daily budget across processes): the same reserve /
+    settle contract as SwarmBudget, but every operation is atomic in the database."""
+
+    async def reserve(self, amount: Decimal) -> Reservation:
+        """Hold `amount` or raise BudgetExceeded("daily") when it cannot fit."""
+        ...
+
+    async def settle(self, reservation: Reservation, actual: Decimal) -> None:
+        """Replace the reservation by the real cost (0 when the call was never sent)."""
+        ...

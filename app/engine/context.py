@@ -6,6 +6,19 @@ from collections.abc import Sequence
 
 # Upper bound on tokens per message beyond its text (role markers, separators)
 MESSAGE_OVERHEAD_TOKENS = 8
+# For fitting text into a context window only (English averages ~4 bytes per token; 3 leaves
+# room); the budget never uses this, it uses the strict bound below
+BYTES_PER_TOKEN = 3
+
+
+def approx_tokens(text: str) -> int:
+    """A realistic, slightly high token count for fitting context."""
+    return len(text.encode()) // BYTES_PER_TOKEN + 1
+
+
+def fit_chars(tokens: int) -> int:
+    """Characters that fit in `tokens` by the same estimate (the last-resort truncation)."""
+    return max(tokens, 0) * BYTES_PER_TOKEN
 
 
 def estimate_prompt_tokens(messages: Sequence[dict[str, str]]) -> int:

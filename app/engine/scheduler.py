@@ -14,6 +14,7 @@ from contextlib import suppress
 from app.config import Settings
 from app.db import queries
 from app.db.session import SessionFactory
+from app.engine.budget import SharedCap
 from app.engine.notify import SwarmNotifier
 from app.engine.runner import EngineContext, SwarmRunner
 from app.engine.writer import StateWriter
@@ -35,7 +36,8 @@ class Engine:
     """
 
     def __init__(self, settings: Settings, sessions: SessionFactory, gateway: GatewayClient,
-                 notifier: SwarmNotifier | None = None, owner: str | None = None) -> None:
+                 notifier: SwarmNotifier | None = None, owner: str | None = None,
+                 daily: SharedCap | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
         self.owner = owner or process_owner()
@@ -48,6 +50,7 @@ class Engine:
             model_slots={n: asyncio.Semaphore(settings.prices[n].concurrency or 1)
                          for n in settings.prices.names()
                          if settings.prices[n].concurrency},
+            daily=daily,
         )
         self.runners: dict[str, tuple[SwarmRunner, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()

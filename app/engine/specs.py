@@ -14,12 +14,11 @@ from app.config import Settings
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.engine.dag import DagError, validate_dag
+from app.engine.layout import PLANNER, SYNTHESIZER, new_subtask
+from app.engine.planner import planner_max_tokens
 from app.errors import RequestInvalid
 from app.schemas import SwarmCreate
-from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
-
-SYNTHESIZER = "@synthesizer"
-PLANNER = "@planner"
+from app.states import SubtaskKind, SwarmStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +60,13 @@ def _check_agents(body: SwarmCreate, settings: Settings) -> None:
     try:
         validate_dag({a.name: a.depends_on for a in agents})
     except DagError as exc:
-        raise RequestInvalid(str(exc), code=exc.code, details=exc.details) from exc
+        # name the field as everywhere else (agents.<index>.depends_on), not by agent name
+        details = dict(exc.details)
+        cycle = details.get("cycle")
+        culprit = details.get("name") or (cycle[0] if isinstance(cycle, list) else None)
+        if isinstance(culprit, str) and culprit in seen:
+            details["field"] = f"agents.{seen[culprit]}.depends_on"
+        raise RequestInvalid(str(exc), code=exc.code, details=details) from exc
 
 
 def normalise(body: SwarmCreate, settings: Settings) -> dict[str, Any]:
@@ -79,44 +84,41 @@ def normalise(body: SwarmCreate, settings: Settings) -> dict[str, Any]:
 
 def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
                 idempotency_key: str | None = None) -> NewSwarm:
-    """Validate what the schema cannot and lay out the swarm's rows (not yet inserted)."""
-    if body.agents is None:
-        raise RequestInvalid(
-            "a request without 'agents' needs the orchestrator, which is not available yet",
-            code="planning_not_available", details={"field": "agents"})
+    """Validate what the schema cannot and lay out the swarm's rows (not yet inserted).
+
+    With `agents`, they are the workers; without, a planner subtask decomposes the task when
+    the swarm runs (its workers and synthesizer are added then)."""
     spec = normalise(body, settings)
     _check_model(settings, spec["model"], "model")
     _check_model(settings, spec["synthesis"]["model"], "synthesis.model")
     _check_model(settings, spec["orchestrator"]["model"], "orchestrator.model")
     _check_agents(body, settings)
     swarm_id = str(uuid.uuid4())
-    now = utcnow()
-    subtasks = [
-        Subtask(
-            swarm_id=swarm_id, name=a.name, position=i, kind=SubtaskKind.worker,
-            model=a.model or spec["model"], depends_on=list(a.depends_on),
-            system_prompt=a.system_prompt, prompt=a.prompt if a.prompt is not None else body.task,
-            max_tokens=a.max_tokens or body.max_tokens,
-            temperature=a.temperature if a.temperature is not None else body.temperature,
-            weight=a.weight, status=SubtaskStatus.pending, attempts=0, truncated=False,
-            prompt_tokens=0, completion_tokens=0, cost_usd=Decimal(0),
-        )
-        for i, a in enumerate(body.agents)
-    ]
-    if body.synthesis.strategy == "synthesize":
-        subtasks.append(Subtask(
-            swarm_id=swarm_id, name=SYNTHESIZER, position=len(subtasks),
-            kind=SubtaskKind.synthesizer, model=spec["synthesis"]["model"],
-            depends_on=[a.name for a in body.agents], system_prompt="", prompt="",
-            max_tokens=spec["synthesis"]["max_tokens"], temperature=body.temperature,
-            weight=1.0, status=SubtaskStatus.pending, attempts=0, truncated=False,
-            prompt_tokens=0, completion_tokens=0, cost_usd=Decimal(0),
-        ))
+    if body.agents is None:
+        subtasks = [new_subtask(
+            swarm_id, PLANNER, 0, SubtaskKind.planner, spec["orchestrator"]["model"],
+            planner_max_tokens(body.orchestrator.max_subtasks), prompt=body.task)]
+    else:
+        subtasks = [
+            new_subtask(
+                swarm_id, a.name, i, SubtaskKind.worker, a.model or spec["model"],
+                a.max_tokens or body.max_tokens, depends_on=list(a.depends_on),
+                system_prompt=a.system_prompt,
+                prompt=a.prompt if a.prompt is not None else body.task,
+                temperature=a.temperature if a.temperature is not None else body.temperature,
+                weight=a.weight)
+            for i, a in enumerate(body.agents)
+        ]
+        if body.synthesis.strategy == "synthesize":
+            subtasks.append(new_subtask(
+                swarm_id, SYNTHESIZER, len(subtasks), SubtaskKind.synthesizer,
+                spec["synthesis"]["model"], spec["synthesis"]["max_tokens"],
+                depends_on=[a.name for a in body.agents], temperature=body.temperature))
     swarm = Swarm(
         id=swarm_id, tenant=tenant, status=SwarmStatus.queued, task=body.task, spec=spec,
         meta=body.metadata, idempotency_key=idempotency_key,
         request_hash=request_hash(body) if idempotency_key else None,
-        budget_usd=body.limits.budget_usd, created_at=now, prompt_tokens=0,
+        budget_usd=body.limits.budget_usd, created_at=utcnow(), prompt_tokens=0,
         spent_usd=Decimal(0), reserved_usd=Decimal(0),
         completion_tokens=0, gateway_calls=0, lease_epoch=0, rescues=0,
         cancel_requested=False, event_seq=0,

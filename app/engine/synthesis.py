@@ -6,6 +6,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from app.engine.context import fair_shares, truncate_marked
+
 _WS = re.compile(r"\s+")
 
 
@@ -41,12 +43,18 @@ def vote(results: Sequence[WorkerResult]) -> str | None:
     return results[first[winner]].output.strip()
 
 
-def synthesis_prompt(task: str, results: Sequence[WorkerResult], missing: Sequence[str]) -> str:
-    """The synthesizer's user message: the task, every result under its name, and what is absent."""
+def synthesis_prompt(task: str, results: Sequence[WorkerResult], missing: Sequence[str],
+                     budget_chars: int | None = None) -> str:
+    """The synthesizer's user message: the task, every result under its name (truncated
+    visibly only past `budget_chars` in total), and what is absent."""
+    outputs = [r.output for r in results]
+    if budget_chars is not None and sum(map(len, outputs)) > budget_chars:
+        shares = fair_shares([len(o) for o in outputs], budget_chars)
+        outputs = [truncate_marked(o, n) for o, n in zip(outputs, shares, strict=True)]
     parts = [f"Task:\n{task}", "", f"Results of {len(results)} sub-agents follow."]
-    for r in results:
+    for r, out in zip(results, outputs, strict=True):
         note = " (truncated: the agent hit its token limit)" if r.truncated else ""
-        parts.append(f"\n### {r.name}{note}\n{r.output}")
+        parts.append(f"\n### {r.name}{note}\n{out}")
     if missing:
         parts.append("\nNo result from: " + ", ".join(missing) + " (failed or skipped).")
     parts.append("\nMerge these into one coherent answer to the task. Name the agents whose "

@@ -1,0 +1,295 @@
+"""Running one subtask: slots, the gateway call, planning with one repair, input compression."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from app import metrics
+from app.db.tables import Subtask
+from app.db.types import utcnow
+from app.engine import planner as plans
+from app.engine.budget import BudgetExceeded
+from app.engine.calls import CallMeter, Row, idempotency_key
+from app.engine.context import (
+    approx_tokens,
+    estimate_prompt_tokens,
+    fair_shares,
+    fit_chars,
+    with_dependencies,
+)
+from app.engine.layout import COMPRESSOR_PREFIX, SYNTHESIZER, new_subtask
+from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
+from app.gateway.client import ChatRequest, ChatResult, GatewayRejected, GatewayUnavailable
+from app.gateway.pricing import metric_model_label
+from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, subtask_transition
+
+if TYPE_CHECKING:
+    from app.engine.runner import SwarmRunner
+
+COMPRESSOR_SYSTEM = ("You compress the result of another agent. Keep every fact, number, name, "
+                     "decision and open question; drop repetition and filler.")
+CONTEXT_MARGIN_TOKENS = 256
+
+
+def error(code: str, message: str, **details: Any) -> dict[str, Any]:
+    return {"code": code, "message": message, "details": details or None}
+
+
+class SubtaskExecutor:
+    """Executes subtasks for one SwarmRunner; returns each subtask's new status."""
+
+    def __init__(self, runner: SwarmRunner) -> None:
+        self.r = runner
+        self._compressions: dict[str, asyncio.Task[str | None]] = {}
+
+    async def run(self, sub: Subtask) -> SubtaskStatus:
+        """Never raises but for cancellation and a lost lease."""
+        if sub.kind == SubtaskKind.planner:
+            async with self._slots(sub):
+                return await self._plan(sub)
+        inputs = await self._inputs(sub)  # compressors take their own slots
+        async with self._slots(sub):
+            return await self._call(sub, self._messages(sub, inputs))
+
+    @asynccontextmanager
+    async def _slots(self, sub: Subtask) -> AsyncIterator[None]:
+        """A per-model slot (when the model table limits it) and a process-wide one."""
+        slot = self.r.ctx.model_slots.get(sub.model)
+        async with AsyncExitStack() as stack:
+            if slot is not None:
+                await stack.enter_async_context(slot)
+            await stack.enter_async_context(self.r.ctx.inflight)
+            yield
+
+    # ---- the call ----------------------------------------------------------------------
+
+    def _begin(self, sub: Subtask) -> float:
+        started = utcnow()
+        sub.status = subtask_transition(SubtaskStatus(sub.status), SubtaskStatus.running)
+        sub.started_at, sub.finished_at, sub.error = started, None, None
+        metrics.queue_wait.labels(sub.kind).observe(
+            max((started - (sub.ready_at or started)).total_seconds(), 0.0))
+        self.r.commit_soon([sub], events=[self.r.event(
+            "subtask.started", {"name": sub.name, "kind": sub.kind, "model": sub.model})])
+        return time.monotonic()
+
+    async def _gateway(self, sub: Subtask, messages: list[dict[str, str]], call_no: int,
+                       response_format: dict[str, str] | None = None) -> tuple[ChatResult,
+                                                                                list[Row]]:
+        """One logical call with retries; raises the client's errors or BudgetExceeded."""
+        key = idempotency_key(self.r.swarm.id, sub.name, call_no)
+        label = metric_model_label(sub.model, self.r.ctx.prices)
+        worst = self.r.ctx.prices[sub.model].worst_case(estimate_prompt_tokens(messages),
+                                                        sub.max_tokens)
+        meter = CallMeter(self.r, sub, worst, key, label)
+        metrics.subtasks_in_flight.labels(label).inc()
+        try:
+            result = await self.r.ctx.gateway.complete(
+                ChatRequest(model=sub.model, messages=messages, max_tokens=sub.max_tokens,
+                            temperature=sub.temperature, response_format=response_format,
+                            idempotency_key=key),
+                max_attempts=int(self.r.limits["max_attempts"]),
+                timeout_s=float(self.r.limits["subtask_timeout_s"]),
+                deadline=self.r.deadline, before_attempt=meter.before, after_attempt=meter.after)
+        finally:
+            metrics.subtasks_in_flight.labels(label).dec()
+            await meter.release()
+        metrics.finish_reasons.labels(label, metrics.finish_label(result.finish_reason)).inc()
+        return result, meter.ok_rows
+
+    async def _call(self, sub: Subtask, messages: list[dict[str, str]]) -> SubtaskStatus:
+        t0 = self._begin(sub)
+        try:
+            result, rows = await self._gateway(sub, messages, 1)
+        except (BudgetExceeded, GatewayRejected, GatewayUnavailable) as exc:
+            return await self._failed_call(sub, t0, exc)
+        sub.truncated = result.finish_reason == "length"
+        return await self._succeed(sub, t0, result.content, rows)
+
+    async def _failed_call(self, sub: Subtask, t0: float, exc: Exception) -> SubtaskStatus:
+        """Map a call's failure onto the subtask and, where it must, the swarm."""
+        if isinstance(exc, BudgetExceeded):
+            metrics.budget_denials.labels(exc.scope).inc()
+            code = "budget_exceeded" if exc.scope == "swarm" else "daily_budget_exceeded"
+            sub.error = error(code, str(exc))
+            self.r.stop_with(SwarmStatus.failed, error(code, str(exc)))
+            return SubtaskStatus.running  # the swarm stops; finishing cancels this subtask
+        if isinstance(exc, GatewayUnavailable) and exc.deadline_hit:
+            self.r.stop_with(SwarmStatus.failed, self.r.deadline_error())
+            return SubtaskStatus.running
+        if isinstance(exc, GatewayRejected):
+            err = error("gateway_rejected", str(exc), status=exc.status_code)
+            if exc.status_code in (401, 403):
+                self.r.stop_with(SwarmStatus.failed, err)
+        else:
+            assert isinstance(exc, GatewayUnavailable)
+            err = error("gateway_unavailable", str(exc), status=exc.status_code,
+                        outcome=exc.outcome)
+        return await self._fail(sub, t0, err)
+
+    async def _succeed(self, sub: Subtask, t0: float, output: str, rows: list[Row],
+                       new: list[Subtask] | None = None) -> SubtaskStatus:
+        sub.status = subtask_transition(SubtaskStatus(sub.status), SubtaskStatus.succeeded)
+        sub.output = output
+        self._finished(sub, t0)
+        await self.r.commit([sub], rows, [self.r.event("subtask.succeeded", {
+            "name": sub.name, "kind": sub.kind, "latency_ms": sub.latency_ms,
+            "truncated": sub.truncated})], new=new or [])
+        return SubtaskStatus.succeeded
+
+    async def _fail(self, sub: Subtask, t0: float, err: dict[str, Any],
+                    rows: list[Row] | None = None) -> SubtaskStatus:
+        sub.status = subtask_transition(SubtaskStatus(sub.status), SubtaskStatus.failed)
+        sub.error = err
+        self._finished(sub, t0)
+        await self.r.commit([sub], rows or [], [self.r.event(
+            "subtask.failed", {"name": sub.name, "kind": sub.kind, "error": err})])
+        return SubtaskStatus.failed
+
+    def _finished(self, sub: Subtask, t0: float) -> None:
+        sub.finished_at = utcnow()
+        sub.latency_ms = round((time.monotonic() - t0) * 1000, 1)
+        metrics.subtask_duration.labels(
+            sub.kind, metric_model_label(sub.model, self.r.ctx.prices), sub.status
+        ).observe(sub.latency_ms / 1000)
+
+    # ---- planning ----------------------------------------------------------------------
+
+    async def _plan(self, sub: Subtask) -> SubtaskStatus:
+        """The orchestrator call; an invalid or truncated plan gets exactly one repair call."""
+        spec = self.r.spec
+        limits = spec["orchestrator"]
+        first = plans.planner_messages(self.r.swarm.task, limits["max_subtasks"],
+                                       limits["max_depth"], self.r.ctx.prices.names())
+        t0 = self._begin(sub)
+        rows: list[Row] = []
+        try:
+            result, ok = await self._gateway(sub, first, 1, plans.JSON_OBJECT)
+            rows += ok
+            try:
+                plan = plans.parse_plan(result.content, result.finish_reason,
+                                        limits["max_subtasks"], limits["max_depth"])
+            except plans.PlanInvalid as bad:
+                self.r.commit_soon([sub], ledger=rows)  # the first call is billed either way
+                rows = []
+                repair = plans.repair_messages(first, result.content, bad)
+                result, ok = await self._gateway(sub, repair, 2, plans.JSON_OBJECT)
+                rows += ok
+                plan = plans.parse_plan(result.content, result.finish_reason,
+                                        limits["max_subtasks"], limits["max_depth"])
+        except plans.PlanInvalid as still:
+            err = error("plan_invalid", f"the plan is invalid after one repair: {still}",
+                        **still.details)
+            return await self._fail(sub, t0, err, rows)
+        except (BudgetExceeded, GatewayRejected, GatewayUnavailable) as exc:
+            if rows:
+                self.r.commit_soon([sub], ledger=rows)
+            return await self._failed_call(sub, t0, exc)
+        new = self._lay_out(plan)
+        output = json.dumps({"subtasks": [
+            {"id": p.id, "description": p.description, "depends_on": list(p.depends_on),
+             "model_hint": p.model_hint} for p in plan]})
+        return await self._succeed(sub, t0, output, rows, new)
+
+    def _lay_out(self, plan: list[plans.PlannedSubtask]) -> list[Subtask]:
+        """Worker subtasks for the plan (hinted models only when priced) and the synthesizer."""
+        spec, swarm_id = self.r.spec, self.r.swarm.id
+        base = len(self.r.subs)
+        prices = self.r.ctx.prices
+        subs = [
+            new_subtask(swarm_id, p.id, base + i, SubtaskKind.worker,
+                        p.model_hint if p.model_hint and p.model_hint in prices
+                        else str(spec["model"]),
+                        spec["max_tokens"], depends_on=list(p.depends_on),
+                        system_prompt=plans.worker_system_prompt(self.r.swarm.task),
+                        prompt=p.description, temperature=spec.get("temperature"))
+            for i, p in enumerate(plan)
+        ]
+        if spec["synthesis"]["strategy"] == "synthesize":
+            subs.append(new_subtask(
+                swarm_id, SYNTHESIZER, base + len(plan), SubtaskKind.synthesizer,
+                spec["synthesis"]["model"], spec["synthesis"]["max_tokens"],
+                depends_on=[p.id for p in plan], temperature=spec.get("temperature")))
+        self.r.add_subtasks(subs)
+        return subs
+
+    # ---- inputs and compression --------------------------------------------------------
+
+    def _messages(self, sub: Subtask, inputs: list[tuple[str, str]]) -> list[dict[str, str]]:
+        room = fit_chars(self._room_tokens(sub))
+        if sub.kind == SubtaskKind.synthesizer:
+            results = {r.name: r for r in self.r.worker_results()}
+            fitted = [WorkerResult(name, text, results[name].weight, results[name].truncated)
+                      for name, text in inputs]
+            missing = [n for n in self.r.worker_names() if n not in results]
+            user = synthesis_prompt(self.r.swarm.task, fitted, missing, room)
+            system = sub.system_prompt or SYNTHESIZER_SYSTEM
+        else:
+            user = with_dependencies(sub.prompt, inputs, room)
+            system = sub.system_prompt
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": user})
+        return messages
+
+    def _room_tokens(self, sub: Subtask) -> int:
+        window = self.r.ctx.prices[sub.model].context_window
+        frame = approx_tokens(sub.system_prompt) + approx_tokens(sub.prompt or self.r.swarm.task)
+        return max(window - sub.max_tokens - frame - CONTEXT_MARGIN_TOKENS, 0)
+
+    async def _inputs(self, sub: Subtask) -> list[tuple[str, str]]:
+        """Dependency outputs (or, for the synthesizer, every result) fitted to the window:
+        oversized ones compressed by a compressor subtask unless `compress` is `never`."""
+        if sub.kind == SubtaskKind.synthesizer:
+            pairs = [(r.name, r.output) for r in self.r.worker_results()]
+        elif sub.kind == SubtaskKind.worker:
+            pairs = [(d, self.r.subs[d].output or "") for d in self.r.deps[sub.name]]
+        else:
+            return []
+        mode = self.r.spec["synthesis"].get("compress", "auto")
+        sizes = [approx_tokens(text) for _, text in pairs]
+        room = self._room_tokens(sub)
+        if not pairs or mode == "never" or (mode == "auto" and sum(sizes) <= room):
+            return pairs
+        shares = fair_shares(sizes, room)
+        targets = [i for i in range(len(pairs)) if mode == "always" or sizes[i] > shares[i]]
+        outputs = await asyncio.gather(*(
+            self._compressed(pairs[i][0], pairs[i][1], max(min(shares[i], sizes[i]), 16))
+            for i in targets))
+        fitted = list(pairs)
+        for i, out in zip(targets, outputs, strict=True):
+            if out is not None:
+                fitted[i] = (f"{pairs[i][0]} (compressed)", out)
+        return fitted
+
+    def _compressed(self, name: str, text: str, target: int) -> asyncio.Task[str | None]:
+        """One compressor per input, shared by every dependent that needs it."""
+        task = self._compressions.get(name)
+        if task is None:
+            task = asyncio.ensure_future(self._compress(name, text, target))
+            self._compressions[name] = task
+        return task
+
+    async def _compress(self, name: str, text: str, target: int) -> str | None:
+        cname = f"{COMPRESSOR_PREFIX}{name}"
+        sub = self.r.subs.get(cname)
+        if sub is None:
+            cheapest = self.r.ctx.prices.cheapest()
+            sub = new_subtask(
+                self.r.swarm.id, cname, len(self.r.subs), SubtaskKind.compressor, cheapest.name,
+                target, depends_on=[name], system_prompt=COMPRESSOR_SYSTEM,
+                prompt=f"Compress the result of agent {name!r} to at most {target} tokens:\n\n"
+                       f"{text}")
+            self.r.add_subtasks([sub])
+            await self.r.commit(new=[sub])
+        if sub.status == SubtaskStatus.pending:
+            sub.ready_at = utcnow()
+            async with self._slots(sub):
+                await self._call(sub, [{"role": "system", "content": sub.system_prompt},
+                                       {"role": "user", "content": sub.prompt}])
+        return sub.output if sub.status == SubtaskStatus.succeeded else None
+

@@ -1,0 +1,39 @@
+"""Factories for subtask rows: workers, the planner, the synthesizer, compressors."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from app.db.tables import Subtask
+from app.states import SubtaskKind, SubtaskStatus
+
+PLANNER = "@planner"
+SYNTHESIZER = "@synthesizer"
+COMPRESSOR_PREFIX = "@compress."  # '@' never starts an agent name: no collisions
+
+
+def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, model: str,
+                max_tokens: int, *, depends_on: list[str] | None = None, system_prompt: str = "",
+                prompt: str = "", temperature: float | None = None,
+                weight: float = 1.0) -> Subtask:
+    """A pending subtask with zeroed usage (every column set: it is inserted with Core)."""
+    return Subtask(
+        swarm_id=swarm_id, name=name, position=position, kind=kind, model=model,
+        depends_on=list(depends_on or []), system_prompt=system_prompt, prompt=prompt,
+        max_tokens=max_tokens, temperature=temperature, weight=weight,
+        status=SubtaskStatus.pending, attempts=0, output=None, error=None, truncated=False,
+        prompt_tokens=0, completion_tokens=0, cost_usd=Decimal(0), latency_ms=None,
+        ready_at=None, started_at=None, finished_at=None,
+    )
+
+
+INSERT_COLUMNS = ("swarm_id", "name", "position", "kind", "model", "depends_on",
+                  "system_prompt", "prompt", "max_tokens", "temperature", "weight", "status",
+                  "attempts", "output", "error", "truncated", "prompt_tokens",
+                  "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at",
+                  "finished_at")
+
+
+def insert_row(sub: Subtask) -> dict[str, Any]:
+    return {c: getattr(sub, c) for c in INSERT_COLUMNS}

@@ -1,0 +1,125 @@
+"""The orchestrator's plan: its prompt, its repair prompt, and validation with precise reasons.
+Pure functions, no IO."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from app.engine import dag
+
+ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+JSON_OBJECT = {"type": "json_object"}
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedSubtask:
+    id: str
+    description: str
+    depends_on: tuple[str, ...]
+    model_hint: str | None
+
+
+class PlanInvalid(ValueError):
+    """Why a plan cannot run: `reason` is one of truncated, not_json, wrong_shape, empty,
+    bad_id, duplicate_id, unknown_dependency, cycle, too_many, too_deep."""
+
+    def __init__(self, reason: str, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.details = {"reason": reason, **details}
+
+
+def planner_max_tokens(max_subtasks: int) -> int:
+    """Room for a plan of max_subtasks entries (about 150 tokens each)."""
+    return min(max(1000, 150 * max_subtasks), 128_000)
+
+
+def planner_messages(task: str, max_subtasks: int, max_depth: int,
+                     models: Sequence[str]) -> list[dict[str, str]]:
+    system = (
+        "You are the orchestrator of a team of sub-agents. Split the user's task into "
+        "independent subtasks that sub-agents can work on in parallel; add dependencies only "
+        "where a subtask needs another's result.\n"
+        "Answer with one JSON object and nothing else, of the shape:\n"
+        '{"subtasks": [{"id": "short_id", "description": "what this sub-agent must do", '
+        '"depends_on": ["other_id"], "model_hint": "model"}]}\n'
+        f"Rules: at most {max_subtasks} subtasks; ids match [A-Za-z0-9_.-]{{1,64}} and are "
+        "unique; depends_on names only ids of this plan; dependencies are acyclic; the longest "
+        f"dependency chain has at most {max_depth} subtasks; model_hint is optional and one of: "
+        + ", ".join(models) + "."
+    )
+    return [{"role": "system", "content": system}, {"role": "user", "content": task}]
+
+
+def repair_messages(first: Sequence[dict[str, str]], faulty: str,
+                    error: PlanInvalid) -> list[dict[str, str]]:
+    """The one repair call: the original request, the faulty answer, and what is wrong."""
+    return [*first, {"role": "assistant", "content": faulty},
+            {"role": "user", "content": f"That plan is invalid: {error}. Answer again with the "
+                                        "corrected JSON object only."}]
+
+
+def _item(raw: Any, index: int) -> PlannedSubtask:
+    if not isinstance(raw, dict):
+        raise PlanInvalid("wrong_shape", f"subtasks[{index}] is not an object", index=index)
+    sid, desc = raw.get("id"), raw.get("description")
+    deps, hint = raw.get("depends_on", []), raw.get("model_hint")
+    if not isinstance(sid, str) or not ID_PATTERN.match(sid):
+        raise PlanInvalid("bad_id", f"subtasks[{index}].id {sid!r} is not a valid id",
+                          index=index)
+    if not isinstance(desc, str) or not desc.strip():
+        raise PlanInvalid("wrong_shape", f"subtask {sid!r} has no description", id=sid)
+    if deps is None:
+        deps = []
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise PlanInvalid("wrong_shape", f"subtask {sid!r}: depends_on must be a list of ids",
+                          id=sid)
+    if hint is not None and not isinstance(hint, str):
+        hint = None
+    return PlannedSubtask(sid, desc.strip(), tuple(dict.fromkeys(deps)), hint)
+
+
+def parse_plan(content: str, finish_reason: str, max_subtasks: int,
+               max_depth: int) -> list[PlannedSubtask]:
+    """The plan in `content`, or PlanInvalid naming exactly what is wrong."""
+    if finish_reason == "length":
+        raise PlanInvalid("truncated", "the plan was cut off (finish_reason: length)")
+    try:
+        doc = json.loads(content)
+    except ValueError as exc:
+        raise PlanInvalid("not_json", f"the answer is not JSON ({exc.args[0]})") from exc
+    items = doc.get("subtasks") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        raise PlanInvalid("wrong_shape", 'expected an object with a "subtasks" list')
+    if not items:
+        raise PlanInvalid("empty", "the plan has no subtasks")
+    if len(items) > max_subtasks:
+        raise PlanInvalid("too_many", f"{len(items)} subtasks; at most {max_subtasks} allowed",
+                          count=len(items), limit=max_subtasks)
+    plan = [_item(raw, i) for i, raw in enumerate(items)]
+    seen: set[str] = set()
+    for p in plan:
+        if p.id in seen:
+            raise PlanInvalid("duplicate_id", f"id {p.id!r} is used twice", id=p.id)
+        seen.add(p.id)
+    deps = {p.id: list(p.depends_on) for p in plan}
+    try:
+        dag.validate_dag(deps, field="subtasks")
+    except dag.DagError as exc:
+        reason = "cycle" if exc.code == "dependency_cycle" else "unknown_dependency"
+        raise PlanInvalid(reason, str(exc), **{k: v for k, v in exc.details.items()
+                                               if k != "field"}) from exc
+    depth = dag.depth(deps)
+    if depth > max_depth:
+        raise PlanInvalid("too_deep", f"dependency chain of {depth} subtasks; at most "
+                          f"{max_depth} allowed", depth=depth, limit=max_depth)
+    return plan
+
+
+def worker_system_prompt(task: str) -> str:
+    return ("You are a sub-agent in a team working on this overall task:\n"
+            f"{task}\n\nDo only your own part, thoroughly and concretely.")
