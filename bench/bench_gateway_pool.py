@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import platform
@@ -32,6 +33,9 @@ sys.path.insert(0, str(ROOT))
 from app.gateway.client import ChatRequest, GatewayClient  # noqa: E402
 
 LEVELS = (16, 64, 256)
+VARIANTS = ("single", "sharded")
+# Retried attempts per variant, reported so a run that needed many is visible.
+RETRIES = dict.fromkeys(VARIANTS, 0)
 HEADING = "## Gateway client: per-call CPU vs in-flight calls"
 MESSAGES = [{"role": "user", "content": "Summarise the benchmark in one line."}]
 REPLY = json.dumps(
@@ -118,9 +122,16 @@ async def _single_pool(base_url: str, calls: int, inflight: int) -> tuple[float,
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
 
         async def call() -> None:
-            response = await client.post(url, content=body, headers=headers)
-            response.raise_for_status()
-            json.loads(response.content)
+            for _ in range(3):  # like GatewayClient, ride out a rare reset connection
+                try:
+                    response = await client.post(url, content=body, headers=headers)
+                except httpx.TransportError:
+                    RETRIES["single"] += 1
+                    continue
+                response.raise_for_status()
+                json.loads(response.content)
+                return
+            raise RuntimeError("three transport errors in a row")
 
         return await _measure(call, calls, inflight)
 
@@ -132,7 +143,8 @@ async def _gateway_client(
     request = ChatRequest(model="kimi-k2.5", messages=MESSAGES, max_tokens=16)
 
     async def call() -> None:
-        await client.complete(request, max_attempts=1)
+        result = await client.complete(request)
+        RETRIES["sharded"] += len(result.attempts) - 1
 
     try:
         return await _measure(call, calls, inflight)
@@ -140,10 +152,9 @@ async def _gateway_client(
         await client.aclose()
 
 
-VARIANTS = ("single", "gw-one-pool", "gw-sharded")
-
-
-async def _run(base_url: str, calls: int, rounds: int) -> dict[tuple[str, int], tuple[float, float]]:
+async def _run(
+    base_url: str, calls: int, rounds: int
+) -> dict[tuple[str, int], tuple[float, float]]:
     """Best (lowest CPU) of `rounds` runs per variant and level, variants interleaved."""
     best: dict[tuple[str, int], tuple[float, float]] = {}
     for _ in range(rounds):
@@ -152,8 +163,7 @@ async def _run(base_url: str, calls: int, rounds: int) -> dict[tuple[str, int], 
                 if variant == "single":
                     figures = await _single_pool(base_url, calls, inflight)
                 else:
-                    per_client = inflight if variant == "gw-one-pool" else 4
-                    figures = await _gateway_client(base_url, calls, inflight, per_client)
+                    figures = await _gateway_client(base_url, calls, inflight, 4)
                 key = (variant, inflight)
                 if key not in best or figures[0] < best[key][0]:
                     best[key] = figures
@@ -162,15 +172,19 @@ async def _run(base_url: str, calls: int, rounds: int) -> dict[tuple[str, int], 
 
 def _table(best: dict[tuple[str, int], tuple[float, float]]) -> str:
     lines = [
-        "| in flight | httpx, one pool of N | GatewayClient, one pool of N "
-        "| GatewayClient, pools of 4 | sharded / one pool |",
-        "|---:|---:|---:|---:|---:|",
+        "| in flight N | httpx, one pool of N | GatewayClient, pools of 4 | sharded / one pool |",
+        "|---:|---:|---:|---:|",
     ]
     for n in LEVELS:
         cells = [f"{best[v, n][0]:.2f} ms ({best[v, n][1]:,.0f}/s)" for v in VARIANTS]
-        ratio = best["gw-sharded", n][0] / best["single", n][0]
-        lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratio:.2f}× |")
+        ratio = best["sharded", n][0] / best["single", n][0]
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratio:.2f}x |")
     return "\n".join(lines)
+
+
+def _has_sniffio() -> str:
+    # Without it httpcore re-tries `import sniffio` (a failing path search) on every lock setup.
+    return "yes" if importlib.util.find_spec("sniffio") else "no"
 
 
 def _write_results(section: str) -> None:
@@ -178,10 +192,10 @@ def _write_results(section: str) -> None:
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     pattern = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^## |\Z)", re.M | re.S)
     if pattern.search(text):
-        text = pattern.sub(lambda _: section, text, count=1)
+        text = pattern.sub(lambda _: section.rstrip("\n") + "\n\n", text, count=1)
     else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+        text = text.rstrip("\n") + "\n\n" + section if text.strip() else section
+    path.write_text(text.rstrip("\n") + "\n")
 
 
 def main() -> None:
@@ -208,28 +222,33 @@ def main() -> None:
         server.terminate()
         server.wait(10)
     table = _table(best)
+    retries = ", ".join(f"{variant} {count}" for variant, count in RETRIES.items())
+    table += f"\n\nRetried attempts (connection resets and the like): {retries}."
     print(table)
     print(f"({elapsed:.0f} s)")
     if args.no_write:
         return
     command = f".venv/bin/python bench/bench_gateway_pool.py --calls {args.calls}"
     command += f" --rounds {args.rounds} --server {kind}"
-    server_name = "the built-in simulator (latency_ms=0)" if kind == "simulator" else "a tiny ASGI app"
+    server_name = (
+        "the built-in simulator (latency_ms=0)" if kind == "simulator" else "a tiny ASGI app"
+    )
     section = f"""{HEADING}
 
 Client CPU (`time.process_time()` of the client process) per call, best of {args.rounds} rounds of
-{args.calls} calls per cell, after a warm-up that opens the connections; calls/s in brackets. The
-gateway is {server_name} under uvicorn in its own process, so its CPU is not counted
-(but it shares the machine's {os.cpu_count()} cores, which bounds calls/s). "httpx, one pool of N" is a
-bare `AsyncClient.post` + `json.loads`; "GatewayClient, one pool of N" is the full client with
-`connections_per_client = N` (one shard), isolating its own overhead; "pools of 4" is the default
-sharding. The last column is sharded GatewayClient CPU over the bare single pool.
+{args.calls} calls per cell, after a warm-up that opens the connections; calls/s in brackets.
+The gateway is {server_name} under uvicorn in its own process, so its CPU is not
+counted (but it shares the machine's {os.cpu_count()} cores, which bounds calls/s).
+"httpx, one pool of N" is a bare `AsyncClient.post` + `json.loads` with `max_connections = N`;
+"GatewayClient, pools of 4" is the full client (body building, classification, tenacity,
+records) with its default sharding, `ceil(N / 4)` clients of 4 connections. The last column is
+GatewayClient CPU over the bare pool.
 
 {table}
 
 - command: `{command}`
 - date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; Python {platform.python_version()}, \
-httpx {httpx.__version__}, {platform.machine()}
+httpx {httpx.__version__}, {platform.machine()}; sniffio installed: {_has_sniffio()}
 """
     _write_results(section)
     print("updated bench/RESULTS.md")

@@ -323,13 +323,16 @@ async def test_a_wait_past_the_deadline_stops_retrying_at_once(
     assert time.monotonic() - started < 0.5 and len(gateway.requests) == 1
 
 
+@pytest.mark.parametrize("max_attempts", [1, 3])
 async def test_the_deadline_clamps_the_attempt_timeout(
-    make_client: Callable[..., GatewayClient],
+    make_client: Callable[..., GatewayClient], max_attempts: int
 ) -> None:
     gateway = Gateway(_sleep_forever)
     started = time.monotonic()
     with pytest.raises(GatewayUnavailable) as caught:
-        await make_client(gateway).complete(REQUEST, timeout_s=10, deadline=started + 0.2)
+        await make_client(gateway).complete(
+            REQUEST, max_attempts=max_attempts, timeout_s=10, deadline=started + 0.2
+        )
     assert caught.value.deadline_hit and [a.outcome for a in caught.value.attempts] == ["timeout"]
     assert 0.15 < time.monotonic() - started < 1.0
 

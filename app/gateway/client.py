@@ -221,11 +221,10 @@ class _Call:
         return _wait_s(self.attempts[-1])
 
     def stop(self, state: RetryCallState) -> bool:
-        if len(self.attempts) >= self.max_attempts:
-            return True
+        # Past the deadline (even on the last attempt, cut short by it) or about to wait past it.
         if self.deadline is not None and time.monotonic() + state.upcoming_sleep >= self.deadline:
             self.deadline_hit = True
-        return self.deadline_hit
+        return self.deadline_hit or len(self.attempts) >= self.max_attempts
 
     def give_up(self, state: RetryCallState | None = None) -> NoReturn:
         last = self.attempts[-1] if self.attempts else None
