@@ -35,9 +35,14 @@ class Settings(BaseSettings):
     max_agents: int = Field(default=1000, ge=1)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_rescues: int = Field(default=3, ge=0)
+    idempotency_ttl_s: float = Field(default=86_400.0, ge=86_400.0)  # SPEC: at least 24 h
     max_running_swarms: int = Field(default=64, ge=1)
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     poll_interval_s: float = Field(default=1.0, gt=0)
+    # `swarm-api worker` serves /metrics on this port when set (the API serves it anyway);
+    # telemetry only, but keep it off public interfaces: 0.0.0.0 only inside a container
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_host: str = "127.0.0.1"
     webhook_secret: SecretStr = SecretStr("")
     webhook_allow_http: bool = False
     webhook_allow_private: bool = False

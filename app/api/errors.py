@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import ApiError
@@ -88,7 +89,28 @@ async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
                           dict(exc.headers) if exc.headers else None)
 
 
-async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+def database_unavailable(exc: BaseException) -> bool:
+    """A lost or refused database connection (restart, failover), not a bad statement."""
+    if isinstance(exc, (OSError, ConnectionError)):
+        return True
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError)):
+            return True
+        state = str(getattr(exc.orig, "sqlstate", "") or "")
+        # SQLSTATE classes 08 (connection exception) and 57 (operator intervention: shutdown)
+        return state[:2] in ("08", "57") or isinstance(exc.orig, OSError)
+    return False
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    if database_unavailable(exc):
+        log.warning("database unavailable: %s", exc)
+        return error_response(503, "unavailable", "the database is unavailable; retry shortly",
+                              None, {"Retry-After": "1"})
+    return await _internal(request, exc)
+
+
+async def _internal(_: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error", exc_info=exc)
     return error_response(500, "internal", "internal error")
 

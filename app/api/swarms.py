@@ -81,19 +81,24 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
     new = build_swarm(body, settings, tenant, idempotency_key)
     if idempotency_key is not None:
         async with session.begin():
-            existing = await queries.find_by_idempotency_key(session, tenant, idempotency_key)
+            existing = await queries.find_by_idempotency_key(
+                session, tenant, idempotency_key, settings.idempotency_ttl_s)
         if existing is not None:
             response.headers["Location"] = f"/swarms/{existing.id}"
             return await _replay(session, existing, body, idempotency_key, tenant)
     try:
         async with session.begin():
+            if idempotency_key is not None:
+                await queries.expire_idempotency_key(session, tenant, idempotency_key,
+                                                     settings.idempotency_ttl_s)
             await queries.insert_swarm(session, new.swarm, new.subtasks)
     except IntegrityError:
         if idempotency_key is None:
             raise
         # a concurrent request with the same key won the insert: answer with its swarm
         async with session.begin():
-            existing = await queries.find_by_idempotency_key(session, tenant, idempotency_key)
+            existing = await queries.find_by_idempotency_key(
+                session, tenant, idempotency_key, settings.idempotency_ttl_s)
         if existing is None:
             raise
         response.headers["Location"] = f"/swarms/{existing.id}"

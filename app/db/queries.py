@@ -22,6 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.db.notify import CANCEL, CHANGED, QUEUED, notify
 from app.db.tables import Event, GatewayCall, Subtask, Swarm
 from app.db.types import utcnow
 from app.states import TERMINAL_SWARM, SubtaskStatus, SwarmStatus
@@ -51,14 +52,31 @@ async def db_now(session: AsyncSession) -> datetime:
 
 
 async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[Subtask]) -> None:
+    """Insert a queued swarm and wake the workers (on commit)."""
     session.add(swarm)
     await session.flush()
     session.add_all(subtasks)
     await session.flush()
+    await notify(session, QUEUED, [swarm.id])
 
 
-async def find_by_idempotency_key(session: AsyncSession, tenant: str, key: str) -> Swarm | None:
-    stmt = select(Swarm).where(Swarm.tenant == tenant, Swarm.idempotency_key == key)
+async def expire_idempotency_key(session: AsyncSession, tenant: str, key: str,
+                                 ttl_s: float) -> None:
+    """Free a key older than its TTL so it can name a new swarm (the old swarm keeps its data)."""
+    cutoff = await db_now(session) - timedelta(seconds=ttl_s)
+    await session.execute(
+        update(Swarm)
+        .where(Swarm.tenant == tenant, Swarm.idempotency_key == key, Swarm.created_at < cutoff)
+        .values(idempotency_key=None, request_hash=None)
+    )
+
+
+async def find_by_idempotency_key(session: AsyncSession, tenant: str, key: str,
+                                  ttl_s: float) -> Swarm | None:
+    """The swarm a live (not yet expired) Idempotency-Key names."""
+    cutoff = await db_now(session) - timedelta(seconds=ttl_s)
+    stmt = select(Swarm).where(Swarm.tenant == tenant, Swarm.idempotency_key == key,
+                               Swarm.created_at >= cutoff)
     return (await session.execute(stmt)).scalar_one_or_none()
 
 
@@ -164,6 +182,7 @@ async def request_cancel(session: AsyncSession, swarm: Swarm) -> bool:
         .where(Swarm.id == swarm.id, Swarm.status.not_in(TERMINAL_VALUES))
         .values(cancel_requested=True)
     )
+    await notify(session, CANCEL, [swarm.id])
     return False
 
 
@@ -339,6 +358,7 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
         await conn.execute(_LEDGER_INSERT, ledger)
     if events:
         await conn.execute(_EVENT_INSERT, events)
+    await notify(session, CHANGED, list(latest))
     return fenced
 
 

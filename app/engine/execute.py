@@ -22,6 +22,7 @@ from app.engine.context import (
     fit_chars,
     with_dependencies,
 )
+from app.engine.faults import crash_point
 from app.engine.layout import COMPRESSOR_PREFIX, SYNTHESIZER, new_subtask
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.gateway.client import ChatRequest, ChatResult, GatewayRejected, GatewayUnavailable
@@ -104,12 +105,16 @@ class SubtaskExecutor:
 
     async def _call(self, sub: Subtask, messages: list[dict[str, str]]) -> SubtaskStatus:
         t0 = self._begin(sub)
+        crash_point("before_call", sub.name)
         try:
             result, rows = await self._gateway(sub, messages, 1)
         except (BudgetExceeded, GatewayRejected, GatewayUnavailable) as exc:
             return await self._failed_call(sub, t0, exc)
+        crash_point("after_response", sub.name)
         sub.truncated = result.finish_reason == "length"
-        return await self._succeed(sub, t0, result.content, rows)
+        status = await self._succeed(sub, t0, result.content, rows)
+        crash_point("after_commit", sub.name)
+        return status
 
     async def _failed_call(self, sub: Subtask, t0: float, exc: Exception) -> SubtaskStatus:
         """Map a call's failure onto the subtask and, where it must, the swarm."""

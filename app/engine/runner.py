@@ -44,6 +44,10 @@ class EngineContext:
     daily: SharedCap | None = None
 
 
+class Drained(Exception):
+    """The runner stopped for a shutdown with the swarm unfinished."""
+
+
 class SwarmRunner:
     """One swarm: in-memory state is the authority while the lease is held; every change is
     written through the group-committing StateWriter, fenced by the lease epoch."""
@@ -64,6 +68,8 @@ class SwarmRunner:
         self.deadline = time.monotonic() + float(self.limits["deadline_s"])
         self.executor = SubtaskExecutor(self)
         self._stop = asyncio.Event()
+        self._drain = asyncio.Event()
+        self.finished = False
         self._stop_status: SwarmStatus | None = None
         self._stop_error: dict[str, Any] | None = None
 
@@ -76,6 +82,11 @@ class SwarmRunner:
 
     def request_cancel(self) -> None:
         self.stop_with(SwarmStatus.cancelled, None)
+
+    def drain(self) -> None:
+        """Shutdown: launch nothing new; end once the calls in flight are committed, leaving
+        the swarm unfinished for the next owner."""
+        self._drain.set()
 
     def deadline_error(self) -> dict[str, Any]:
         return error("deadline_exceeded", f"deadline of {self.limits['deadline_s']} s passed")
@@ -122,6 +133,8 @@ class SwarmRunner:
         metrics.runs_in_progress.inc()
         try:
             await self._run()
+        except Drained:
+            log.info("swarm %s: drained for shutdown", self.swarm.id)
         finally:
             metrics.runs_in_progress.dec()
 
@@ -235,6 +248,7 @@ class SwarmRunner:
             "cancelled": [s.name for s in changed if s.status == SubtaskStatus.cancelled],
         }))
         await self.commit(changed, events=events)
+        self.finished = True
         started = self.swarm.started_at or self.swarm.created_at
         metrics.runs_total.labels(status.value).inc()
         metrics.run_duration.labels(status.value).observe((now - started).total_seconds())
@@ -251,14 +265,14 @@ class SwarmRunner:
         ready: deque[str] = deque()
         running: dict[asyncio.Task[SubtaskStatus], str] = {}
         stop_wait = asyncio.create_task(self._stop.wait())
+        drain_wait = asyncio.create_task(self._drain.wait())
         concurrency = int(self.limits["concurrency"])
         try:
             while True:
                 self._collect_ready(ts, ready)
-                while ready and len(running) < concurrency and not self._stop.is_set():
-                    name = ready.popleft()
-                    if self.subs[name].status == SubtaskStatus.pending:
-                        running[asyncio.create_task(self.executor.run(self.subs[name]))] = name
+                self._launch(ready, running, concurrency)
+                if self._drain.is_set() and not running and not self._stop.is_set():
+                    raise Drained
                 if self._stop.is_set() or not running:
                     return
                 timeout = self.deadline - time.monotonic()
@@ -266,6 +280,8 @@ class SwarmRunner:
                     self.stop_with(SwarmStatus.failed, self.deadline_error())
                     return
                 waiting: list[asyncio.Future[Any]] = [*running, stop_wait]
+                if not self._drain.is_set():
+                    waiting.append(drain_wait)
                 done, _ = await asyncio.wait(waiting, timeout=timeout,
                                              return_when=asyncio.FIRST_COMPLETED)
                 for task in [t for t in running if t in done]:
@@ -277,10 +293,22 @@ class SwarmRunner:
                         self._on_failure(name)
         finally:
             stop_wait.cancel()
+            drain_wait.cancel()
             for task in running:
                 task.cancel()
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
+
+    def _launch(self, ready: deque[str], running: dict[asyncio.Task[SubtaskStatus], str],
+                concurrency: int) -> None:
+        """Start ready subtasks while the swarm has free slots and is neither stopping nor
+        draining."""
+        while ready and len(running) < concurrency and not (
+            self._stop.is_set() or self._drain.is_set()
+        ):
+            name = ready.popleft()
+            if self.subs[name].status == SubtaskStatus.pending:
+                running[asyncio.create_task(self.executor.run(self.subs[name]))] = name
 
     def _collect_ready(self, ts: graphlib.TopologicalSorter[str], ready: deque[str]) -> None:
         now = utcnow()

@@ -13,10 +13,12 @@ from contextlib import suppress
 
 from app.config import Settings
 from app.db import queries
+from app.db.notify import CANCEL, QUEUED
 from app.db.session import SessionFactory
 from app.engine.budget import SharedCap
 from app.engine.notify import SwarmNotifier
 from app.engine.runner import EngineContext, SwarmRunner
+from app.engine.wakeup import PgListener
 from app.engine.writer import StateWriter
 from app.gateway.client import GatewayClient
 
@@ -56,11 +58,22 @@ class Engine:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._side: list[asyncio.Task[None]] = []
+        self._listener: PgListener | None = None
 
     async def start(self) -> None:
         self.writer.start()
+        if not self.settings.is_sqlite:
+            self._listener = PgListener(self.settings.database_url,
+                                        {QUEUED: self._on_queued, CANCEL: self._on_cancel})
+            self._listener.start()
         self._side = [asyncio.create_task(self._claim_loop(), name="engine-claims"),
                       asyncio.create_task(self._heartbeat_loop(), name="engine-heartbeat")]
+
+    def _on_queued(self, _swarm_id: str) -> None:
+        self.wake()
+
+    def _on_cancel(self, swarm_id: str) -> None:
+        self.cancel_local(swarm_id)
 
     def wake(self) -> None:
         """A swarm was queued in this process: claim now instead of at the next poll."""
@@ -75,25 +88,32 @@ class Engine:
         return True
 
     async def stop(self, grace_s: float | None = None) -> None:
-        """Stop claiming, let running swarms go on up to the grace period, then release them."""
+        """Stop claiming and launching; let in-flight calls finish (and commit) up to the grace
+        period; cancel what is left; release every unfinished swarm so another process
+        continues it at once."""
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
         self._stopping.set()
         self._wake.set()
-        tasks = [t for _, t in self.runners.values()]
+        if self._listener is not None:
+            await self._listener.stop()
+        entries = list(self.runners.items())
+        for _, (runner, _task) in entries:
+            runner.drain()
+        tasks = [t for _, (_r, t) in entries]
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
-        left = list(self.runners)
-        for _, task in list(self.runners.values()):
+        for task in tasks:
             task.cancel()
         for task in self._side:
             task.cancel()
         await asyncio.gather(*tasks, *self._side, return_exceptions=True)
         await self.writer.close()
-        if left:
+        unfinished = [sid for sid, (runner, _t) in entries if not runner.finished]
+        if unfinished:
             with suppress(Exception):
                 async with self.sessions() as session, session.begin():
-                    await queries.release_leases(session, self.owner, left)
-            log.info("released %d swarms for another process", len(left))
+                    await queries.release_leases(session, self.owner, unfinished)
+            log.info("released %d unfinished swarms for another process", len(unfinished))
 
     # ---- side tasks -----------------------------------------------------------------------
 
