@@ -40,25 +40,39 @@ def serve(settings: Settings, host: str, port: int, engine: bool) -> int:
 
 
 async def _worker(settings: Settings) -> None:
+    from app import metrics
     from app.db.migrate import upgrade_head_async
     from app.db.session import make_engine, make_session_factory
-    from app.engine.scheduler import Engine
-    from app.main import make_gateway
+    from app.main import make_engine_with_cap, make_gateway
+    from app.webhooks import WebhookDispatcher
 
     if settings.migrate_on_start:
         await upgrade_head_async(settings.database_url)
+    metrics.set_price_table(settings.prices)
+    server = None
+    if settings.metrics_port is not None:
+        # the engine's series live here, not in the API process: Prometheus scrapes workers too
+        server, _ = metrics.serve_http(settings.metrics_port, settings.metrics_host)
+        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
     db = make_engine(settings.database_url)
     gateway = make_gateway(settings)
-    engine = Engine(settings, make_session_factory(db), gateway)
+    engine, daily = make_engine_with_cap(settings, make_session_factory(db), gateway)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await engine.start()
+    hooks = WebhookDispatcher(settings, make_session_factory(db))
+    hooks.start()
     log.info("worker %s running", engine.owner)
     await stop.wait()
     log.info("stopping: finishing in-flight work for up to %ss", settings.shutdown_grace_s)
     await engine.stop()
+    await hooks.stop()
+    if daily is not None:
+        await daily.close()
+    if server is not None:
+        await asyncio.to_thread(server.shutdown)
     await gateway.aclose()
     await db.dispose()
 

@@ -46,6 +46,7 @@ class Settings(BaseSettings):
     webhook_secret: SecretStr = SecretStr("")
     webhook_allow_http: bool = False
     webhook_allow_private: bool = False
+    webhook_retry_base_s: float = Field(default=5.0, gt=0)  # doubles per attempt, capped at 10 min
     # the in-process simulator (used when no gateway_url is set)
     simulator_latency_ms: float = Field(default=200.0, ge=0)
     simulator_latency_jitter_ms: float = Field(default=100.0, ge=0)

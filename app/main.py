@@ -9,15 +9,20 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI
 
-from app.api import errors, ops, swarms
+from app import metrics
+from app.api import errors, ops, swarms, usage
 from app.config import Settings
 from app.db.migrate import upgrade_head_async
-from app.db.session import make_engine, make_session_factory
+from app.db.notify import CHANGED
+from app.db.session import SessionFactory, make_engine, make_session_factory
+from app.engine.budget import DailyCap
 from app.engine.notify import SwarmNotifier
-from app.engine.scheduler import Engine
+from app.engine.scheduler import Engine, process_owner
+from app.engine.wakeup import PgListener
 from app.gateway.client import GatewayClient
 from app.middleware import BodyLimit, HttpMetrics
 from app.simulator import SimulatorConfig, create_simulator
+from app.webhooks import WebhookDispatcher
 
 log = logging.getLogger(__name__)
 SIMULATOR_BASE_URL = "http://simulator.internal/v1"
@@ -39,8 +44,21 @@ def make_gateway(settings: Settings) -> GatewayClient:
                          transport=httpx.ASGITransport(app=sim))
 
 
+def make_engine_with_cap(settings: Settings, sessions: SessionFactory, gateway: GatewayClient,
+                         notifier: SwarmNotifier | None = None) -> tuple[Engine, DailyCap | None]:
+    """The engine of this process, sharing SWARM_DAILY_BUDGET_USD (when set) through the
+    database with every other process; close the cap after stopping the engine."""
+    owner = process_owner()
+    daily = None
+    if settings.daily_budget_usd is not None:
+        daily = DailyCap(sessions, settings.daily_budget_usd, owner,
+                         lease_s=settings.lease_seconds)
+    return Engine(settings, sessions, gateway, notifier, owner=owner, daily=daily), daily
+
+
 def create_app(settings: Settings | None = None, *, gateway: GatewayClient | None = None,
-               run_engine: bool | None = None) -> FastAPI:
+               run_engine: bool | None = None,
+               webhook_transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     """The API; with `run_engine` (default: SWARM_ENGINE) the engine runs in its event loop."""
     settings = settings or Settings()
 
@@ -53,9 +71,18 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
         client = gateway or make_gateway(settings)
         notifier = SwarmNotifier()
         engine: Engine | None = None
+        daily: DailyCap | None = None
+        hooks: WebhookDispatcher | None = None
         if settings.engine if run_engine is None else run_engine:
-            engine = Engine(settings, sessions, client, notifier)
+            engine, daily = make_engine_with_cap(settings, sessions, client, notifier)
             await engine.start()
+            hooks = WebhookDispatcher(settings, sessions, transport=webhook_transport)
+            hooks.start()
+        # readers of swarms run elsewhere (?wait=, SSE) wake on their commits
+        listener = None if settings.is_sqlite else PgListener(
+            settings.database_url, {CHANGED: notifier.notify})
+        if listener is not None:
+            listener.start()
         app.state.settings = settings
         app.state.db_engine = db
         app.state.sessions = sessions
@@ -64,8 +91,14 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
         try:
             yield
         finally:
+            if listener is not None:
+                await listener.stop()
             if engine is not None:
                 await engine.stop()
+            if hooks is not None:
+                await hooks.stop()
+            if daily is not None:
+                await daily.close()
             if gateway is None:
                 await client.aclose()
             await db.dispose()
@@ -73,8 +106,11 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     app = FastAPI(title="Swarm API", version="0.1.0", description=DESCRIPTION,
                   lifespan=lifespan)
     app.state.settings = settings
+    metrics.set_price_table(settings.prices)
     errors.install(app)
-    app.include_router(swarms.router)
+    # routes that read or write the database answer 503 while it is unreachable
+    app.include_router(swarms.router, responses=errors.error_responses(503))
+    app.include_router(usage.router, responses=errors.error_responses(503))
     app.include_router(ops.router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(HttpMetrics)

@@ -1,20 +1,35 @@
-"""Every Prometheus collector of SPEC §5, in one place, initialised to zero at import."""
+"""Every Prometheus collector of SPEC §5, in one place, initialised to zero at import.
+
+Several processes (uvicorn --workers, or many API replicas on one host) share their figures
+through prometheus-client's multiprocess mode: set PROMETHEUS_MULTIPROC_DIR to an empty
+directory before the processes start (it is read when this module is imported) and wipe it on
+every deploy. Counters and histograms then add up across processes, dead ones included, which
+is right for totals. Gauges say how to merge: in-progress / in-flight gauges use `livesum` (the
+sum over live processes) and the price-table info `livemax`; "live" relies on the files of a
+dead pid being removed (`prometheus_client.multiprocess.mark_process_dead`), which gunicorn's
+child_exit hook does and plain uvicorn does not, so after a worker crash its last gauge values
+linger until the directory is wiped. One process per container (docker-compose) needs none of it.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
     generate_latest,
     multiprocess,
+    start_http_server,
 )
 
-from app.gateway.pricing import BUILTIN_MODELS
+from app.gateway.pricing import BUILTIN_MODELS, PriceTable
 
 # LLM work: 5 ms up to 10 minutes
 LATENCY_BUCKETS = (
@@ -57,6 +72,9 @@ budget_denials = Counter("swarm_budget_denials_total", "Calls refused by a budge
 run_cost = Histogram("swarm_run_cost_usd", "Cost per swarm", ["status"], buckets=COST_BUCKETS)
 queue_wait = Histogram("swarm_subtask_queue_wait_seconds", "Subtask ready -> started",
                        ["kind"], buckets=LATENCY_BUCKETS)
+price_table_info = Gauge("swarm_price_table_info",
+                         "The model price table in force (value 1; version as on /readyz)",
+                         ["version"], multiprocess_mode="livemax")
 http_duration = Histogram("swarm_http_request_duration_seconds", "HTTP requests served",
                           ["method", "route", "status"], buckets=LATENCY_BUCKETS)
 
@@ -69,7 +87,13 @@ def _init_labels() -> None:
         run_cost.labels(s)
     for k in SUBTASK_KINDS:
         queue_wait.labels(k)
-    for m in MODEL_LABELS:
+    _init_models(MODEL_LABELS)
+    for scope in ("swarm", "daily"):
+        budget_denials.labels(scope)
+
+
+def _init_models(models: tuple[str, ...] | list[str]) -> None:
+    for m in models:
         subtasks_in_flight.labels(m)
         spend_total.labels(m)
         for t in ("prompt", "completion"):
@@ -84,21 +108,37 @@ def _init_labels() -> None:
         for k in SUBTASK_KINDS:
             for s in SUBTASK_TERMINAL:
                 subtask_duration.labels(k, m, s)
-    for scope in ("swarm", "daily"):
-        budget_denials.labels(scope)
 
 
 _init_labels()
+
+
+def set_price_table(table: PriceTable) -> None:
+    """At startup: publish the table's version and expose its models' series at zero (a
+    models file may name models beyond the built-in ones; the table bounds the labels)."""
+    price_table_info.clear()
+    price_table_info.labels(table.version).set(1)
+    _init_models(table.names())
 
 
 def finish_label(reason: str | None) -> str:
     return reason if reason in ("stop", "length", "content_filter") else "other"
 
 
-def render() -> tuple[bytes, str]:
-    """The exposition text: merged across processes in multiprocess mode."""
+def _registry() -> CollectorRegistry:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return generate_latest(registry), CONTENT_TYPE_LATEST
-    return generate_latest(), CONTENT_TYPE_LATEST
+        return registry
+    return REGISTRY
+
+
+def render() -> tuple[bytes, str]:
+    """The exposition text: merged across processes in multiprocess mode."""
+    return generate_latest(_registry()), CONTENT_TYPE_LATEST
+
+
+def serve_http(port: int, host: str) -> tuple[WSGIServer, threading.Thread]:
+    """`/metrics` on its own port from a daemon thread, for processes without an API
+    (`swarm-api worker`); call `.shutdown()` on the server to stop it."""
+    return start_http_server(port, addr=host, registry=_registry())

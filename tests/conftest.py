@@ -144,11 +144,14 @@ class Harness:
 
 
 async def start_harness(settings: Settings, sim_config: SimulatorConfig | None = None,
-                        run_engine: bool = True) -> tuple[Harness, Any]:
+                        run_engine: bool = True,
+                        webhook_transport: httpx.AsyncBaseTransport | None = None,
+                        ) -> tuple[Harness, Any]:
     simulator = create_simulator(sim_config or SimulatorConfig(latency_ms=0))
     gateway = GatewayClient("http://sim/v1", transport=httpx.ASGITransport(app=simulator),
                             max_inflight=settings.max_inflight)
-    app = create_app(settings, gateway=gateway, run_engine=run_engine)
+    app = create_app(settings, gateway=gateway, run_engine=run_engine,
+                     webhook_transport=webhook_transport)
     ctx = app.router.lifespan_context(app)
     await ctx.__aenter__()
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api")

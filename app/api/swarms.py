@@ -28,6 +28,7 @@ from app.errors import (
 )
 from app.schemas import SwarmCreate, SwarmList, SwarmRead
 from app.states import SwarmStatus
+from app.webhooks import check_webhook_url
 
 router = APIRouter(prefix="/swarms", tags=["swarms"])
 POLL_S = 0.5  # how often waiters re-read when the change happens in another process
@@ -79,6 +80,8 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
                        idempotency_key: IdempotencyKey = None) -> SwarmRead:
     """Validate, store the swarm and its subtasks in one transaction, and queue it."""
     new = build_swarm(body, settings, tenant, idempotency_key)
+    if body.webhook_url is not None:
+        await check_webhook_url(body.webhook_url, settings)
     if idempotency_key is not None:
         async with session.begin():
             existing = await queries.find_by_idempotency_key(
@@ -106,7 +109,10 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
     if engine is not None:
         engine.wake()
     response.headers["Location"] = f"/swarms/{new.swarm.id}"
-    return await _read(session, new.swarm.id, tenant)
+    # answer from what was just committed; only the queue position needs the database
+    async with session.begin():
+        position = await queries.queue_position(session, new.swarm)
+    return swarm_read(new.swarm, new.subtasks, queue_position=position)
 
 
 @router.get("", response_model=SwarmList, responses=error_responses(400, 401, 422),

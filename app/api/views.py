@@ -71,7 +71,8 @@ def subtask_read(s: Subtask, with_output: bool) -> SubtaskRead:
 
 
 def swarm_read(swarm: Swarm, subtasks: Sequence[Subtask], *, with_outputs: bool = True,
-               queue_position: int | None = None) -> SwarmRead:
+               with_result: bool | None = None, queue_position: int | None = None) -> SwarmRead:
+    """The resource; lists omit outputs and result, webhooks omit only subtask outputs."""
     progress = Progress(total=len(subtasks))
     for s in subtasks:
         setattr(progress, s.status, getattr(progress, s.status) + 1)
@@ -85,6 +86,6 @@ def swarm_read(swarm: Swarm, subtasks: Sequence[Subtask], *, with_outputs: bool 
                          cost_usd=usd_str(swarm.spent_usd), gateway_calls=swarm.gateway_calls),
         timing=timing(swarm, subtasks),
         queue_position=queue_position,
-        result=swarm.result if with_outputs else None,
+        result=swarm.result if (with_outputs if with_result is None else with_result) else None,
         error=swarm.error,
     )

@@ -23,7 +23,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.notify import CANCEL, CHANGED, QUEUED, notify
-from app.db.tables import Event, GatewayCall, Subtask, Swarm
+from app.db.tables import Event, GatewayCall, Subtask, Swarm, Webhook
 from app.db.types import utcnow
 from app.states import TERMINAL_SWARM, SubtaskStatus, SwarmStatus
 
@@ -51,12 +51,25 @@ async def db_now(session: AsyncSession) -> datetime:
 # ---- creation and reads ------------------------------------------------------------------
 
 
+SUBTASK_INSERT_COLUMNS = (
+    "swarm_id", "name", "position", "kind", "model", "depends_on", "system_prompt", "prompt",
+    "max_tokens", "temperature", "weight", "status", "attempts", "output", "error", "truncated",
+    "prompt_tokens", "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at",
+    "finished_at",
+)
+
+
+def insert_row(sub: Subtask) -> dict[str, Any]:
+    """Every column of a new subtask, for Core executemany inserts."""
+    return {c: getattr(sub, c) for c in SUBTASK_INSERT_COLUMNS}
+
+
 async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[Subtask]) -> None:
     """Insert a queued swarm and wake the workers (on commit)."""
     session.add(swarm)
     await session.flush()
-    session.add_all(subtasks)
-    await session.flush()
+    if subtasks:  # Core executemany: a hundred ORM objects cost a unit of work each
+        await session.execute(_SUBTASK_INSERT, [insert_row(s) for s in subtasks])
     await notify(session, QUEUED, [swarm.id])
 
 
@@ -176,6 +189,11 @@ async def request_cancel(session: AsyncSession, swarm: Swarm) -> bool:
         await session.execute(insert(Event).values(
             swarm_id=swarm.id, seq=seq, type="swarm.completed", created_at=now,
             data={"status": "cancelled", "error": None}))
+        url = swarm.spec.get("webhook_url")
+        if url:
+            await session.execute(insert(Webhook).values(
+                swarm_id=swarm.id, url=url, state="pending", attempts=0, next_attempt_at=now,
+                created_at=now))
         return True
     await session.execute(
         update(Swarm)
@@ -210,19 +228,17 @@ class Claim:
 
 
 def _claimable(now: Any) -> ColumnElement[bool]:
-    return or_(
-        Swarm.status == SwarmStatus.queued,
-        Swarm.status.in_(ACTIVE)
-        & or_(Swarm.lease_expires_at.is_(None), Swarm.lease_expires_at < now),
-    )
+    # a just-claimed swarm is still `queued` until its runner commits: the lease guards it too
+    return Swarm.status.in_((SwarmStatus.queued, *ACTIVE)) & or_(
+        Swarm.lease_expires_at.is_(None), Swarm.lease_expires_at < now)
 
 
 _PG_CLAIM = text("""
 WITH picked AS MATERIALIZED (
     SELECT id FROM swarms
-    WHERE status = 'queued'
-       OR (status IN ('planning', 'running', 'synthesizing')
-           AND (lease_expires_at IS NULL OR lease_expires_at < now()))
+    WHERE status IN ('queued', 'planning', 'running', 'synthesizing')
+      AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      AND id <> ALL(CAST(:exclude AS text[]))
     ORDER BY created_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -231,27 +247,33 @@ UPDATE swarms AS s
 SET lease_owner = :owner,
     lease_expires_at = now() + make_interval(secs => :lease),
     lease_epoch = s.lease_epoch + 1,
-    rescues = s.rescues + CASE WHEN s.status <> 'queued' AND s.lease_owner IS NOT NULL
-                               THEN 1 ELSE 0 END
+    rescues = s.rescues + CASE WHEN s.lease_owner IS NOT NULL THEN 1 ELSE 0 END
 FROM picked WHERE s.id = picked.id
 RETURNING s.id, s.lease_epoch, s.rescues, s.status
 """)
 
 
 async def claim_swarms(
-    session: AsyncSession, owner: str, lease_s: float, limit: int
+    session: AsyncSession, owner: str, lease_s: float, limit: int,
+    exclude: Sequence[str] = (),
 ) -> list[Claim]:
-    """Take up to `limit` queued or abandoned swarms, oldest first, with a fresh lease epoch."""
+    """Take up to `limit` queued or abandoned swarms, oldest first, with a fresh lease epoch.
+
+    `exclude`: the swarms this process still drives. Their leases may have run out while the
+    database was unreachable; the heartbeat takes them back, a claim would fence out their
+    own runner (and count a rescue)."""
     if limit <= 0:
         return []
     if _is_pg(session):
         rows = await session.execute(
-            _PG_CLAIM, {"owner": owner, "lease": float(lease_s), "limit": limit}
+            _PG_CLAIM, {"owner": owner, "lease": float(lease_s), "limit": limit,
+                        "exclude": list(exclude)}
         )
         return [Claim(r[0], r[1], r[2], r[3]) for r in rows]
     now = utcnow()
     ids = list((await session.execute(
-        select(Swarm.id).where(_claimable(now)).order_by(Swarm.created_at).limit(limit)
+        select(Swarm.id).where(_claimable(now), Swarm.id.not_in(list(exclude)))
+        .order_by(Swarm.created_at).limit(limit)
     )).scalars())
     claims: list[Claim] = []
     for swarm_id in ids:
@@ -262,9 +284,8 @@ async def claim_swarms(
                 lease_owner=owner,
                 lease_expires_at=now + timedelta(seconds=lease_s),
                 lease_epoch=Swarm.lease_epoch + 1,
-                rescues=Swarm.rescues + func.iif(
-                    (Swarm.status != SwarmStatus.queued) & Swarm.lease_owner.is_not(None), 1, 0
-                ),
+                # an owner that never released it died with it (release clears the owner)
+                rescues=Swarm.rescues + func.iif(Swarm.lease_owner.is_not(None), 1, 0),
             )
             .returning(Swarm.id, Swarm.lease_epoch, Swarm.rescues, Swarm.status)
         )).one_or_none()
@@ -291,13 +312,16 @@ async def extend_leases(
 
 
 async def release_leases(session: AsyncSession, owner: str, swarm_ids: Sequence[str]) -> None:
-    """Give swarms back at once (graceful shutdown) so another process continues them."""
+    """Give swarms back at once (graceful shutdown) so another process continues them: idle
+    workers are woken (on commit) instead of finding them at their next poll."""
     if swarm_ids:
-        await session.execute(
+        rows = await session.execute(
             update(Swarm)
             .where(Swarm.id.in_(list(swarm_ids)), Swarm.lease_owner == owner)
             .values(lease_owner=None, lease_expires_at=None)
+            .returning(Swarm.id)
         )
+        await notify(session, QUEUED, list(rows.scalars()))
 
 
 async def load_swarm_for_run(session: AsyncSession, swarm_id: str) -> tuple[Swarm, list[Subtask]]:
@@ -320,6 +344,7 @@ class SwarmWrite:
     ledger: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     new_subtasks: list[dict[str, Any]] = field(default_factory=list)  # planned, compressors
+    webhook: dict[str, Any] | None = None  # the terminal state's delivery, when one is asked
 
 
 async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[SwarmWrite]) -> set[str]:
@@ -338,12 +363,15 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
         return fenced
     latest: dict[str, dict[str, Any]] = {}
     inserts: list[dict[str, Any]] = []
+    hooks: list[dict[str, Any]] = []
     subtasks: list[dict[str, Any]] = []
     ledger: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     for w in ok:
         latest[w.swarm_id] = {"id_": w.swarm_id, **w.swarm}
         inserts.extend(w.new_subtasks)
+        if w.webhook is not None:
+            hooks.append(w.webhook)
         subtasks.extend({"swarm_id_": w.swarm_id, **row} for row in w.subtasks)
         ledger.extend(w.ledger)
         events.extend(w.events)
@@ -358,6 +386,8 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
         await conn.execute(_LEDGER_INSERT, ledger)
     if events:
         await conn.execute(_EVENT_INSERT, events)
+    if hooks:
+        await conn.execute(_WEBHOOK_INSERT, hooks)
     await notify(session, CHANGED, list(latest))
     return fenced
 
@@ -385,3 +415,4 @@ _SUBTASK_UPDATE = _update_by_key(
 _SUBTASK_INSERT = insert(cast(Table, Subtask.__table__))
 _LEDGER_INSERT = insert(cast(Table, GatewayCall.__table__))
 _EVENT_INSERT = insert(cast(Table, Event.__table__))
+_WEBHOOK_INSERT = insert(cast(Table, Webhook.__table__))

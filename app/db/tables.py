@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Date,
     Float,
     ForeignKey,
     Index,
@@ -146,3 +147,61 @@ class Event(Base):
     type: Mapped[str] = mapped_column(String(32))
     data: Mapped[dict[str, Any]] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class DailySpend(Base):
+    """Settled spend of one UTC day across every swarm and process: the daily cap's ledger."""
+
+    __tablename__ = "daily_spend"
+
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    spent_usd: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
+
+
+class DailyReservation(Base):
+    """A worst case held against the daily cap by a call in flight; its owner keeps pushing
+    `expires_at` forward, so the rows of a crashed process stop counting after one lease."""
+
+    __tablename__ = "daily_reservations"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    day: Mapped[date] = mapped_column(Date)
+    owner: Mapped[str] = mapped_column(String(64))
+    amount: Mapped[Decimal] = mapped_column(Money)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (Index("ix_daily_reservations_day_expires", "day", "expires_at"),)
+
+
+class Webhook(Base):
+    """One terminal-state delivery per swarm with a webhook_url, retried until 2xx or an hour."""
+
+    __tablename__ = "webhooks"
+
+    swarm_id: Mapped[str] = mapped_column(
+        ForeignKey("swarms.id", ondelete="CASCADE"), primary_key=True
+    )
+    url: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))  # pending | delivered | failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (Index("ix_webhooks_state_next", "state", "next_attempt_at"),)
+
+
+class WebhookAttempt(Base):
+    """Every delivery attempt: what the receiver answered, or why nothing was sent."""
+
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    swarm_id: Mapped[str] = mapped_column(ForeignKey("swarms.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    latency_ms: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (Index("ix_webhook_attempts_swarm", "swarm_id", "attempt"),)

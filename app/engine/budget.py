@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import logging
+import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import date
 from decimal import Decimal
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db import spend
+from app.db.session import SessionFactory
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class BudgetExceeded(Exception):
@@ -82,3 +97,119 @@ class SharedCap(Protocol):
     async def settle(self, reservation: Reservation, actual: Decimal) -> None:
         """Replace the reservation by the real cost (0 when the call was never sent)."""
         ...
+
+
+class DailyCap:
+    """SWARM_DAILY_BUDGET_USD across every swarm and process sharing one database.
+
+    The state lives in `daily_spend` (settled per UTC day) and `daily_reservations` (worst
+    cases of calls in flight); a reservation is granted in one transaction that holds the day's
+    row lock, so concurrent processes can never promise the same dollar twice. A call that does
+    not fit waits (short jittered polls: the money may be freed in another process) while any
+    reservation of the day is live, and is refused with BudgetExceeded("daily") when none is.
+    Reservations carry an expiry this object keeps pushing forward while their calls run, so
+    those of a crashed process stop counting one lease after it died.
+    """
+
+    def __init__(self, sessions: SessionFactory, limit: Decimal, owner: str, *,
+                 lease_s: float = 15.0, poll_s: tuple[float, float] = (0.05, 0.2)) -> None:
+        self.sessions = sessions
+        self.limit = limit
+        self.owner = owner
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self._held: dict[Reservation, tuple[str, date]] = {}
+        # one database operation of this process at a time (one pooled connection, not one per
+        # waiting call): they all serialise on the day's row anyway
+        self._lock = asyncio.Lock()
+        self._refresher: asyncio.Task[None] | None = None
+        self._settled = asyncio.Event()
+        self._view: tuple[float, spend.DailyCheck] | None = None  # (loop time, last look)
+
+    async def reserve(self, amount: Decimal) -> Reservation:
+        """Hold `amount` for today, waiting while calls in flight may free money."""
+        self._start_refresher()
+        while True:
+            async with self._lock:
+                check = await self._look()
+                if amount <= check.left or check.live == 0:
+                    # it may fit, or we are about to refuse: only the locked check decides
+                    check = await self._run(lambda s: spend.try_reserve_daily(
+                        s, self.limit, amount, self.owner, self.lease_s))
+                    self._view = None
+            if check.reservation_id is not None:
+                reservation = Reservation(amount)
+                self._held[reservation] = (check.reservation_id, check.day)
+                return reservation
+            if check.live == 0:
+                raise BudgetExceeded("daily", amount, max(check.left, Decimal(0)))
+            # our own settlements wake us at once; other processes' are seen by polling
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._settled.wait(), random.uniform(*self.poll_s))
+
+    async def _look(self) -> spend.DailyCheck:
+        """What is left today, read at most once per shortest poll by this process: many calls
+        waiting here cost the database one cheap read, not one each."""
+        now = asyncio.get_running_loop().time()
+        if self._view is not None and now - self._view[0] <= self.poll_s[0]:
+            return self._view[1]
+        look = await self._run(lambda s: spend.peek_daily(s, self.limit))
+        self._view = (now, look)
+        return look
+
+    async def settle(self, reservation: Reservation, actual: Decimal) -> None:
+        """Drop the reservation and add the real cost to the day it was reserved on."""
+        entry = self._held.pop(reservation, None)
+        if reservation.settled or entry is None:
+            return
+        reservation.settled = True
+        # shielded: money already spent must reach the table even if the caller is cancelled
+        await asyncio.shield(self._settle(*entry, actual))
+
+    async def _settle(self, reservation_id: str, day: date, actual: Decimal) -> None:
+        async with self._lock:
+            await self._run(lambda s: spend.settle_daily(s, reservation_id, day, actual))
+        # wake this process's waiters (each waits on the event it saw, so set, then replace)
+        self._view = None
+        self._settled.set()
+        self._settled = asyncio.Event()
+
+    async def close(self) -> None:
+        """Stop refreshing (reservations still held then expire after one lease)."""
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+            self._refresher = None
+
+    def _start_refresher(self) -> None:
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.create_task(self._refresh_loop(), name="daily-cap-refresh")
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            ids = [rid for rid, _ in self._held.values()]
+            if not ids:
+                continue
+            try:
+                await self._run(functools.partial(spend.refresh_daily, reservation_ids=ids,
+                                                  lease_s=self.lease_s))
+            except Exception:
+                log.exception("daily cap: refreshing %d reservations failed", len(ids))
+
+    async def _run(self, op: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """One transaction, retried on connection trouble for up to a lease (by then our
+        reservations would have expired anyway)."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.lease_s
+        delay = 0.05
+        while True:
+            try:
+                async with self.sessions() as session, session.begin():
+                    return await op(session)
+            except (DBAPIError, OSError) as exc:
+                if loop.time() + delay > give_up:
+                    raise
+                log.warning("daily cap: database error (%s); retrying", type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
 
 from app.db.tables import Subtask
 from app.states import SubtaskKind, SubtaskStatus
@@ -27,13 +26,3 @@ def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, mode
         ready_at=None, started_at=None, finished_at=None,
     )
 
-
-INSERT_COLUMNS = ("swarm_id", "name", "position", "kind", "model", "depends_on",
-                  "system_prompt", "prompt", "max_tokens", "temperature", "weight", "status",
-                  "attempts", "output", "error", "truncated", "prompt_tokens",
-                  "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at",
-                  "finished_at")
-
-
-def insert_row(sub: Subtask) -> dict[str, Any]:
-    return {c: getattr(sub, c) for c in INSERT_COLUMNS}

@@ -13,14 +13,15 @@ from typing import Any
 
 from app import metrics
 from app.config import Settings
-from app.db.queries import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite
+from app.db.queries import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite, insert_row
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
+from app.db.webhooks import new_delivery
 from app.engine import dag
 from app.engine.budget import SharedCap, SwarmBudget
 from app.engine.calls import Row
 from app.engine.execute import SubtaskExecutor, error
-from app.engine.layout import PLANNER, insert_row
+from app.engine.layout import PLANNER
 from app.engine.synthesis import WorkerResult, concatenate, vote
 from app.engine.writer import StateWriter, consume
 from app.gateway.client import GatewayClient
@@ -104,19 +105,20 @@ class SwarmRunner:
                 "data": data, "created_at": utcnow()}
 
     def _write(self, subs: Sequence[Subtask], ledger: Sequence[Row], events: Sequence[Row],
-               new: Sequence[Subtask]) -> asyncio.Future[None]:
+               new: Sequence[Subtask], webhook: Row | None = None) -> asyncio.Future[None]:
         s = self.swarm
         s.spent_usd, s.reserved_usd = self.budget.spent, self.budget.reserved
         return self.ctx.writer.submit(SwarmWrite(
             s.id, self.epoch, {c: getattr(s, c) for c in SWARM_STATE_COLUMNS},
             [{"name_": sub.name, **{c: getattr(sub, c) for c in SUBTASK_STATE_COLUMNS}}
              for sub in subs],
-            list(ledger), list(events), [insert_row(n) for n in new]))
+            list(ledger), list(events), [insert_row(n) for n in new], webhook))
 
     async def commit(self, subs: Sequence[Subtask] = (), ledger: Sequence[Row] = (),
-                     events: Sequence[Row] = (), new: Sequence[Subtask] = ()) -> None:
+                     events: Sequence[Row] = (), new: Sequence[Subtask] = (),
+                     webhook: Row | None = None) -> None:
         """Write and wait until durable (raises LeaseLost when fenced out)."""
-        await self._write(subs, ledger, events, new)
+        await self._write(subs, ledger, events, new, webhook)
 
     def commit_soon(self, subs: Sequence[Subtask] = (), ledger: Sequence[Row] = (),
                     events: Sequence[Row] = ()) -> None:
@@ -169,7 +171,9 @@ class SwarmRunner:
         back = [s for s in self.subs.values() if s.status == SubtaskStatus.running]
         for s in back:
             s.status = subtask_transition(SubtaskStatus(s.status), SubtaskStatus.pending)
-        await self.commit(back, events=events)
+        # not awaited: every later write of this swarm commits after it, and a crash before it
+        # leaves the swarm claimable as it was
+        self.commit_soon(back, events=events)
 
     async def _plan(self) -> None:
         planner = self.subs.get(PLANNER)
@@ -247,7 +251,9 @@ class SwarmRunner:
             "status": status.value, "error": err,
             "cancelled": [s.name for s in changed if s.status == SubtaskStatus.cancelled],
         }))
-        await self.commit(changed, events=events)
+        url = self.spec.get("webhook_url")
+        await self.commit(changed, events=events,
+                          webhook=new_delivery(self.swarm.id, url, now) if url else None)
         self.finished = True
         started = self.swarm.started_at or self.swarm.created_at
         metrics.runs_total.labels(status.value).inc()

@@ -134,7 +134,8 @@ class Engine:
             return
         async with self.sessions() as session, session.begin():
             claims = await queries.claim_swarms(
-                session, self.owner, self.settings.lease_seconds, capacity)
+                session, self.owner, self.settings.lease_seconds, capacity,
+                exclude=list(self.runners))
         for claim in claims:
             async with self.sessions() as session:
                 swarm, subs = await queries.load_swarm_for_run(session, claim.swarm_id)
@@ -146,7 +147,9 @@ class Engine:
             self._wake.set()  # there may be more waiting
 
     def _done(self, swarm_id: str, task: asyncio.Task[None]) -> None:
-        self.runners.pop(swarm_id, None)
+        entry = self.runners.get(swarm_id)
+        if entry is not None and entry[1] is task:  # never drop a newer runner of the swarm
+            del self.runners[swarm_id]
         self._wake.set()  # capacity freed
         if task.cancelled():
             return

@@ -7,7 +7,7 @@ import json
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, ROUND_HALF_EVEN, Decimal
+from decimal import ROUND_CEILING, ROUND_HALF_EVEN, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +111,7 @@ class PriceTable:
             raw = json.loads(p.read_text())
         else:
             raw = tomllib.loads(p.read_text())
-        entries = raw.get("models", raw)
+        entries = raw.get("models", raw) if isinstance(raw, dict) else None
         if not isinstance(entries, dict):
             raise ValueError(f"{p}: expected a table of models")
         models: dict[str, ModelPrice] = {}
@@ -121,13 +121,25 @@ class PriceTable:
             cached = e.get("cached_input")
             models[name] = ModelPrice(
                 name=name,
-                input=Decimal(str(e["input"])),
-                output=Decimal(str(e["output"])),
-                cached_input=None if cached is None else Decimal(str(cached)),
+                input=_price(p, name, "input", e["input"]),
+                output=_price(p, name, "output", e["output"]),
+                cached_input=None if cached is None else _price(p, name, "cached_input", cached),
                 context_window=int(e.get("context_window", DEFAULT_CONTEXT_WINDOW)),
                 concurrency=None if e.get("concurrency") is None else int(e["concurrency"]),
             )
         return cls(models)
+
+
+def _price(path: Path, model: str, key: str, value: Any) -> Decimal:
+    """A price as an exact, finite, non-negative Decimal (a negative price would let spend
+    shrink and so defeat every budget)."""
+    try:
+        price = Decimal(str(value))
+    except InvalidOperation:
+        raise ValueError(f"{path}: model {model!r}: {key} is not a number: {value!r}") from None
+    if not price.is_finite() or price < 0:
+        raise ValueError(f"{path}: model {model!r}: {key} must be a price >= 0, got {value!r}")
+    return price
 
 
 def metric_model_label(name: str, table: PriceTable) -> str:

@@ -1,0 +1,487 @@
+"""SPEC §3 routes: create, read (?wait=), list, cancel, events, Idempotency-Key, auth, ops."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Harness, make_settings, start_harness
+from tests.test_api_validation import assert_rejected, error_of, swarm_count
+
+SWARM_KEYS = {"id", "status", "created_at", "started_at", "finished_at", "task", "metadata",
+              "spec", "progress", "subtasks", "usage", "timing", "queue_position", "result",
+              "error"}
+SUBTASK_KEYS = {"name", "kind", "status", "model", "depends_on", "attempts", "output", "error",
+                "usage", "latency_ms", "started_at", "finished_at"}
+PROGRESS_KEYS = {"total", "pending", "running", "succeeded", "failed", "skipped", "cancelled"}
+EVENT_NAMES = {"swarm.status", "subtask.started", "subtask.succeeded", "subtask.failed",
+               "subtask.skipped", "swarm.completed"}
+TERMINAL = {"succeeded", "failed", "cancelled"}
+SLOW = "[[sim latency_ms=3000]]"
+
+BODY: dict[str, Any] = {
+    "task": "Review the migration",
+    "agents": [{"name": "analyst", "system_prompt": "You analyse."},
+               {"name": "auditor", "model": "deepseek-v3.2"},
+               {"name": "writer", "depends_on": ["analyst", "auditor"]}],
+    "metadata": {"ticket": "PAY-1234"},
+}
+
+
+def assert_swarm_shape(data: dict[str, Any]) -> None:
+    assert SWARM_KEYS <= set(data), SWARM_KEYS - set(data)
+    uuid.UUID(data["id"])
+    assert set(data["progress"]) == PROGRESS_KEYS
+    assert data["progress"]["total"] == len(data["subtasks"])
+    assert sum(data["progress"][k] for k in PROGRESS_KEYS - {"total"}) == data["progress"]["total"]
+    assert set(data["usage"]) >= {"prompt_tokens", "completion_tokens", "cost_usd",
+                                  "gateway_calls"}
+    for money in [data["usage"]["cost_usd"], *(s["usage"]["cost_usd"] for s in data["subtasks"])]:
+        assert isinstance(money, str)
+        assert Decimal(money) >= 0  # a decimal string, exact
+    assert set(data["timing"]) >= {"wall_s", "critical_path_s", "serial_s", "speedup",
+                                   "subtask_latency_s"}
+    for s in data["subtasks"]:
+        assert SUBTASK_KEYS <= set(s), SUBTASK_KEYS - set(s)
+        assert s["kind"] in {"planner", "worker", "compressor", "synthesizer"}
+        assert s["status"] in {"pending", "running", "succeeded", "failed", "skipped",
+                               "cancelled"}
+        assert set(s["usage"]) >= {"prompt_tokens", "completion_tokens", "cost_usd"}
+
+
+def parse_sse(text: str) -> list[dict[str, Any]]:
+    """SSE frames as {"id", "event", "data"} (comments and pings dropped)."""
+    events: list[dict[str, Any]] = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        frame: dict[str, Any] = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            key, _, value = line.partition(":")
+            frame[key] = value[1:] if value.startswith(" ") else value
+        if "event" in frame or "data" in frame:
+            frame["data"] = json.loads(frame["data"])
+            events.append(frame)
+    return events
+
+
+async def read_events(client: httpx.AsyncClient, swarm_id: str,
+                      headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    async def read() -> list[dict[str, Any]]:
+        async with client.stream("GET", f"/swarms/{swarm_id}/events",
+                                 headers=headers or {}) as r:
+            assert r.status_code == 200, await r.aread()
+            assert r.headers["content-type"].startswith("text/event-stream")
+            return parse_sse((await r.aread()).decode())
+
+    return await asyncio.wait_for(read(), 10)  # the stream must end by itself
+
+
+async def wait_for_subtask(client: httpx.AsyncClient, swarm_id: str, name: str,
+                           status: str, timeout: float = 10) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        data: dict[str, Any] = (await client.get(f"/swarms/{swarm_id}")).json()
+        if any(s["name"] == name and s["status"] == status for s in data["subtasks"]):
+            return data
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{name} never {status}")
+
+
+# ---- create and read ---------------------------------------------------------------------------
+
+
+async def test_create_answers_202_with_location_and_the_swarm(api: Harness) -> None:
+    r = await api.post(BODY)
+    assert r.status_code == 202, r.text
+    data = r.json()
+    assert r.headers["location"] == f"/swarms/{data['id']}"
+    assert_swarm_shape(data)
+    assert data["status"] in {"queued", "planning", "running", "synthesizing", *TERMINAL}
+    assert data["task"] == BODY["task"]
+    assert data["metadata"] == {"ticket": "PAY-1234"}
+    assert [s["name"] for s in data["subtasks"]] == ["analyst", "auditor", "writer",
+                                                      "@synthesizer"]
+    assert data["subtasks"][2]["depends_on"] == ["analyst", "auditor"]
+    assert data["subtasks"][1]["model"] == "deepseek-v3.2"
+    assert data["subtasks"][0]["model"] == "kimi-k2.5"  # the default model
+    got = await api.client.get(r.headers["location"])
+    assert got.status_code == 200 and got.json()["id"] == data["id"]
+
+
+async def test_spec_is_normalised(api: Harness) -> None:
+    data = (await api.post({"task": "t", "agents": [{"name": "a"}]})).json()
+    spec = data["spec"]
+    assert spec["task"] == "t"
+    assert spec["model"] == "kimi-k2.5"
+    assert spec["synthesis"]["model"] == "kimi-k2.5"
+    assert spec["synthesis"]["strategy"] == "synthesize"
+    assert spec["synthesis"]["max_tokens"] == spec["max_tokens"] == 1500
+    assert spec["orchestrator"]["model"] == "kimi-k2.5"
+    assert spec["limits"]["concurrency"] >= 1 and spec["limits"]["max_attempts"] >= 1
+    explicit = (await api.post({"task": "t", "agents": [{"name": "a"}], "model": "gpt-4.1",
+                                "limits": {"budget_usd": 1.25}})).json()["spec"]
+    assert explicit["model"] == explicit["synthesis"]["model"] == "gpt-4.1"
+    assert Decimal(explicit["limits"]["budget_usd"]) == Decimal("1.25")
+
+
+async def test_finished_swarm_has_outputs_usage_and_timing(api: Harness) -> None:
+    data = await api.run(BODY)
+    assert data["status"] == "succeeded", data["error"]
+    assert_swarm_shape(data)
+    assert data["finished_at"] and data["started_at"] and data["result"]
+    assert all(s["output"] and s["attempts"] == 1 for s in data["subtasks"])
+    assert Decimal(data["usage"]["cost_usd"]) == sum(
+        Decimal(s["usage"]["cost_usd"]) for s in data["subtasks"])
+    assert data["usage"]["gateway_calls"] == 4
+    assert data["queue_position"] is None and data["error"] is None
+
+
+@pytest.mark.parametrize("swarm_id", [str(uuid.uuid4()), "nope", "a%00b", "%FF", "x" * 300])
+async def test_unknown_or_malformed_id_is_404(api: Harness, swarm_id: str) -> None:
+    for method, path in (("GET", f"/swarms/{swarm_id}"),
+                         ("POST", f"/swarms/{swarm_id}/cancel"),
+                         ("GET", f"/swarms/{swarm_id}/events")):
+        r = await api.client.request(method, path)
+        error_of(r, 404, "not_found")
+
+
+async def test_wait_bounds(api: Harness) -> None:
+    sid = (await api.run({"task": "t", "agents": [{"name": "a"}]}))["id"]
+    for ok in ("0", "0.5", "60"):
+        r = await api.client.get(f"/swarms/{sid}", params={"wait": ok})
+        assert r.status_code == 200, r.text
+    for bad in ("61", "-1", "abc", "nan"):
+        r = await api.client.get(f"/swarms/{sid}", params={"wait": bad})
+        assert_rejected(r, 422, "validation_error", "wait")
+
+
+async def test_wait_returns_when_terminal(api: Harness) -> None:
+    r = await api.post({"task": "t",
+                        "agents": [{"name": "a", "system_prompt": "[[sim latency_ms=300]]"}]})
+    sid = r.json()["id"]
+    start = time.monotonic()
+    r = await api.client.get(f"/swarms/{sid}", params={"wait": 5})
+    elapsed = time.monotonic() - start
+    assert r.status_code == 200
+    assert r.json()["status"] == "succeeded"
+    assert 0.25 < elapsed < 3, elapsed
+
+
+async def test_wait_zero_does_not_hold(api: Harness) -> None:
+    sid = (await api.post({"task": "t", "agents": [{"name": "a", "system_prompt": SLOW}]})
+           ).json()["id"]
+    start = time.monotonic()
+    r = await api.client.get(f"/swarms/{sid}", params={"wait": 0})
+    assert r.status_code == 200 and r.json()["status"] not in TERMINAL
+    assert time.monotonic() - start < 1
+    start = time.monotonic()
+    r = await api.client.get(f"/swarms/{sid}", params={"wait": 0.5})
+    assert r.json()["status"] not in TERMINAL
+    assert 0.4 < time.monotonic() - start < 2.5
+    await api.client.post(f"/swarms/{sid}/cancel")
+
+
+# ---- list --------------------------------------------------------------------------------------
+
+
+async def test_list_newest_first_paged_filtered_without_outputs(api: Harness) -> None:
+    ids = [(await api.run({"task": f"t{i}", "agents": [{"name": "a"}]}))["id"] for i in range(4)]
+    failed = await api.run({"task": "t", "agents": [
+        {"name": "a", "system_prompt": "[[sim fail=400]]"}]})
+    assert failed["status"] == "failed", failed
+    ids.append(failed["id"])
+    newest_first = ids[::-1]
+
+    r = await api.client.get("/swarms")
+    assert r.status_code == 200
+    page = r.json()
+    assert set(page) == {"items", "next_cursor"}
+    assert [s["id"] for s in page["items"]] == newest_first
+    assert page["next_cursor"] is None
+    for item in page["items"]:
+        assert_swarm_shape(item)
+        assert item["result"] is None
+        assert all(s["output"] is None for s in item["subtasks"])
+
+    seen: list[str] = []
+    cursor: str | None = None
+    pages = 0
+    while True:
+        params: dict[str, Any] = {"limit": 2}
+        if cursor:
+            params["cursor"] = cursor
+        page = (await api.client.get("/swarms", params=params)).json()
+        pages += 1
+        assert len(page["items"]) <= 2
+        seen += [s["id"] for s in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+        assert pages < 10
+    assert seen == newest_first and pages == 3
+
+    r = await api.client.get("/swarms", params={"status": "failed"})
+    assert [s["id"] for s in r.json()["items"]] == [failed["id"]]
+    r = await api.client.get("/swarms", params={"status": "succeeded"})
+    assert [s["id"] for s in r.json()["items"]] == newest_first[1:]
+    r = await api.client.get("/swarms", params={"status": "queued"})
+    assert r.json() == {"items": [], "next_cursor": None}
+
+
+@pytest.mark.parametrize(("params", "code", "field"), [
+    ({"status": "done"}, "validation_error", "status"),
+    ({"limit": 0}, "validation_error", "limit"),
+    ({"limit": 201}, "validation_error", "limit"),
+    ({"limit": "x"}, "validation_error", "limit"),
+    ({"cursor": "not-a-cursor"}, "invalid_cursor", "cursor"),
+    ({"cursor": "eyJ4IjoxfQ"}, "invalid_cursor", "cursor"),
+    ({"cursor": "x" * 501}, "validation_error", "cursor"),
+])
+async def test_list_rejects_bad_params(api: Harness, params: dict[str, Any], code: str,
+                                       field: str) -> None:
+    r = await api.client.get("/swarms", params=params)
+    assert_rejected(r, 422, code, field)
+
+
+async def test_list_limit_bounds_accepted(api: Harness) -> None:
+    for limit in (1, 200):
+        r = await api.client.get("/swarms", params={"limit": limit})
+        assert r.status_code == 200, r.text
+
+
+# ---- cancel ------------------------------------------------------------------------------------
+
+
+async def test_cancel_running_swarm(api: Harness) -> None:
+    body = {"task": "t", "agents": [
+        {"name": "fast"},
+        {"name": "slow", "system_prompt": SLOW},
+        {"name": "after", "depends_on": ["slow"]}]}
+    sid = (await api.post(body)).json()["id"]
+    await wait_for_subtask(api.client, sid, "slow", "running")
+    await wait_for_subtask(api.client, sid, "fast", "succeeded")
+
+    start = time.monotonic()
+    r = await api.client.post(f"/swarms/{sid}/cancel")
+    assert r.status_code == 202, r.text
+    assert_swarm_shape(r.json())
+    assert r.json()["id"] == sid
+    data = (await api.client.get(f"/swarms/{sid}", params={"wait": 5})).json()
+    assert data["status"] == "cancelled"
+    assert time.monotonic() - start < 2  # the 3 s call did not run to its end
+    status = {s["name"]: s["status"] for s in data["subtasks"]}
+    assert status == {"fast": "succeeded", "slow": "cancelled", "after": "cancelled",
+                      "@synthesizer": "cancelled"}
+    assert data["subtasks"][0]["output"]  # finished outputs stay
+    assert data["progress"]["cancelled"] == 3
+
+    again = await api.client.post(f"/swarms/{sid}/cancel")
+    err = error_of(again, 409, "already_terminal")
+    assert err["details"]["status"] == "cancelled"
+    events = await read_events(api.client, sid)
+    assert events[-1]["event"] == "swarm.completed"
+    assert events[-1]["data"]["status"] == "cancelled"
+
+
+async def test_cancel_finished_swarm_is_409(api: Harness) -> None:
+    sid = (await api.run({"task": "t", "agents": [{"name": "a"}]}))["id"]
+    error_of(await api.client.post(f"/swarms/{sid}/cancel"), 409, "already_terminal")
+    assert (await api.client.get(f"/swarms/{sid}")).json()["status"] == "succeeded"
+
+
+# ---- Idempotency-Key ---------------------------------------------------------------------------
+
+
+async def test_idempotency_same_body_same_swarm(api: Harness) -> None:
+    key = {"Idempotency-Key": "order-42"}
+    first = await api.post(BODY, headers=key)
+    second = await api.post(BODY, headers=key)
+    assert first.status_code == second.status_code == 202, second.text
+    assert first.json()["id"] == second.json()["id"]
+    assert second.headers["location"] == f"/swarms/{first.json()['id']}"
+    assert await swarm_count(api.client) == 1
+    other = await api.post(BODY, headers={"Idempotency-Key": "order-43"})
+    assert other.json()["id"] != first.json()["id"]
+    assert (await api.post(BODY)).json()["id"] not in {first.json()["id"], other.json()["id"]}
+    assert await swarm_count(api.client) == 3
+
+
+async def test_idempotency_different_body_is_422(api: Harness) -> None:
+    key = {"Idempotency-Key": "order-42"}
+    first = await api.post(BODY, headers=key)
+    r = await api.post({**BODY, "task": "something else"}, headers=key)
+    err = error_of(r, 422, "idempotency_key_reused")
+    assert err["details"]["field"] == "Idempotency-Key"
+    assert await swarm_count(api.client) == 1
+    assert (await api.post(BODY, headers=key)).json()["id"] == first.json()["id"]
+
+
+async def test_idempotency_concurrent_requests_make_one_swarm(api: Harness) -> None:
+    key = {"Idempotency-Key": "burst"}
+    answers = await asyncio.gather(*(api.post(BODY, headers=key) for _ in range(20)))
+    assert {r.status_code for r in answers} == {202}, [r.text for r in answers]
+    assert len({r.json()["id"] for r in answers}) == 1
+    assert await swarm_count(api.client) == 1
+
+
+async def test_idempotency_key_length(api: Harness) -> None:
+    r = await api.post(BODY, headers={"Idempotency-Key": "k" * 256})
+    assert_rejected(r, 422, "validation_error", "Idempotency-Key")
+    r = await api.post(BODY, headers={"Idempotency-Key": ""})
+    assert_rejected(r, 422, "validation_error", "Idempotency-Key")
+    assert await swarm_count(api.client) == 0
+    r = await api.post(BODY, headers={"Idempotency-Key": "k" * 255})
+    assert r.status_code == 202, r.text
+
+
+# ---- auth --------------------------------------------------------------------------------------
+
+T1 = {"Authorization": "Bearer k1"}
+T2 = {"Authorization": "Bearer k2"}
+
+
+@pytest.fixture
+async def authed(sqlite_url: str) -> AsyncIterator[Harness]:
+    h, close = await start_harness(make_settings(sqlite_url, api_keys="t1:k1,t2:k2"))
+    yield h
+    await close()
+
+
+@pytest.mark.parametrize("headers", [
+    {}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic azE="},
+    {"Authorization": "Bearer"}, {"Authorization": "k1"}, {"Authorization": "Bearer k1k2"},
+])
+async def test_auth_required_on_every_swarm_route(authed: Harness,
+                                                  headers: dict[str, str]) -> None:
+    sid = (await authed.post(BODY, headers=T1)).json()["id"]
+    for method, path, body in (("POST", "/swarms", BODY), ("GET", "/swarms", None),
+                               ("GET", f"/swarms/{sid}", None),
+                               ("POST", f"/swarms/{sid}/cancel", None),
+                               ("GET", f"/swarms/{sid}/events", None)):
+        r = await authed.client.request(method, path, json=body, headers=headers)
+        error_of(r, 401, "unauthorized")
+        assert r.headers["www-authenticate"].lower().startswith("bearer")
+    ok = await authed.client.get("/swarms", headers=T1)
+    assert [s["id"] for s in ok.json()["items"]] == [sid]
+
+
+async def test_tenants_are_isolated(authed: Harness) -> None:
+    sid = (await authed.post({"task": "t", "agents": [{"name": "a", "system_prompt": SLOW}]},
+                             headers=T1)).json()["id"]
+    error_of(await authed.client.get(f"/swarms/{sid}", headers=T2), 404, "not_found")
+    error_of(await authed.client.get(f"/swarms/{sid}/events", headers=T2), 404, "not_found")
+    error_of(await authed.client.post(f"/swarms/{sid}/cancel", headers=T2), 404, "not_found")
+    assert (await authed.client.get("/swarms", headers=T2)).json()["items"] == []
+    assert (await authed.client.get(f"/swarms/{sid}", headers=T1)).json()["status"] not in {
+        "cancelled"}  # t2's cancel did nothing
+    r = await authed.client.post(f"/swarms/{sid}/cancel", headers=T1)
+    assert r.status_code == 202
+
+
+async def test_idempotency_keys_are_per_tenant(authed: Harness) -> None:
+    a = await authed.post(BODY, headers={**T1, "Idempotency-Key": "same"})
+    b = await authed.post(BODY, headers={**T2, "Idempotency-Key": "same"})
+    assert a.status_code == b.status_code == 202
+    assert a.json()["id"] != b.json()["id"]
+    c = await authed.post({**BODY, "task": "other"}, headers={**T2, "Idempotency-Key": "same"})
+    error_of(c, 422, "idempotency_key_reused")
+
+
+async def test_ops_routes_need_no_key(authed: Harness) -> None:
+    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+        assert (await authed.client.get(path)).status_code == 200, path
+
+
+# ---- ops and framework errors ------------------------------------------------------------------
+
+
+async def test_health_ready_metrics(api: Harness) -> None:
+    r = await api.client.get("/healthz")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    r = await api.client.get("/readyz")
+    assert r.status_code == 200
+    ready = r.json()
+    assert ready["status"] == "ok" and isinstance(ready["revision"], str) and ready["revision"]
+    await api.run({"task": "t", "agents": [{"name": "a"}]})
+    r = await api.client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    assert "swarm_runs_total" in r.text
+    assert 'swarm_runs_total{status="succeeded"}' in r.text
+
+
+@pytest.mark.parametrize(("method", "path", "status", "code"), [
+    ("GET", "/nope", 404, "not_found"),
+    ("GET", "/swarms/x/y/z", 404, "not_found"),
+    ("DELETE", "/swarms", 405, "method_not_allowed"),
+    ("PUT", f"/swarms/{uuid.uuid4()}", 405, "method_not_allowed"),
+    ("GET", f"/swarms/{uuid.uuid4()}/cancel", 405, "method_not_allowed"),
+    ("POST", "/healthz", 405, "method_not_allowed"),
+])
+async def test_framework_errors_have_the_error_shape(api: Harness, method: str, path: str,
+                                                     status: int, code: str) -> None:
+    error_of(await api.client.request(method, path), status, code)
+
+
+# ---- events ------------------------------------------------------------------------------------
+
+
+async def test_events_of_finished_swarm(api: Harness) -> None:
+    data = await api.run(BODY)
+    events = await read_events(api.client, data["id"])
+    ids = [int(e["id"]) for e in events]
+    assert ids == list(range(1, len(events) + 1))
+    assert {e["event"] for e in events} <= EVENT_NAMES
+    assert [e["event"] for e in events].count("swarm.completed") == 1
+    assert events[-1]["event"] == "swarm.completed"
+    assert events[-1]["data"]["status"] == "succeeded"
+    for e in events:
+        assert e["data"]["seq"] == int(e["id"]) and e["data"]["swarm_id"] == data["id"]
+    started = [e["data"]["name"] for e in events if e["event"] == "subtask.started"]
+    assert sorted(started) == sorted(s["name"] for s in data["subtasks"])
+
+    resumed = await read_events(api.client, data["id"], {"Last-Event-ID": "3"})
+    assert resumed == events[3:]
+    assert await read_events(api.client, data["id"], {"Last-Event-ID": "0"}) == events
+    # resuming at (or past) the last event ends at once instead of hanging
+    for last in (str(len(events)), str(len(events) + 50)):
+        assert await read_events(api.client, data["id"], {"Last-Event-ID": last}) == []
+
+
+async def test_events_stream_a_running_swarm_to_its_end(api: Harness) -> None:
+    body = {"task": "t", "agents": [{"name": "a", "system_prompt": "[[sim latency_ms=200]]"},
+                                    {"name": "b", "depends_on": ["a"]}]}
+    sid = (await api.post(body)).json()["id"]
+    events = await read_events(api.client, sid)
+    assert [int(e["id"]) for e in events] == list(range(1, len(events) + 1))
+    assert events[-1]["event"] == "swarm.completed"
+    names = [(e["event"], e["data"].get("name")) for e in events]
+    assert names.index(("subtask.succeeded", "a")) < names.index(("subtask.started", "b"))
+
+
+async def test_events_failed_swarm_reports_failure_and_completes(api: Harness) -> None:
+    body = {"task": "t", "agents": [{"name": "bad", "system_prompt": "[[sim fail=400]]"},
+                                    {"name": "next", "depends_on": ["bad"]}]}
+    data = await api.run(body)
+    assert data["status"] == "failed"
+    events = await read_events(api.client, data["id"])
+    kinds = [e["event"] for e in events]
+    assert "subtask.failed" in kinds
+    assert kinds[-1] == "swarm.completed" and events[-1]["data"]["status"] == "failed"
+
+
+@pytest.mark.parametrize("last", ["abc", "1.5", "3x"])
+async def test_events_bad_last_event_id_is_422(api: Harness, last: str) -> None:
+    sid = (await api.run({"task": "t", "agents": [{"name": "a"}]}))["id"]
+    r = await api.client.get(f"/swarms/{sid}/events", headers={"Last-Event-ID": last})
+    err = error_of(r, 422)
+    assert err["details"]["field"] == "Last-Event-ID"
