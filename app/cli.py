@@ -106,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         print("database at head")
         return 0
     if args.command == "worker":
+        with contextlib.suppress(ImportError):
+            import uvloop  # what uvicorn runs `serve` on: markedly less CPU per call
+
+            uvloop.install()
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(_worker(settings))
         return 0

@@ -71,7 +71,8 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def _truncate(url: str) -> None:
     conn = await asyncpg.connect(_pg_dsn(url), timeout=5)
     try:
-        await conn.execute("TRUNCATE swarms, subtasks, gateway_calls, events CASCADE")
+        await conn.execute("TRUNCATE swarms, subtasks, gateway_calls, events, webhooks, "
+                           "webhook_attempts, daily_spend, daily_reservations CASCADE")
     finally:
         await conn.close()
 
