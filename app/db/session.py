@@ -25,11 +25,24 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def _sqlite_no_autobegin(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.isolation_level = None  # the driver's own deferred BEGIN is replaced below
+
+
+def _sqlite_begin_immediate(conn: Any) -> None:
+    # a deferred transaction that reads, then writes fails at once (SQLITE_BUSY, no busy wait)
+    # when another connection committed in between; taking the write lock up front makes every
+    # transaction wait its turn instead (SQLAlchemy's documented aiosqlite recipe)
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
 def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
     """An async engine with the pragmas / pool settings each backend needs."""
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30})
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        event.listen(engine.sync_engine, "connect", _sqlite_no_autobegin)
+        event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
         return engine
     return create_async_engine(
         url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=1800
