@@ -234,6 +234,12 @@ async def test_two_worker_processes_share_the_cap(pg_template: str, tmp_path: Pa
                               stdout=log, stderr=subprocess.STDOUT) for log in logs]
     api, close_api = await start_harness(make_settings(url), run_engine=False)
     try:
+        # both workers must be up before the swarms exist, or the first may drive them all
+        for _ in range(300):
+            up = sum("running" in (tmp_path / f"worker{n}.log").read_text() for n in range(2))
+            if up == 2:
+                break
+            await asyncio.sleep(0.05)
         ids = [(await api.post(swarm_body(i))).json()["id"] for i in range(8)]
         runs = await _wait_terminal(api.client, ids, procs)
         ledger, daily, left = await totals(api.app.state.sessions)
