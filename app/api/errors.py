@@ -9,9 +9,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.db.retry import database_unavailable
 from app.errors import ApiError
 from app.schemas import ErrorResponse
 
@@ -87,19 +87,6 @@ async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     return error_response(exc.status_code, code, str(exc.detail), None,
                           dict(exc.headers) if exc.headers else None)
-
-
-def database_unavailable(exc: BaseException) -> bool:
-    """A lost or refused database connection (restart, failover), not a bad statement."""
-    if isinstance(exc, (OSError, ConnectionError)):
-        return True
-    if isinstance(exc, DBAPIError):
-        if exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError)):
-            return True
-        state = str(getattr(exc.orig, "sqlstate", "") or "")
-        # SQLSTATE classes 08 (connection exception) and 57 (operator intervention: shutdown)
-        return state[:2] in ("08", "57") or isinstance(exc.orig, OSError)
-    return False
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -13,10 +13,10 @@ from datetime import date
 from decimal import Decimal
 from typing import Protocol, TypeVar
 
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import spend
+from app.db.retry import in_transaction
 from app.db.session import SessionFactory
 
 log = logging.getLogger(__name__)
@@ -200,16 +200,4 @@ class DailyCap:
     async def _run(self, op: Callable[[AsyncSession], Awaitable[T]]) -> T:
         """One transaction, retried on connection trouble for up to a lease (by then our
         reservations would have expired anyway)."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.lease_s
-        delay = 0.05
-        while True:
-            try:
-                async with self.sessions() as session, session.begin():
-                    return await op(session)
-            except (DBAPIError, OSError) as exc:
-                if loop.time() + delay > give_up:
-                    raise
-                log.warning("daily cap: database error (%s); retrying", type(exc).__name__)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        return await in_transaction(self.sessions, op, retry_for_s=self.lease_s)

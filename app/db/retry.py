@@ -1,0 +1,58 @@
+"""One transaction, retried with tenacity while the database is unreachable (a restart, a
+failover); any other error is raised at once."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncSession
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from app.db.session import SessionFactory
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """A lost or refused database connection (restart, failover), not a bad statement."""
+    if isinstance(exc, (OSError, ConnectionError)):
+        return True
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError)):
+            return True
+        state = str(getattr(exc.orig, "sqlstate", "") or "")
+        # SQLSTATE classes 08 (connection exception) and 57 (operator intervention: shutdown)
+        return state[:2] in ("08", "57") or isinstance(exc.orig, OSError)
+    return False
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    log.warning("database unavailable (%s); retrying transaction", type(exc).__name__)
+
+
+async def in_transaction(sessions: SessionFactory, op: Callable[[AsyncSession], Awaitable[T]],
+                         *, retry_for_s: float) -> T:
+    """Run `op` in one transaction; while the database is unavailable, retry with jittered
+    exponential backoff for up to `retry_for_s` seconds, then raise the last error."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(database_unavailable),
+        wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
+        stop=stop_after_delay(retry_for_s),
+        before_sleep=_log_retry,
+        reraise=True,
+    ):
+        with attempt:
+            async with sessions() as session, session.begin():
+                return await op(session)
+    raise AssertionError("unreachable: tenacity re-raises")
