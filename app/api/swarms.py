@@ -89,12 +89,17 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
         if existing is not None:
             response.headers["Location"] = f"/swarms/{existing.id}"
             return await _replay(session, existing, body, idempotency_key, tenant)
+    local = engine if engine is not None and engine.has_capacity() else None
+    epoch = 0
     try:
         async with session.begin():
             if idempotency_key is not None:
                 await queries.expire_idempotency_key(session, tenant, idempotency_key,
                                                      settings.idempotency_ttl_s)
             await queries.insert_swarm(session, new.swarm, new.subtasks)
+            if local is not None:  # this process runs it: claim now, skip wake-up and reload
+                epoch = await queries.claim_new(session, new.swarm.id, local.owner,
+                                                settings.lease_seconds)
     except IntegrityError:
         if idempotency_key is None:
             raise
@@ -106,13 +111,16 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
             raise
         response.headers["Location"] = f"/swarms/{existing.id}"
         return await _replay(session, existing, body, idempotency_key, tenant)
-    if engine is not None:
-        engine.wake()
     response.headers["Location"] = f"/swarms/{new.swarm.id}"
     # answer from what was just committed; only the queue position needs the database
     async with session.begin():
         position = await queries.queue_position(session, new.swarm)
-    return swarm_read(new.swarm, new.subtasks, queue_position=position)
+    view = swarm_read(new.swarm, new.subtasks, queue_position=position)
+    if local is not None:
+        local.adopt(new.swarm, new.subtasks, epoch)  # after the view: the runner mutates rows
+    elif engine is not None:
+        engine.wake()
+    return view
 
 
 @router.get("", response_model=SwarmList, responses=error_responses(400, 401, 422),

@@ -227,6 +227,22 @@ class Claim:
     status: str
 
 
+def _idle_ms(seconds: float) -> str:
+    return str(max(int(seconds * 1000), 1))
+
+
+def _idle_limit(seconds: float) -> ColumnElement[str]:
+    """`set_config` of this transaction's idle_in_transaction_session_timeout (PostgreSQL),
+    selected by each statement that locks swarm rows, in the same round trip.
+
+    A process paused (SIGSTOP, a frozen VM) inside a transaction that locked a swarm row keeps
+    the lock, and claims skip locked rows: nobody could take the swarm over while it stays
+    paused. Bounded by the lease, PostgreSQL ends such a transaction (ours are never idle for
+    more than milliseconds; a process silent for a lease may be taken over anyway). A statement
+    that returns no row locked nothing, so it needs no bound."""
+    return func.set_config("idle_in_transaction_session_timeout", _idle_ms(seconds), True)
+
+
 def _claimable(now: Any) -> ColumnElement[bool]:
     # a just-claimed swarm is still `queued` until its runner commits: the lease guards it too
     return Swarm.status.in_((SwarmStatus.queued, *ACTIVE)) & or_(
@@ -249,7 +265,8 @@ SET lease_owner = :owner,
     lease_epoch = s.lease_epoch + 1,
     rescues = s.rescues + CASE WHEN s.lease_owner IS NOT NULL THEN 1 ELSE 0 END
 FROM picked WHERE s.id = picked.id
-RETURNING s.id, s.lease_epoch, s.rescues, s.status
+RETURNING s.id, s.lease_epoch, s.rescues, s.status,
+          set_config('idle_in_transaction_session_timeout', :idle_ms, true)
 """)
 
 
@@ -267,7 +284,7 @@ async def claim_swarms(
     if _is_pg(session):
         rows = await session.execute(
             _PG_CLAIM, {"owner": owner, "lease": float(lease_s), "limit": limit,
-                        "exclude": list(exclude)}
+                        "exclude": list(exclude), "idle_ms": _idle_ms(lease_s)}
         )
         return [Claim(r[0], r[1], r[2], r[3]) for r in rows]
     now = utcnow()
@@ -294,6 +311,19 @@ async def claim_swarms(
     return claims
 
 
+async def claim_new(session: AsyncSession, swarm_id: str, owner: str, lease_s: float) -> int:
+    """Lease a swarm inserted in this same transaction to this process; its epoch."""
+    now = await db_now(session)
+    epoch: int = (await session.execute(
+        update(Swarm)
+        .where(Swarm.id == swarm_id)
+        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_s),
+                lease_epoch=Swarm.lease_epoch + 1)
+        .returning(Swarm.lease_epoch)
+    )).scalar_one()
+    return epoch
+
+
 async def extend_leases(
     session: AsyncSession, owner: str, epochs: dict[str, int], lease_s: float
 ) -> dict[str, bool]:
@@ -302,11 +332,12 @@ async def extend_leases(
     if not epochs:
         return {}
     now = await db_now(session)
+    bound = [_idle_limit(lease_s)] if _is_pg(session) else []
     rows = await session.execute(
         update(Swarm)
         .where(Swarm.id.in_(list(epochs)), Swarm.lease_owner == owner)
         .values(lease_expires_at=now + timedelta(seconds=lease_s))
-        .returning(Swarm.id, Swarm.lease_epoch, Swarm.cancel_requested)
+        .returning(Swarm.id, Swarm.lease_epoch, Swarm.cancel_requested, *bound)
     )
     return {r[0]: bool(r[2]) for r in rows if epochs.get(r[0]) == r[1]}
 
@@ -324,10 +355,15 @@ async def release_leases(session: AsyncSession, owner: str, swarm_ids: Sequence[
         await notify(session, QUEUED, list(rows.scalars()))
 
 
-async def load_swarm_for_run(session: AsyncSession, swarm_id: str) -> tuple[Swarm, list[Subtask]]:
-    swarm = (await session.execute(select(Swarm).where(Swarm.id == swarm_id))).scalar_one()
-    subs = (await get_subtasks(session, [swarm_id]))[swarm_id]
-    return swarm, subs
+async def load_swarms_for_run(session: AsyncSession, swarm_ids: Sequence[str]
+                              ) -> dict[str, tuple[Swarm, list[Subtask]]]:
+    """Several claimed swarms with their subtasks in two queries (a burst of claims must not
+    cost two round trips per swarm before the first one starts)."""
+    if not swarm_ids:
+        return {}
+    swarms = (await session.execute(select(Swarm).where(Swarm.id.in_(list(swarm_ids))))).scalars()
+    subs = await get_subtasks(session, swarm_ids)
+    return {s.id: (s, subs[s.id]) for s in swarms}
 
 
 # ---- the group commit --------------------------------------------------------------------
@@ -347,15 +383,19 @@ class SwarmWrite:
     webhook: dict[str, Any] | None = None  # the terminal state's delivery, when one is asked
 
 
-async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[SwarmWrite]) -> set[str]:
+async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[SwarmWrite],
+                       lease_s: float | None = None) -> set[str]:
     """Write many runners' changes in one transaction; returns the swarm ids fenced out
-    (another process holds their lease now), whose writes were dropped."""
+    (another process holds their lease now), whose writes were dropped. With `lease_s`, a
+    pause of this process inside the transaction cannot hold the rows locked for longer."""
     ids = list({w.swarm_id for w in writes})
     lock = (
         select(Swarm.id, Swarm.lease_epoch, Swarm.lease_owner)
         .where(Swarm.id.in_(ids))
         .with_for_update()  # holds off a concurrent claim until this commits
     )
+    if lease_s is not None and _is_pg(session):
+        lock = lock.add_columns(_idle_limit(lease_s))  # in the same round trip as the lock
     held = {r[0]: (r[1], r[2]) for r in await session.execute(lock)}
     ok = [w for w in writes if held.get(w.swarm_id) == (w.epoch, owner)]
     fenced = {w.swarm_id for w in writes} - {w.swarm_id for w in ok}

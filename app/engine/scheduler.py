@@ -15,6 +15,7 @@ from app.config import Settings
 from app.db import queries
 from app.db.notify import CANCEL, QUEUED
 from app.db.session import SessionFactory
+from app.db.tables import Subtask, Swarm
 from app.engine.budget import SharedCap
 from app.engine.notify import SwarmNotifier
 from app.engine.runner import EngineContext, SwarmRunner
@@ -57,6 +58,7 @@ class Engine:
         self.runners: dict[str, tuple[SwarmRunner, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._halt = asyncio.Event()  # stops the heartbeat, after the runners
         self._side: list[asyncio.Task[None]] = []
         self._listener: PgListener | None = None
 
@@ -104,6 +106,11 @@ class Engine:
             await asyncio.wait(tasks, timeout=grace)
         for task in tasks:
             task.cancel()
+        # the side loops see the stop events and end between transactions; cancelling one
+        # inside a transaction would leave SQLite's write lock held until its busy timeout
+        self._halt.set()
+        if self._side:
+            await asyncio.wait(self._side, timeout=5)
         for task in self._side:
             task.cancel()
         await asyncio.gather(*tasks, *self._side, return_exceptions=True)
@@ -136,15 +143,26 @@ class Engine:
             claims = await queries.claim_swarms(
                 session, self.owner, self.settings.lease_seconds, capacity,
                 exclude=list(self.runners))
+            loaded = await queries.load_swarms_for_run(session, [c.swarm_id for c in claims])
         for claim in claims:
-            async with self.sessions() as session:
-                swarm, subs = await queries.load_swarm_for_run(session, claim.swarm_id)
-            runner = SwarmRunner(self.ctx, swarm, subs, claim.epoch, claim.rescues)
-            task = asyncio.create_task(runner.run(), name=f"swarm:{claim.swarm_id}")
-            self.runners[claim.swarm_id] = (runner, task)
-            task.add_done_callback(functools.partial(self._done, claim.swarm_id))
+            swarm, subs = loaded[claim.swarm_id]
+            self._drive(SwarmRunner(self.ctx, swarm, subs, claim.epoch, claim.rescues))
         if len(claims) == capacity:
             self._wake.set()  # there may be more waiting
+
+    def has_capacity(self) -> bool:
+        return (not self._stopping.is_set()
+                and len(self.runners) < self.settings.max_running_swarms)
+
+    def adopt(self, swarm: Swarm, subtasks: list[Subtask], epoch: int) -> None:
+        """Drive a swarm this process claimed as it created it: no wake-up, no reload."""
+        self._drive(SwarmRunner(self.ctx, swarm, subtasks, epoch, 0))
+
+    def _drive(self, runner: SwarmRunner) -> None:
+        swarm_id = runner.swarm.id
+        task = asyncio.create_task(runner.run(), name=f"swarm:{swarm_id}")
+        self.runners[swarm_id] = (runner, task)
+        task.add_done_callback(functools.partial(self._done, swarm_id))
 
     def _done(self, swarm_id: str, task: asyncio.Task[None]) -> None:
         entry = self.runners.get(swarm_id)
@@ -162,8 +180,12 @@ class Engine:
     async def _heartbeat_loop(self) -> None:
         # often enough that a cancel flagged by another process lands within a second
         interval = min(self.settings.lease_seconds / 3, 0.5)
-        while not self._stopping.is_set():
-            await asyncio.sleep(interval)
+        # runs on through a shutdown's grace period: draining swarms keep their leases
+        while not self._halt.is_set():
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._halt.wait(), interval)
+            if self._halt.is_set():
+                return
             if not self.runners:
                 continue
             epochs = {sid: r.epoch for sid, (r, _) in self.runners.items()}

@@ -75,7 +75,8 @@ class StateWriter:
         while True:
             try:
                 async with self._sessions() as session, session.begin():
-                    fenced = await apply_writes(session, self._owner, writes)
+                    fenced = await apply_writes(session, self._owner, writes,
+                                                lease_s=self._retry_for_s)
                 break
             except (OperationalError, DBAPIError, OSError) as exc:
                 # the database is restarting or unreachable: keep the batch, retry until the

@@ -1,0 +1,295 @@
+"""Durability with real processes on real PostgreSQL (SPEC §4 "Durable", "Takeover is fenced"):
+a worker is killed at each crash point, killed from outside mid-call, paused past its lease,
+and the database is restarted under it; another worker takes over and the outcome is exact."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from app.db import queries
+from app.db.session import make_engine, make_session_factory
+from tests.conftest import PG_URL
+from tests.procs import (
+    Db,
+    agent,
+    assert_durable_outcome,
+    cluster,
+    owner_pid,
+    pg_dsn,
+    post_swarm,
+    sim_stats,
+    throwaway_db,
+    until,
+    wait_terminal,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
+
+CHAIN = {"task": "durability under crashes",
+         "agents": [agent("a"), agent("b", depends_on=["a"]), agent("c", depends_on=["b"])],
+         "max_tokens": 100}
+
+
+@pytest.fixture
+def db_url() -> Iterator[str]:
+    with throwaway_db() as url:
+        yield url
+
+
+async def subtask_status(db: Db, swarm_id: str) -> dict[str, str]:
+    return {n: s["status"] for n, s in (await db.subtasks(swarm_id)).items()}
+
+
+@pytest.mark.parametrize("point", ["before_call", "after_response", "after_commit"])
+async def test_kill_at_crash_point_then_takeover(db_url: str, tmp_path: Path, point: str) -> None:
+    db = Db(db_url)
+    async with cluster(db_url, tmp_path) as c:
+        sim = await c.simulator(latency_ms=20)
+        api, a = await asyncio.gather(c.api(), c.worker("worker_a", SWARM_CRASH_AT=f"{point}:b"))
+        swarm_id = (await post_swarm(api, CHAIN))["id"]
+        assert await a.wait_exit(20) == -signal.SIGKILL, a.log()
+
+        # the process died exactly where it was told to
+        status = await subtask_status(db, swarm_id)
+        b_ok = (await sim_stats(sim))["by_key"].get(f"{swarm_id}:b:1", {}).get("ok", 0)
+        assert status["a"] == "succeeded" and status["c"] == "pending", status
+        if point == "before_call":
+            assert b_ok == 0 and status["b"] in ("pending", "running")
+        elif point == "after_response":
+            assert b_ok == 1 and status["b"] in ("pending", "running")
+        else:
+            assert b_ok == 1 and status["b"] == "succeeded"
+        assert owner_pid(await db.lease_owner(swarm_id)) == a.pid
+
+        b = await c.worker("worker_b")
+        await wait_terminal(api, swarm_id, timeout=30)
+        row = await db.swarm(swarm_id)
+        assert owner_pid(row["lease_owner"]) == b.pid
+        assert row["rescues"] == 1
+        # the response-before-commit window: that one answer is asked for again, with the
+        # same Idempotency-Key (a deduplicating gateway would answer it from its cache)
+        await assert_durable_outcome(db, api, sim, swarm_id,
+                                     {"b": 2} if point == "after_response" else None)
+
+
+async def test_external_kill_while_calls_are_in_flight(db_url: str, tmp_path: Path) -> None:
+    db = Db(db_url)
+    slow = "[[sim latency_ms=1500]]"
+    body = {"task": "killed mid-call", "max_tokens": 100,
+            "agents": [agent("p1", slow), agent("p2", slow), agent("p3", slow),
+                       agent("after", depends_on=["p1", "p2", "p3"])]}
+    async with cluster(db_url, tmp_path) as c:
+        sim = await c.simulator(latency_ms=20)
+        api, a = await asyncio.gather(c.api(), c.worker("worker_a"))
+        swarm_id = (await post_swarm(api, body))["id"]
+
+        async def three_in_flight() -> bool:
+            return (await sim_stats(sim))["in_flight"] == 3
+
+        await until(three_in_flight, 15, "three calls in flight")
+        a.send(signal.SIGKILL)
+        assert await a.wait_exit(5) == -signal.SIGKILL
+        assert set((await subtask_status(db, swarm_id)).values()) <= {"pending", "running"}
+
+        b = await c.worker("worker_b")
+        await wait_terminal(api, swarm_id, timeout=30)
+        assert owner_pid(await db.lease_owner(swarm_id)) == b.pid
+        # the calls cut off by the kill were sent again; the gateway answered each once
+        # (it saw the dead client go away and never finished those answers)
+        stats = (await sim_stats(sim))["by_key"]
+        assert [stats[f"{swarm_id}:p{i}:1"]["calls"] for i in (1, 2, 3)] == [2, 2, 2]
+        await assert_durable_outcome(db, api, sim, swarm_id)
+
+
+async def test_crash_loop_fails_internal(db_url: str, tmp_path: Path) -> None:
+    db = Db(db_url)
+    crash = {"SWARM_CRASH_AT": "before_call:a", "SWARM_MAX_RESCUES": "1"}
+    async with cluster(db_url, tmp_path, **crash) as c:
+        sim = await c.simulator(latency_ms=20)
+        api, first = await asyncio.gather(c.api(), c.worker("worker_1"))
+        swarm_id = (await post_swarm(api, CHAIN))["id"]
+        assert await first.wait_exit(20) == -signal.SIGKILL
+        # two more workers with the same fault: one takes it over and dies too, the next one
+        # sees more takeovers than SWARM_MAX_RESCUES and fails the swarm instead of calling
+        second, third = await asyncio.gather(c.worker("worker_2"), c.worker("worker_3"))
+        data = await wait_terminal(api, swarm_id, timeout=30)
+        assert data["status"] == "failed"
+        assert data["error"]["code"] == "internal", data["error"]
+        assert (await db.swarm(swarm_id))["rescues"] == 2
+        assert [second.alive, third.alive].count(True) == 1  # exactly one more crash
+        assert f"{swarm_id}:a:1" not in (await sim_stats(sim))["by_key"]  # never called
+        events = await db.events(swarm_id)
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        assert events[-1]["type"] == "swarm.completed"
+        assert events[-1]["data"]["status"] == "failed"
+
+
+async def test_paused_worker_is_fenced_after_takeover(db_url: str, tmp_path: Path) -> None:
+    """SIGSTOP a worker past its lease; another takes over; SIGCONT while the other still runs
+    the swarm: the paused one commits nothing and says it lost the lease.
+
+    The answers to the paused worker's two calls wait in its sockets: 500s, whose ledger and
+    subtask rows go out in one write with no event (so no event key collides to save the day:
+    only the fence stops them). Let through, they would duplicate B's ledger rows (same
+    Idempotency-Key, same attempt number) and roll the swarm's totals back."""
+    db = Db(db_url)
+    fail_once = "[[sim latency_ms=1500 fail=500 times=1 retry_after_ms=5000]]"
+    body = {"task": "paused worker", "max_tokens": 100,
+            "agents": [agent("s1", fail_once), agent("s2", fail_once),
+                       agent("late", "[[sim latency_ms=2500]]", depends_on=["s1", "s2"])]}
+    async with cluster(db_url, tmp_path) as c:
+        sim = await c.simulator(latency_ms=20)
+        api, a = await asyncio.gather(c.api(), c.worker("worker_a"))
+        swarm_id = (await post_swarm(api, body))["id"]
+
+        async def two_in_flight() -> bool:
+            return (await sim_stats(sim))["in_flight"] == 2
+
+        await until(two_in_flight, 15, "two calls in flight")
+        a.send(signal.SIGSTOP)
+        epoch_a = (await db.swarm(swarm_id))["lease_epoch"]
+        b = await c.worker("worker_b")
+
+        async def b_runs_late() -> bool:
+            row = await db.swarm(swarm_id)
+            subs = await subtask_status(db, swarm_id)
+            return owner_pid(row["lease_owner"]) == b.pid and subs["late"] == "running"
+
+        # the lease runs out; if A was paused inside a transaction, PostgreSQL ends that
+        # transaction after one lease (it would otherwise keep the row locked from claims)
+        await until(b_runs_late, 20, "worker B to take over and run `late`")
+        assert (await db.swarm(swarm_id))["lease_epoch"] == epoch_a + 1
+        a.send(signal.SIGCONT)
+        await a.wait_log("lease lost", timeout=10)
+        await wait_terminal(api, swarm_id, timeout=30)
+        assert a.alive, "the fenced worker must survive"
+        row = await db.swarm(swarm_id)
+        assert owner_pid(row["lease_owner"]) == b.pid and row["lease_epoch"] == epoch_a + 1
+        await assert_durable_outcome(db, api, sim, swarm_id)
+        ledger = [(r["subtask_name"], r["attempt"], r["outcome"])
+                  for r in await db.ledger(swarm_id)]
+        assert sorted(ledger) == [(n, 1, "ok") for n in ("@synthesizer", "late", "s1", "s2")]
+        stats = (await sim_stats(sim))["by_key"]
+        assert [stats[f"{swarm_id}:{n}:1"]["calls"] for n in ("s1", "s2")] == [2, 2]
+
+
+@pytest.mark.parametrize("step", ["claim", "heartbeat", "group_commit"])
+async def test_a_paused_transaction_cannot_keep_a_swarm_locked(db_url: str, tmp_path: Path,
+                                                              step: str) -> None:
+    """A process paused inside one of the engine's transactions holds the swarm's row lock,
+    and claims skip locked rows; PostgreSQL ends such a transaction after one lease, so the
+    swarm can be taken over (the paused process' commit then fails)."""
+    lease = 0.5
+    async with cluster(db_url, tmp_path) as c:
+        swarm_id = (await post_swarm(await c.api(), CHAIN))["id"]
+    engine = make_engine(db_url)
+    sessions = make_session_factory(engine)
+    paused = sessions()
+    try:
+        async with sessions() as session, session.begin():
+            (claim,) = await queries.claim_swarms(session, "paused", lease, 1)
+        async with sessions() as session:
+            swarm, _ = (await queries.load_swarms_for_run(session, [swarm_id]))[swarm_id]
+        await paused.begin()
+        if step == "claim":
+            await paused.execute(text("UPDATE swarms SET lease_expires_at = now()"))
+            await paused.commit()
+            await paused.begin()
+            assert await queries.claim_swarms(paused, "paused", lease, 1)
+        elif step == "heartbeat":
+            assert await queries.extend_leases(paused, "paused", {swarm_id: claim.epoch}, lease)
+        else:
+            write = queries.SwarmWrite(swarm_id, claim.epoch, {
+                col: getattr(swarm, col) for col in queries.SWARM_STATE_COLUMNS})
+            assert await queries.apply_writes(paused, "paused", [write], lease_s=lease) == set()
+        locked = "SELECT id FROM swarms WHERE id = $1 FOR UPDATE NOWAIT"
+        with pytest.raises(asyncpg.LockNotAvailableError):
+            await Db(db_url).fetch(locked, swarm_id)  # held while the transaction lives
+
+        async def unlocked() -> bool:
+            with contextlib.suppress(asyncpg.LockNotAvailableError):
+                return bool(await Db(db_url).fetch(locked, swarm_id))
+            return False
+
+        await until(unlocked, lease + 5, "PostgreSQL to end the idle transaction")
+        with pytest.raises(DBAPIError):
+            await paused.commit()
+    finally:
+        with contextlib.suppress(Exception):
+            await paused.close()
+        await engine.dispose()
+
+
+def _pg_version() -> str:
+    return sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
+
+
+def _pg_ctl(action: str) -> None:
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", _pg_version(), "main",
+                    action], check=True, capture_output=True, timeout=60)
+
+
+async def _pg_up() -> bool:
+    try:
+        conn = await asyncpg.connect(pg_dsn(PG_URL), timeout=2)
+    except (OSError, asyncpg.PostgresError):
+        return False
+    await conn.close()
+    return True
+
+
+LOCAL_PG = Path("/etc/postgresql").is_dir() and PG_URL.split("@")[-1].split("/")[0] in (
+    "127.0.0.1:5432", "localhost:5432")
+
+
+@pytest.mark.skipif(not LOCAL_PG, reason="restarts the local PostgreSQL cluster")
+@pytest.mark.parametrize("outage", ["restart", "down_longer_than_the_lease"])
+async def test_database_restart_during_a_run(db_url: str, tmp_path: Path, outage: str) -> None:
+    """PostgreSQL goes away under a running swarm: restarted (about a second), or stopped for
+    twice the lease. The worker rides it out: it keeps (or takes back) its own swarm without a
+    takeover of itself, nothing runs twice, the swarm succeeds."""
+    db = Db(db_url)
+    step = "[[sim latency_ms=600]]"
+    # b's call is in flight through the whole outage; a and d are done before it starts
+    body = {"task": "database restart", "max_tokens": 100,
+            "agents": [agent("a", step), agent("d", step),
+                       agent("b", "[[sim latency_ms=7000]]", depends_on=["a", "d"]),
+                       agent("c", step, depends_on=["b"])]}
+    try:
+        async with cluster(db_url, tmp_path) as c:
+            sim = await c.simulator(latency_ms=20)
+            api, worker = await asyncio.gather(c.api(), c.worker("worker"))
+            swarm_id = (await post_swarm(api, body))["id"]
+
+            async def b_running() -> bool:
+                return (await subtask_status(db, swarm_id))["b"] == "running"
+
+            await until(b_running, 15, "b to run")
+            if outage == "restart":
+                await asyncio.to_thread(_pg_ctl, "restart")
+            else:
+                await asyncio.to_thread(_pg_ctl, "stop")
+                await asyncio.sleep(4)  # the lease (2 s) runs out while nobody can see it
+                await asyncio.to_thread(_pg_ctl, "start")
+            await until(_pg_up, 30, "PostgreSQL to accept connections")
+            data = await wait_terminal(api, swarm_id, timeout=40)
+            assert data["status"] == "succeeded", data["error"]
+            assert worker.alive
+            row = await db.swarm(swarm_id)
+            assert owner_pid(row["lease_owner"]) == worker.pid
+            assert (row["lease_epoch"], row["rescues"]) == (1, 0)  # never taken over
+            await assert_durable_outcome(db, api, sim, swarm_id)
+    finally:
+        if not await _pg_up():
+            await asyncio.to_thread(_pg_ctl, "start")
+            await until(_pg_up, 30, "PostgreSQL to come back")

@@ -1,0 +1,75 @@
+"""Idempotency-Key against real API processes on PostgreSQL (SPEC §3): identical requests that
+arrive together, at one replica or at two, create exactly one swarm."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.procs import Db, agent, cluster, throwaway_db
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
+N = 20
+BODY = {"task": "exactly once", "agents": [agent("a"), agent("b")]}
+
+
+@pytest.fixture
+def db_url() -> Iterator[str]:
+    with throwaway_db() as url:
+        yield url
+
+
+async def burst(client: httpx.AsyncClient, apis: list[str], key: str,
+                body: dict[str, Any]) -> list[httpx.Response]:
+    """N identical POSTs sent at once (connections opened beforehand)."""
+    go = asyncio.Event()
+
+    async def one(i: int) -> httpx.Response:
+        await go.wait()
+        return await client.post(f"{apis[i % len(apis)]}/swarms", json=body,
+                                 headers={"Idempotency-Key": key})
+
+    tasks = [asyncio.create_task(one(i)) for i in range(N)]
+    await asyncio.sleep(0)
+    go.set()
+    return list(await asyncio.gather(*tasks))
+
+
+async def test_concurrent_identical_posts_create_one_swarm(db_url: str, tmp_path: Path) -> None:
+    db = Db(db_url)
+    async with cluster(db_url, tmp_path) as c:
+        apis = list(await asyncio.gather(c.api("api_1"), c.api("api_2")))
+        limits = httpx.Limits(max_connections=2 * N, max_keepalive_connections=2 * N)
+        async with httpx.AsyncClient(timeout=20, limits=limits) as client:
+            # open the connections first, so that the POSTs really arrive together
+            await asyncio.gather(*(client.get(f"{apis[i % 2]}/healthz") for i in range(2 * N)))
+            rounds = [([apis[0]], f"one-replica-{uuid.uuid4()}")]
+            rounds += [(apis, f"two-replicas-{i}-{uuid.uuid4()}") for i in range(4)]
+            for targets, key in rounds:
+                responses = await burst(client, targets, key, BODY)
+                assert {r.status_code for r in responses} == {202}, [r.text for r in responses]
+                ids = {r.json()["id"] for r in responses}
+                assert len(ids) == 1, ids
+                assert {r.headers["location"] for r in responses} == {f"/swarms/{ids.pop()}"}
+                rows = await db.fetch("SELECT id FROM swarms WHERE idempotency_key = $1", key)
+                assert len(rows) == 1
+
+            # every burst made one swarm with one set of subtasks
+            assert len(await db.fetch("SELECT id FROM swarms")) == len(rounds)
+            subtasks = await db.fetch("SELECT swarm_id, count(*) FROM subtasks GROUP BY swarm_id")
+            assert sorted(r["count"] for r in subtasks) == [3] * len(rounds)  # a, b, synthesizer
+
+            # the same key with another body is refused, on either replica
+            key = rounds[-1][1]
+            other = {**BODY, "task": "something else"}
+            for api in apis:
+                r = await client.post(f"{api}/swarms", json=other,
+                                      headers={"Idempotency-Key": key})
+                assert r.status_code == 422, r.text
+                assert r.json()["error"]["code"] == "idempotency_key_reused"

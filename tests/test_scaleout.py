@@ -1,0 +1,170 @@
+"""Scale-out with real processes on PostgreSQL: several workers and API replicas share one
+database and run every swarm exactly once; a worker stopped with SIGTERM hands its swarm over
+at once."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.procs import (
+    Db,
+    agent,
+    assert_durable_outcome,
+    cluster,
+    owner_pid,
+    post_swarm,
+    sim_stats,
+    throwaway_db,
+    until,
+    wait_terminal,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(150)]
+
+
+@pytest.fixture
+def db_url() -> Iterator[str]:
+    with throwaway_db() as url:
+        yield url
+
+
+async def test_four_workers_two_apis_run_200_swarms_once_each(db_url: str,
+                                                              tmp_path: Path) -> None:
+    db = Db(db_url)
+    n_swarms, names = 200, ["x", "y", "z", "@synthesizer"]
+    body = {"task": "scale out", "max_tokens": 60,
+            "agents": [agent("x"), agent("y"), agent("z")]}
+    # leases long enough that a busy 2-core machine never lets one expire: every claim here
+    # must be the first and only one of its swarm
+    async with cluster(db_url, tmp_path, SWARM_LEASE_SECONDS="10") as c:
+        sim = await c.simulator(latency_ms=50)
+        started = await asyncio.gather(c.api("api_1"), c.api("api_2"),
+                                       *(c.worker(f"worker_{i}") for i in range(1, 5)))
+        apis = [u for u in started if isinstance(u, str)]
+        worker_pids = {p.pid for p in c.procs if p.name.startswith("worker_")}
+
+        gate = asyncio.Semaphore(32)
+
+        async def create(i: int) -> str:
+            async with gate:
+                return str((await post_swarm(apis[i % 2], body))["id"])
+
+        t0 = time.monotonic()
+        ids = await asyncio.gather(*(create(i) for i in range(n_swarms)))
+        assert len(set(ids)) == n_swarms
+
+        async def all_terminal() -> bool:
+            rows = await db.fetch("SELECT count(*) FROM swarms WHERE status IN "
+                                  "('succeeded', 'failed', 'cancelled')")
+            return int(rows[0][0]) == n_swarms
+
+        await until(all_terminal, 90, f"{n_swarms} swarms to finish", every=0.2)
+        wall = time.monotonic() - t0
+
+        swarms = await db.fetch("SELECT id, status, lease_owner, lease_epoch, rescues, "
+                                "event_seq FROM swarms")
+        assert {r["status"] for r in swarms} == {"succeeded"}
+        assert {(r["lease_epoch"], r["rescues"]) for r in swarms} == {(1, 0)}, "claimed twice"
+        owners = {owner_pid(r["lease_owner"]) for r in swarms}
+        assert owners <= worker_pids and len(owners) >= 2, owners
+
+        # every logical call answered once, asked once: no subtask ran twice
+        by_key = (await sim_stats(sim))["by_key"]
+        counts = {(by_key.get(f"{i}:{n}:1") or {}).get("ok", 0) for i in ids for n in names}
+        calls = {(by_key.get(f"{i}:{n}:1") or {}).get("calls", 0) for i in ids for n in names}
+        assert counts == {1} and calls == {1}, (counts, calls)
+        assert len(by_key) == n_swarms * len(names)
+
+        subs = await db.fetch("SELECT status, count(*) FROM subtasks GROUP BY status")
+        assert {r["status"]: r["count"] for r in subs} == {"succeeded": n_swarms * len(names)}
+        ledger = await db.fetch("SELECT idempotency_key, attempt, outcome FROM gateway_calls")
+        assert len(ledger) == n_swarms * len(names)
+        assert len({(r["idempotency_key"], r["attempt"]) for r in ledger}) == len(ledger)
+        assert {r["outcome"] for r in ledger} == {"ok"}
+        bad_events = await db.fetch("""
+            SELECT s.id FROM swarms s JOIN events e ON e.swarm_id = s.id
+            GROUP BY s.id, s.event_seq
+            HAVING min(e.seq) <> 1 OR max(e.seq) <> count(*) OR max(e.seq) <> s.event_seq
+                OR count(*) FILTER (WHERE e.type = 'swarm.completed') <> 1""")
+        assert not bad_events
+        print(f"{n_swarms} swarms on 4 workers + 2 APIs in {wall:.1f}s")
+
+
+async def test_sigterm_drains_releases_and_hands_over_at_once(db_url: str,
+                                                              tmp_path: Path) -> None:
+    """SIGTERM: in-flight calls finish and commit within the grace period, the lease is
+    released (not left to expire), and an idle worker is woken and continues at once."""
+    db = Db(db_url)
+    grace, lease = 8.0, 10.0
+    slow = "[[sim latency_ms=5000]]"  # still in flight once worker B is up
+    body = {"task": "graceful handover", "max_tokens": 100,
+            "agents": [agent("s1", slow), agent("s2", slow), agent("s3", slow),
+                       agent("after", depends_on=["s1", "s2", "s3"])]}
+    async with cluster(db_url, tmp_path, SWARM_SHUTDOWN_GRACE_S=str(grace),
+                       SWARM_LEASE_SECONDS=str(lease)) as c:
+        sim = await c.simulator(latency_ms=20)
+        api, a = await asyncio.gather(c.api(), c.worker("worker_a"))
+        swarm_id = (await post_swarm(api, body))["id"]
+
+        async def three_in_flight() -> bool:
+            return (await sim_stats(sim))["in_flight"] == 3
+
+        await until(three_in_flight, 15, "three calls in flight")
+        assert owner_pid(await db.lease_owner(swarm_id)) == a.pid
+        # B starts after the swarm's NOTIFY and polls only every 60 s: the only thing that
+        # can wake it in time is the NOTIFY of the released lease
+        listening = await db.listening()
+        b = await c.worker("worker_b", SWARM_POLL_INTERVAL_S="60")
+
+        async def b_listens() -> bool:
+            return await db.listening() > listening
+
+        await until(b_listens, 10, "worker B to LISTEN")
+        b.send(signal.SIGSTOP)  # so that the released lease can be seen before B claims it
+        assert await three_in_flight(), "the calls ended before SIGTERM: machine too slow?"
+
+        t_term = time.monotonic()
+        a.send(signal.SIGTERM)
+        assert await a.wait_exit(grace + 3) == 0, a.log()
+        t_exit = time.monotonic()
+        assert t_exit - t_term < grace + 1.5
+        assert "released 1 unfinished swarms" in a.log()
+        row = await db.swarm(swarm_id)
+        assert row["lease_owner"] is None and row["lease_expires_at"] is None
+        status = {n: s["status"] for n, s in (await db.subtasks(swarm_id)).items()}
+        # the calls in flight finished during the grace and were committed; nothing new began
+        assert [status[n] for n in ("s1", "s2", "s3")] == ["succeeded"] * 3, status
+        assert status["after"] == "pending", status
+
+        b.send(signal.SIGCONT)
+
+        async def b_owns() -> bool:
+            return owner_pid(await db.lease_owner(swarm_id)) == b.pid
+
+        await until(b_owns, 3, "worker B to claim the released swarm", every=0.02)
+        assert time.monotonic() - t_exit < lease / 2  # long before the lease would run out
+        await wait_terminal(api, swarm_id, timeout=20)
+        row = await db.swarm(swarm_id)
+        assert (row["lease_epoch"], row["rescues"]) == (2, 0)  # a hand-over, not a rescue
+        # s1..s3 were not called again by B
+        await assert_durable_outcome(db, api, sim, swarm_id)
+
+
+async def test_api_replicas_agree_while_workers_run(db_url: str, tmp_path: Path) -> None:
+    """Both API replicas answer for a swarm neither of them runs."""
+    async with cluster(db_url, tmp_path) as c:
+        await c.simulator(latency_ms=20)
+        api_1, api_2, _ = await asyncio.gather(c.api("api_1"), c.api("api_2"),
+                                               c.worker("worker"))
+        swarm_id = (await post_swarm(api_1, {"task": "t", "agents": [agent("a")]}))["id"]
+        done = await wait_terminal(api_2, swarm_id)
+        async with httpx.AsyncClient() as client:
+            other = (await client.get(f"{api_1}/swarms/{swarm_id}")).json()
+        assert done["status"] == "succeeded" and other == done
