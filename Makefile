@@ -32,7 +32,9 @@ test: lint
 	$(BIN)/pytest
 
 bench: $(VENV)/.installed-test
-	$(BIN)/python bench/bench_fanout.py
+	$(BIN)/python -m bench.bench_fanout
+	$(BIN)/python -m bench.bench_planning
+	$(BIN)/python bench/bench_gateway_pool.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache swarm.db swarm.db-*

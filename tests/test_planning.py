@@ -190,3 +190,16 @@ async def test_compress_always_compresses_even_what_fits(small: Harness) -> None
     data = await small.run(fanin(1, compress="always", tokens=60))
     assert [s["name"] for s in data["subtasks"] if s["kind"] == "compressor"] == [
         "@compress.d0"]
+
+
+async def test_synthesis_inputs_are_compressed_too(small: Harness) -> None:
+    body = fanin(3)
+    body["agents"] = body["agents"][:3]  # no sink: the synthesizer takes all three
+    body["synthesis"] = {"strategy": "synthesize", "compress": "auto", "max_tokens": 100}
+    data = await small.run(body)
+    assert data["status"] == "succeeded", data["error"]
+    names = sorted(s["name"] for s in data["subtasks"] if s["kind"] == "compressor")
+    assert names == ["@compress.d0", "@compress.d1", "@compress.d2"]
+    user = (await small.stats())["by_key"][f"{data['id']}:@synthesizer:1"]["last_messages"][
+        -1]["content"]
+    assert user.count("(compressed)") == 3

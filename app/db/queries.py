@@ -20,7 +20,10 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.sql import Executable, Insert
 
 from app.db.notify import CANCEL, CHANGED, QUEUED, notify
 from app.db.tables import Event, GatewayCall, Subtask, Swarm, Webhook
@@ -174,7 +177,10 @@ async def request_cancel(session: AsyncSession, swarm: Swarm) -> bool:
     now = await db_now(session)
     res = await session.execute(
         update(Swarm)
-        .where(Swarm.id == swarm.id, Swarm.status == SwarmStatus.queued)
+        # only when no process holds it: an owner's runner may be about to start it, and a
+        # cancel here would not fence its writes (it learns of the flag instead)
+        .where(Swarm.id == swarm.id, Swarm.status == SwarmStatus.queued,
+               or_(Swarm.lease_owner.is_(None), Swarm.lease_expires_at < now))
         .values(status=SwarmStatus.cancelled, finished_at=now, cancel_requested=True,
                 event_seq=Swarm.event_seq + 1)
         .returning(Swarm.event_seq)
@@ -419,17 +425,24 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
     conn = await session.connection()
     await conn.execute(_SWARM_UPDATE, list(latest.values()))
     if inserts:
-        await conn.execute(_SUBTASK_INSERT, inserts)
+        await conn.execute(_ignoring_duplicates(conn, _SUBTASK_INSERT), inserts)
     if subtasks:
         await conn.execute(_SUBTASK_UPDATE, subtasks)
     if ledger:
-        await conn.execute(_LEDGER_INSERT, ledger)
+        await conn.execute(_ignoring_duplicates(conn, _LEDGER_INSERT), ledger)
     if events:
-        await conn.execute(_EVENT_INSERT, events)
+        await conn.execute(_ignoring_duplicates(conn, _EVENT_INSERT), events)
     if hooks:
-        await conn.execute(_WEBHOOK_INSERT, hooks)
+        await conn.execute(_ignoring_duplicates(conn, _WEBHOOK_INSERT), hooks)
     await notify(session, CHANGED, list(latest))
     return fenced
+
+
+def _ignoring_duplicates(conn: AsyncConnection, stmt: Insert) -> Executable:
+    """INSERT … ON CONFLICT DO NOTHING: a batch retried after a lost COMMIT outcome inserts
+    nothing twice (ledger rows are unique by (idempotency_key, attempt), events by seq)."""
+    dialect = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    return dialect(stmt.table).on_conflict_do_nothing()
 
 
 def _update_by_key(table: Table, key: Sequence[str], columns: Sequence[str]) -> Update:

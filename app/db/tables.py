@@ -132,6 +132,8 @@ class GatewayCall(Base):
     __table_args__ = (
         Index("ix_gateway_calls_swarm", "swarm_id"),
         Index("ix_gateway_calls_tenant_created", "tenant", "created_at"),
+        # one row per attempt of a logical call, even across retried commits and takeovers
+        UniqueConstraint("idempotency_key", "attempt", name="uq_gateway_calls_key_attempt"),
     )
 
 

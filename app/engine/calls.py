@@ -61,9 +61,14 @@ class CallMeter:
         self.sub.attempts += 1
 
     async def after(self, rec: AttemptRecord) -> None:
-        row = self._bill(rec)
+        u = rec.usage
+        cost = self.runner.ctx.prices[self.sub.model].cost(u.prompt_tokens, u.completion_tokens,
+                                                           u.cached_tokens)
         if self._daily is not None and self._held_daily:
-            await self._daily.settle(self._held_daily.pop(), row["cost_usd"])
+            # the awaited write comes first: once the swarm's totals include this cost, no
+            # other commit may run before its ledger row is queued, or totals and ledger differ
+            await self._daily.settle(self._held_daily.pop(), cost)
+        row = self._bill(rec, cost)
         self._last_outcome = rec.outcome
         if rec.outcome == "ok":
             self.ok_rows.append(row)
@@ -79,10 +84,10 @@ class CallMeter:
             await asyncio.shield(_settle_zero(self._daily, list(self._held_daily)))
             self._held_daily.clear()
 
-    def _bill(self, rec: AttemptRecord) -> Row:
+    def _bill(self, rec: AttemptRecord, cost: Decimal) -> Row:
+        """Settle the swarm budget, add to subtask and swarm totals, and make the ledger row
+        (synchronous: nothing can commit between the totals and the row's queueing)."""
         runner, sub, u = self.runner, self.sub, rec.usage
-        cost = runner.ctx.prices[sub.model].cost(u.prompt_tokens, u.completion_tokens,
-                                                 u.cached_tokens)
         if self._held:
             runner.budget.settle(self._held.pop(), cost)
         else:

@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app import metrics
@@ -35,6 +36,19 @@ if TYPE_CHECKING:
 COMPRESSOR_SYSTEM = ("You compress the result of another agent. Keep every fact, number, name, "
                      "decision and open question; drop repetition and filler.")
 CONTEXT_MARGIN_TOKENS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """One result fed to a subtask, possibly replaced by its compressor's output."""
+
+    name: str
+    text: str
+    compressed: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} (compressed)" if self.compressed else self.name
 
 
 def error(code: str, message: str, **details: Any) -> dict[str, Any]:
@@ -225,17 +239,17 @@ class SubtaskExecutor:
 
     # ---- inputs and compression --------------------------------------------------------
 
-    def _messages(self, sub: Subtask, inputs: list[tuple[str, str]]) -> list[dict[str, str]]:
+    def _messages(self, sub: Subtask, inputs: list[Input]) -> list[dict[str, str]]:
         room = fit_chars(self._room_tokens(sub))
         if sub.kind == SubtaskKind.synthesizer:
             results = {r.name: r for r in self.r.worker_results()}
-            fitted = [WorkerResult(name, text, results[name].weight, results[name].truncated)
-                      for name, text in inputs]
+            fitted = [WorkerResult(i.label, i.text, results[i.name].weight,
+                                   results[i.name].truncated) for i in inputs]
             missing = [n for n in self.r.worker_names() if n not in results]
             user = synthesis_prompt(self.r.swarm.task, fitted, missing, room)
             system = sub.system_prompt or SYNTHESIZER_SYSTEM
         else:
-            user = with_dependencies(sub.prompt, inputs, room)
+            user = with_dependencies(sub.prompt, [(i.label, i.text) for i in inputs], room)
             system = sub.system_prompt
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": user})
@@ -246,30 +260,29 @@ class SubtaskExecutor:
         frame = approx_tokens(sub.system_prompt) + approx_tokens(sub.prompt or self.r.swarm.task)
         return max(window - sub.max_tokens - frame - CONTEXT_MARGIN_TOKENS, 0)
 
-    async def _inputs(self, sub: Subtask) -> list[tuple[str, str]]:
+    async def _inputs(self, sub: Subtask) -> list[Input]:
         """Dependency outputs (or, for the synthesizer, every result) fitted to the window:
         oversized ones compressed by a compressor subtask unless `compress` is `never`."""
         if sub.kind == SubtaskKind.synthesizer:
-            pairs = [(r.name, r.output) for r in self.r.worker_results()]
+            given = [Input(r.name, r.output) for r in self.r.worker_results()]
         elif sub.kind == SubtaskKind.worker:
-            pairs = [(d, self.r.subs[d].output or "") for d in self.r.deps[sub.name]]
+            given = [Input(d, self.r.subs[d].output or "") for d in self.r.deps[sub.name]]
         else:
             return []
         mode = self.r.spec["synthesis"].get("compress", "auto")
-        sizes = [approx_tokens(text) for _, text in pairs]
+        sizes = [approx_tokens(i.text) for i in given]
         room = self._room_tokens(sub)
-        if not pairs or mode == "never" or (mode == "auto" and sum(sizes) <= room):
-            return pairs
+        if not given or mode == "never" or (mode == "auto" and sum(sizes) <= room):
+            return given
         shares = fair_shares(sizes, room)
-        targets = [i for i in range(len(pairs)) if mode == "always" or sizes[i] > shares[i]]
+        targets = [k for k in range(len(given)) if mode == "always" or sizes[k] > shares[k]]
         outputs = await asyncio.gather(*(
-            self._compressed(pairs[i][0], pairs[i][1], max(min(shares[i], sizes[i]), 16))
-            for i in targets))
-        fitted = list(pairs)
-        for i, out in zip(targets, outputs, strict=True):
+            self._compressed(given[k].name, given[k].text, max(min(shares[k], sizes[k]), 16))
+            for k in targets))
+        for k, out in zip(targets, outputs, strict=True):
             if out is not None:
-                fitted[i] = (f"{pairs[i][0]} (compressed)", out)
-        return fitted
+                given[k] = Input(given[k].name, out, compressed=True)
+        return given
 
     def _compressed(self, name: str, text: str, target: int) -> asyncio.Task[str | None]:
         """One compressor per input, shared by every dependent that needs it."""

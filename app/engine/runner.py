@@ -146,6 +146,8 @@ class SwarmRunner:
                 "internal", f"taken over {self.rescues} times: crash loop", rescues=self.rescues))
             return
         await self._start()
+        if self.swarm.cancel_requested:  # flagged before this process took the swarm
+            self.request_cancel()
         for phase in (self._plan, self._run_workers, self._synthesize):
             if self._stop.is_set():
                 break
@@ -202,7 +204,8 @@ class SwarmRunner:
                 self._skip([synth.name], "no worker succeeded")
                 return
             if synth.status != SubtaskStatus.succeeded:
-                self.commit_soon(events=[self._set_status(SwarmStatus.synthesizing)])
+                if self.swarm.status != SwarmStatus.synthesizing:  # not after a takeover
+                    self.commit_soon(events=[self._set_status(SwarmStatus.synthesizing)])
                 await self._run_phase([synth.name])
             if synth.status == SubtaskStatus.succeeded:
                 self.swarm.result = synth.output

@@ -14,6 +14,7 @@ from contextlib import suppress
 from app.config import Settings
 from app.db import queries
 from app.db.notify import CANCEL, QUEUED
+from app.db.retry import database_unavailable
 from app.db.session import SessionFactory
 from app.db.tables import Subtask, Swarm
 from app.engine.budget import SharedCap
@@ -128,8 +129,8 @@ class Engine:
         while not self._stopping.is_set():
             try:
                 await self._claim_some()
-            except Exception:
-                log.exception("claiming failed; retrying")
+            except Exception as exc:
+                _log_failure("claiming", exc)
             with suppress(TimeoutError):
                 poll = self.settings.poll_interval_s * (0.5 + random.random())
                 await asyncio.wait_for(self._wake.wait(), poll)
@@ -193,8 +194,8 @@ class Engine:
                 async with self.sessions() as session, session.begin():
                     held = await queries.extend_leases(
                         session, self.owner, epochs, self.settings.lease_seconds)
-            except Exception:
-                log.exception("heartbeat failed")
+            except Exception as exc:
+                _log_failure("heartbeat", exc)
                 continue
             for sid in epochs:
                 entry = self.runners.get(sid)
@@ -205,3 +206,11 @@ class Engine:
                     entry[1].cancel()
                 elif held[sid]:
                     entry[0].request_cancel()
+
+
+def _log_failure(what: str, exc: Exception) -> None:
+    """An outage is one line per attempt; anything else keeps its traceback."""
+    if database_unavailable(exc):
+        log.warning("%s: database unavailable (%s); retrying", what, type(exc).__name__)
+    else:
+        log.error("%s failed; retrying", what, exc_info=exc)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable
 
-from sqlalchemy.exc import DBAPIError, OperationalError
-
 from app.db.queries import LeaseLost, SwarmWrite, apply_writes
+from app.db.retry import database_unavailable, in_transaction
 from app.db.session import SessionFactory
 
 log = logging.getLogger(__name__)
@@ -69,27 +67,22 @@ class StateWriter:
 
     async def _commit(self, batch: list[Pending]) -> None:
         writes = [w for w, _ in batch]
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + self._retry_for_s
-        delay = 0.05
-        while True:
-            try:
-                async with self._sessions() as session, session.begin():
-                    fenced = await apply_writes(session, self._owner, writes,
-                                                lease_s=self._retry_for_s)
-                break
-            except (OperationalError, DBAPIError, OSError) as exc:
-                # the database is restarting or unreachable: keep the batch, retry until the
-                # lease would have expired anyway
-                if loop.time() + delay > give_up:
-                    log.error("state write failed for good: %s", exc)
-                    for _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(LeaseLost(f"state write failed: {exc}"))
-                    return
-                log.warning("state write failed, retrying in %.2fs: %s", delay, exc)
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 2.0)
+        try:
+            # a database restart or outage is retried until the lease would have expired
+            # anyway; the batch is idempotent (inserts ignore rows already there), so a retry
+            # after a COMMIT whose outcome was lost duplicates nothing
+            fenced = await in_transaction(
+                self._sessions,
+                lambda session: apply_writes(session, self._owner, writes,
+                                             lease_s=self._retry_for_s),
+                retry_for_s=self._retry_for_s)
+        except Exception as exc:
+            log.error("state write failed for good: %s", exc,
+                      exc_info=not database_unavailable(exc))
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(LeaseLost(f"state write failed: {exc}"))
+            return
         for write, fut in batch:
             if fut.done():
                 continue

@@ -1,0 +1,100 @@
+"""The group commit: idempotent batches, fencing, and errors that must not stall the writer."""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from app.db import queries
+from app.db.tables import Event, GatewayCall, Subtask, Webhook
+from app.db.types import utcnow
+from app.db.webhooks import new_delivery
+from app.engine.layout import new_subtask
+from app.engine.specs import build_swarm
+from app.engine.writer import StateWriter
+from app.schemas import SwarmCreate
+from app.states import SubtaskKind
+from tests.conftest import Harness, make_settings, start_harness
+
+OWNER = "test-owner"
+
+
+async def _claimed_swarm(h: Harness) -> tuple[str, int]:
+    new = build_swarm(SwarmCreate(task="t", agents=[{"name": "a"}]),  # type: ignore[list-item]
+                      h.app.state.settings, "default")
+    async with h.app.state.sessions() as s, s.begin():
+        await queries.insert_swarm(s, new.swarm, new.subtasks)
+        epoch = await queries.claim_new(s, new.swarm.id, OWNER, 30)
+    return new.swarm.id, epoch
+
+
+def _write(swarm_id: str, epoch: int, **overrides: Any) -> queries.SwarmWrite:
+    now = utcnow()
+    swarm = {"status": "running", "spent_usd": Decimal("0.01"), "reserved_usd": Decimal(0),
+             "prompt_tokens": 10, "completion_tokens": 5, "gateway_calls": 1, "result": None,
+             "error": None, "started_at": now, "finished_at": None, "event_seq": 1}
+    ledger = {"swarm_id": swarm_id, "tenant": "default", "subtask_name": "a",
+              "model": "kimi-k2.5", "idempotency_key": f"{swarm_id}:a:1", "attempt": 1,
+              "http_status": 200, "outcome": "ok", "prompt_tokens": 10, "completion_tokens": 5,
+              "cached_tokens": 0, "cost_usd": Decimal("0.01"), "latency_ms": 3.0,
+              "created_at": now}
+    extra = new_subtask(swarm_id, "@compress.a", 9, SubtaskKind.compressor, "deepseek-v3.2", 50)
+    values: dict[str, Any] = {
+        "ledger": [ledger],
+        "events": [{"swarm_id": swarm_id, "seq": 1, "type": "swarm.status",
+                    "data": {"status": "running"}, "created_at": now}],
+        "new_subtasks": [queries.insert_row(extra)],
+        "webhook": new_delivery(swarm_id, "https://hooks.example/x", now),
+    }
+    values.update(overrides)
+    return queries.SwarmWrite(swarm_id, epoch, swarm, **values)
+
+
+@pytest.fixture
+async def idle(database_url: str) -> Any:
+    h, close = await start_harness(make_settings(database_url), run_engine=False)
+    yield h
+    await close()
+
+
+async def _count(h: Harness, model: Any) -> int:
+    async with h.app.state.sessions() as s:
+        return int((await s.execute(select(func.count()).select_from(model))).scalar_one())
+
+
+async def test_a_batch_applied_twice_duplicates_nothing(idle: Harness) -> None:
+    swarm_id, epoch = await _claimed_swarm(idle)
+    for _ in range(2):  # a retry after a COMMIT whose outcome was lost
+        async with idle.app.state.sessions() as s, s.begin():
+            fenced = await queries.apply_writes(s, OWNER, [_write(swarm_id, epoch)])
+        assert fenced == set()
+    assert await _count(idle, GatewayCall) == 1
+    assert await _count(idle, Event) == 1
+    assert await _count(idle, Webhook) == 1
+    assert await _count(idle, Subtask) == 3  # worker, synthesizer and the compressor, once
+
+
+async def test_writes_of_another_epoch_are_fenced_out(idle: Harness) -> None:
+    swarm_id, epoch = await _claimed_swarm(idle)
+    async with idle.app.state.sessions() as s, s.begin():
+        fenced = await queries.apply_writes(s, OWNER, [_write(swarm_id, epoch - 1)])
+    assert fenced == {swarm_id}
+    assert await _count(idle, GatewayCall) == 0 and await _count(idle, Event) == 0
+
+
+async def test_a_broken_batch_fails_at_once_instead_of_retrying(idle: Harness) -> None:
+    swarm_id, epoch = await _claimed_swarm(idle)
+    writer = StateWriter(idle.app.state.sessions, OWNER, retry_for_s=10)
+    writer.start()
+    bad = _write(swarm_id, epoch, ledger=[{**_write(swarm_id, epoch).ledger[0], "model": None}])
+    t0 = time.monotonic()
+    with pytest.raises(queries.LeaseLost):
+        await writer.submit(bad)
+    assert time.monotonic() - t0 < 2  # not stalled for the 10 s retry window
+    await writer.submit(_write(swarm_id, epoch))  # the writer still works
+    await writer.close()
+    assert await _count(idle, GatewayCall) == 1
