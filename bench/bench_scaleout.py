@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import math
 import os
@@ -24,45 +23,17 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 
-from app.db.migrate import upgrade_head
-from bench._procs import CLI, free_port, wait_http
+from app.db.session import asyncpg_dsn
+from bench._procs import CLI, free_port, throwaway_db, wait_http
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
-PG = os.environ.get("SWARM_TEST_DATABASE_URL",
-                    "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 TITLE = "## Scale-out: claim latency with LISTEN/NOTIFY"
-
-
-def dsn(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
-
-
-async def admin(sql: str) -> None:
-    conn = await asyncpg.connect(dsn(PG))
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-@contextlib.contextmanager
-def throwaway_db() -> Iterator[str]:
-    name = f"bench_scaleout_{uuid.uuid4().hex[:8]}"
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    url = PG.rsplit("/", 1)[0] + "/" + name
-    try:
-        upgrade_head(url)
-        yield url
-    finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 class Procs:
@@ -120,7 +91,7 @@ async def run_load(apis: list[str], db_url: str, sim: str, n: int, rate: float,
 
         t0 = time.perf_counter()
         ids = await asyncio.gather(*(post(i) for i in range(n)))
-    conn = await asyncpg.connect(dsn(db_url))
+    conn = await asyncpg.connect(asyncpg_dsn(db_url))
     try:
         while True:
             done = await conn.fetchval(

@@ -18,30 +18,14 @@ from starlette.applications import Starlette
 
 from app.config import Settings
 from app.db.migrate import upgrade_head
+from app.db.session import asyncpg_dsn
 from app.gateway.client import GatewayClient
 from app.main import create_app
 from app.simulator import SimulatorConfig, create_simulator
+from bench._procs import PG_URL, drop_db, pg_admin, with_db
 
-PG_URL = os.environ.get(
-    "SWARM_TEST_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 SKIP_PG = os.environ.get("SWARM_TEST_SKIP_POSTGRES") == "1"
 BACKENDS = ["sqlite"] if SKIP_PG else ["sqlite", "postgres"]
-
-
-def _pg_dsn(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
-
-
-def _with_db(url: str, name: str) -> str:
-    return url.rsplit("/", 1)[0] + "/" + name
-
-
-async def _pg_admin(sql: str) -> None:
-    conn = await asyncpg.connect(_pg_dsn(PG_URL), timeout=5)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
 
 
 @pytest.fixture(scope="session")
@@ -49,16 +33,16 @@ def pg_template() -> Iterator[str]:
     """A migrated throwaway Postgres database for the session (dropped at the end)."""
     name = f"swarm_test_{uuid.uuid4().hex[:10]}"
     try:
-        asyncio.run(_pg_admin(f'CREATE DATABASE "{name}"'))
+        asyncio.run(pg_admin(f'CREATE DATABASE "{name}"'))
     except (OSError, asyncpg.PostgresError) as exc:
         pytest.fail(
             f"PostgreSQL is not reachable at {PG_URL} ({exc!r}). Start it, point "
             "SWARM_TEST_DATABASE_URL at one, or set SWARM_TEST_SKIP_POSTGRES=1 to run "
             "the SQLite half only.", pytrace=False)
-    url = _with_db(PG_URL, name)
+    url = with_db(PG_URL, name)
     upgrade_head(url)
     yield url
-    asyncio.run(_pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    asyncio.run(drop_db(name))
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +53,7 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 async def _truncate(url: str) -> None:
-    conn = await asyncpg.connect(_pg_dsn(url), timeout=5)
+    conn = await asyncpg.connect(asyncpg_dsn(url), timeout=5)
     try:
         await conn.execute("TRUNCATE swarms, subtasks, gateway_calls, events, webhooks, "
                            "webhook_attempts, daily_spend, daily_reservations CASCADE")

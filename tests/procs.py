@@ -15,8 +15,7 @@ import os
 import signal
 import subprocess
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,58 +23,11 @@ from typing import Any, TypeVar
 import asyncpg
 import httpx
 
-from app.db.migrate import upgrade_head
+from app.db.session import asyncpg_dsn
 from bench._procs import CLI, free_port
-from tests.conftest import PG_URL
 
 T = TypeVar("T")
 TERMINAL = ("succeeded", "failed", "cancelled")
-
-
-def pg_dsn(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
-
-
-def with_db(url: str, name: str) -> str:
-    return url.rsplit("/", 1)[0] + "/" + name
-
-
-async def _admin(sql: str) -> None:
-    conn = await asyncpg.connect(pg_dsn(PG_URL), timeout=5)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-@contextlib.contextmanager
-def throwaway_db() -> Iterator[str]:
-    """A new, migrated PostgreSQL database for one test (dropped afterwards, connections and
-    all). Call it from a sync fixture: it runs its own event loop."""
-    name = f"swarm_proc_{uuid.uuid4().hex[:10]}"
-    try:
-        asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
-    except (OSError, asyncpg.PostgresError) as exc:
-        raise RuntimeError(f"PostgreSQL is not reachable at {PG_URL} ({exc!r})") from exc
-    url = with_db(PG_URL, name)
-    try:
-        upgrade_head(url)
-        yield url
-    finally:
-        asyncio.run(_drop(name))
-
-
-async def _drop(name: str, timeout: float = 30.0) -> None:
-    """Drop a database, waiting out a server that is restarting (a test may restart it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            return
-        except (OSError, asyncpg.PostgresError):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
 
 
 async def until(probe: Callable[[], Awaitable[T | None]], timeout: float, what: str,
@@ -235,7 +187,7 @@ class Db:
     """Plain SQL on a test database (asyncpg), for assertions the API does not expose."""
 
     def __init__(self, url: str) -> None:
-        self.dsn = pg_dsn(url)
+        self.dsn = asyncpg_dsn(url)
 
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         conn = await asyncpg.connect(self.dsn, timeout=5)

@@ -17,18 +17,16 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from app.db import queries
-from app.db.session import make_engine, make_session_factory
-from tests.conftest import PG_URL
+from app.db.session import asyncpg_dsn, make_engine, make_session_factory
+from bench._procs import PG_URL, throwaway_db
 from tests.procs import (
     Db,
     agent,
     assert_durable_outcome,
     cluster,
     owner_pid,
-    pg_dsn,
     post_swarm,
     sim_stats,
-    throwaway_db,
     until,
     wait_terminal,
 )
@@ -241,7 +239,7 @@ def _pg_ctl(action: str) -> None:
 
 async def _pg_up() -> bool:
     try:
-        conn = await asyncpg.connect(pg_dsn(PG_URL), timeout=2)
+        conn = await asyncpg.connect(asyncpg_dsn(PG_URL), timeout=2)
     except (OSError, asyncpg.PostgresError):
         return False
     await conn.close()

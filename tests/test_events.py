@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
+from bench._procs import throwaway_db
 from tests.procs import (
     Db,
     agent,
     cluster,
     owner_pid,
     post_swarm,
-    throwaway_db,
     wait_terminal,
 )
 

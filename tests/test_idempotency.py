@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import Db, agent, cluster, throwaway_db
+from bench._procs import throwaway_db
+from tests.procs import Db, agent, cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
 N = 20

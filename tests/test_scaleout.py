@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench._procs import throwaway_db
 from tests.procs import (
     Db,
     agent,
@@ -21,7 +22,6 @@ from tests.procs import (
     owner_pid,
     post_swarm,
     sim_stats,
-    throwaway_db,
     until,
     wait_terminal,
 )

@@ -18,7 +18,6 @@ from app.api.deps import EngineDep, NotifierDep, SessionDep, SettingsDep, Tenant
 from app.api.errors import error_responses
 from app.api.views import swarm_read
 from app.db import queries
-from app.db.tables import Swarm
 from app.engine.specs import build_swarm, request_hash
 from app.errors import (
     AlreadyTerminal,
@@ -61,12 +60,18 @@ async def _read(session: AsyncSession, swarm_id: str, tenant: str) -> SwarmRead:
     return swarm_read(swarm, subs, queue_position=position)
 
 
-async def _replay(session: AsyncSession, existing: Swarm, body: SwarmCreate,
-                  key: str, tenant: str) -> SwarmRead:
+async def _replay(session: AsyncSession, response: Response, body: SwarmCreate, tenant: str,
+                  key: str, ttl_s: float) -> SwarmRead | None:
+    """The swarm a live Idempotency-Key names (only for the same body), or None: key free."""
+    async with session.begin():
+        existing = await queries.find_by_idempotency_key(session, tenant, key, ttl_s)
+    if existing is None:
+        return None
     if existing.request_hash != request_hash(body):
         raise IdempotencyKeyReused(
             "this Idempotency-Key was used with a different request body",
             details={"field": "Idempotency-Key", "swarm_id": existing.id})
+    response.headers["Location"] = f"/swarms/{existing.id}"
     return await _read(session, existing.id, tenant)
 
 
@@ -82,35 +87,26 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
     new = build_swarm(body, settings, tenant, idempotency_key)
     if body.webhook_url is not None:
         await check_webhook_url(body.webhook_url, settings)
-    if idempotency_key is not None:
-        async with session.begin():
-            existing = await queries.find_by_idempotency_key(
-                session, tenant, idempotency_key, settings.idempotency_ttl_s)
-        if existing is not None:
-            response.headers["Location"] = f"/swarms/{existing.id}"
-            return await _replay(session, existing, body, idempotency_key, tenant)
+    ttl = settings.idempotency_ttl_s
+    if idempotency_key is not None and (
+            seen := await _replay(session, response, body, tenant, idempotency_key, ttl)):
+        return seen
     local = engine if engine is not None and engine.has_capacity() else None
     epoch = 0
     try:
         async with session.begin():
             if idempotency_key is not None:
-                await queries.expire_idempotency_key(session, tenant, idempotency_key,
-                                                     settings.idempotency_ttl_s)
+                await queries.expire_idempotency_key(session, tenant, idempotency_key, ttl)
             await queries.insert_swarm(session, new.swarm, new.subtasks)
             if local is not None:  # this process runs it: claim now, skip wake-up and reload
                 epoch = await queries.claim_new(session, new.swarm.id, local.owner,
                                                 settings.lease_seconds)
     except IntegrityError:
-        if idempotency_key is None:
-            raise
         # a concurrent request with the same key won the insert: answer with its swarm
-        async with session.begin():
-            existing = await queries.find_by_idempotency_key(
-                session, tenant, idempotency_key, settings.idempotency_ttl_s)
-        if existing is None:
+        if idempotency_key is None or not (
+                seen := await _replay(session, response, body, tenant, idempotency_key, ttl)):
             raise
-        response.headers["Location"] = f"/swarms/{existing.id}"
-        return await _replay(session, existing, body, idempotency_key, tenant)
+        return seen
     response.headers["Location"] = f"/swarms/{new.swarm.id}"
     # answer from what was just committed; only the queue position needs the database
     async with session.begin():

@@ -15,6 +15,11 @@ from sqlalchemy.ext.asyncio import (
 SessionFactory = async_sessionmaker[AsyncSession]
 
 
+def asyncpg_dsn(database_url: str) -> str:
+    """The plain asyncpg DSN of a `postgresql+asyncpg://` SQLAlchemy URL."""
+    return database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     # WAL lets readers run beside the writer; FULL makes every commit durable across power loss
     cur = dbapi_conn.cursor()

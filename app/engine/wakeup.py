@@ -12,10 +12,9 @@ from typing import Any
 
 import asyncpg
 
-log = logging.getLogger(__name__)
+from app.db.session import asyncpg_dsn
 
-def asyncpg_dsn(database_url: str) -> str:
-    return database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
+log = logging.getLogger(__name__)
 
 
 class PgListener:
