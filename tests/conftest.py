@@ -22,7 +22,7 @@ from app.db.session import asyncpg_dsn
 from app.gateway.client import GatewayClient
 from app.main import create_app
 from app.simulator import SimulatorConfig, create_simulator
-from bench._procs import PG_URL, drop_db, pg_admin, with_db
+from bench._procs import PG_URL, drop_db, pg_admin, throwaway_db, with_db
 
 SKIP_PG = os.environ.get("SWARM_TEST_SKIP_POSTGRES") == "1"
 BACKENDS = ["sqlite"] if SKIP_PG else ["sqlite", "postgres"]
@@ -43,6 +43,13 @@ def pg_template() -> Iterator[str]:
     upgrade_head(url)
     yield url
     asyncio.run(drop_db(name))
+
+
+@pytest.fixture
+def db_url() -> Iterator[str]:
+    """A new, migrated Postgres database of its own, for tests that run real processes."""
+    with throwaway_db("swarm_proc") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -18,7 +17,7 @@ from sqlalchemy.exc import DBAPIError
 
 from app.db import queries
 from app.db.session import asyncpg_dsn, make_engine, make_session_factory
-from bench._procs import PG_URL, throwaway_db
+from bench._procs import PG_URL
 from tests.procs import (
     Db,
     agent,
@@ -36,12 +35,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
 CHAIN = {"task": "durability under crashes",
          "agents": [agent("a"), agent("b", depends_on=["a"]), agent("c", depends_on=["b"])],
          "max_tokens": 100}
-
-
-@pytest.fixture
-def db_url() -> Iterator[str]:
-    with throwaway_db() as url:
-        yield url
 
 
 async def subtask_status(db: Db, swarm_id: str) -> dict[str, str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import pytest
 
-from bench._procs import throwaway_db
 from tests.procs import (
     Db,
     agent,
@@ -26,12 +25,6 @@ from tests.procs import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
 PING_S = 15  # sse-starlette's default keep-alive interval, used by GET /swarms/{id}/events
-
-
-@pytest.fixture
-def db_url() -> Iterator[str]:
-    with throwaway_db() as url:
-        yield url
 
 
 @dataclass

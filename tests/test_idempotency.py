@@ -5,25 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from bench._procs import throwaway_db
 from tests.procs import Db, agent, cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
 N = 20
 BODY = {"task": "exactly once", "agents": [agent("a"), agent("b")]}
-
-
-@pytest.fixture
-def db_url() -> Iterator[str]:
-    with throwaway_db() as url:
-        yield url
 
 
 async def burst(client: httpx.AsyncClient, apis: list[str], key: str,

@@ -7,13 +7,11 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from bench._procs import throwaway_db
 from tests.procs import (
     Db,
     agent,
@@ -27,12 +25,6 @@ from tests.procs import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(150)]
-
-
-@pytest.fixture
-def db_url() -> Iterator[str]:
-    with throwaway_db() as url:
-        yield url
 
 
 async def test_four_workers_two_apis_run_200_swarms_once_each(db_url: str,
