@@ -53,6 +53,15 @@ def fair_shares(sizes: Sequence[int], total: int) -> list[int]:
     return shares
 
 
+def fit_outputs(outputs: Sequence[str], budget_chars: int | None) -> list[str]:
+    """The outputs as they are, or, when together they exceed `budget_chars`, each cut
+    visibly to its fair share (small ones stay whole)."""
+    if budget_chars is None or sum(map(len, outputs)) <= budget_chars:
+        return list(outputs)
+    shares = fair_shares([len(o) for o in outputs], max(budget_chars, 0))
+    return [truncate_marked(o, n) for o, n in zip(outputs, shares, strict=True)]
+
+
 def with_dependencies(
     prompt: str, deps: Sequence[tuple[str, str]], budget_chars: int | None = None
 ) -> str:
@@ -60,10 +69,7 @@ def with_dependencies(
     truncated (visibly) only when together they exceed `budget_chars`."""
     if not deps:
         return prompt
-    outputs = [out for _, out in deps]
-    if budget_chars is not None and sum(map(len, outputs)) > budget_chars:
-        shares = fair_shares([len(o) for o in outputs], max(budget_chars, 0))
-        outputs = [truncate_marked(o, s) for o, s in zip(outputs, shares, strict=True)]
+    outputs = fit_outputs([out for _, out in deps], budget_chars)
     parts = [prompt, "", "Results of the agents this step depends on:"]
     for (name, _), out in zip(deps, outputs, strict=True):
         parts.append(f"\n### {name}\n{out}")

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.engine.context import fair_shares, truncate_marked
+from app.engine.context import fit_outputs
 
 _WS = re.compile(r"\s+")
 
@@ -47,10 +47,7 @@ def synthesis_prompt(task: str, results: Sequence[WorkerResult], missing: Sequen
                      budget_chars: int | None = None) -> str:
     """The synthesizer's user message: the task, every result under its name (truncated
     visibly only past `budget_chars` in total), and what is absent."""
-    outputs = [r.output for r in results]
-    if budget_chars is not None and sum(map(len, outputs)) > budget_chars:
-        shares = fair_shares([len(o) for o in outputs], budget_chars)
-        outputs = [truncate_marked(o, n) for o, n in zip(outputs, shares, strict=True)]
+    outputs = fit_outputs([r.output for r in results], budget_chars)
     parts = [f"Task:\n{task}", "", f"Results of {len(results)} sub-agents follow."]
     for r, out in zip(results, outputs, strict=True):
         note = " (truncated: the agent hit its token limit)" if r.truncated else ""
