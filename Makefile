@@ -27,6 +27,7 @@ run: $(VENV)/.installed
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check app tests bench migrations
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/pytest

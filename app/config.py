@@ -8,7 +8,7 @@ from functools import cached_property
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.gateway.pricing import PriceTable
+from app.pricing import PriceTable
 
 EMBEDDED_DATABASE_URL = "sqlite+aiosqlite:///./swarm.db"
 

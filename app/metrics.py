@@ -29,7 +29,7 @@ from prometheus_client import (
     start_http_server,
 )
 
-from app.gateway.pricing import BUILTIN_MODELS, PriceTable
+from app.pricing import BUILTIN_MODELS, PriceTable
 
 # LLM work: 5 ms up to 10 minutes
 LATENCY_BUCKETS = (

@@ -17,13 +17,13 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from app.api.views import swarm_read
 from app.config import Settings
 from app.db import queries
 from app.db import webhooks as repo
 from app.db.session import SessionFactory
 from app.db.tables import Webhook
 from app.errors import RequestInvalid
+from app.views import swarm_read
 
 log = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-Swarm-Signature"

@@ -150,7 +150,7 @@ def test_known_series_are_exposed_at_zero_from_the_start() -> None:
 
 def test_several_processes_add_up_in_multiprocess_mode(tmp_path: Path) -> None:
     env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    work = ("from app.gateway.pricing import PriceTable\n"
+    work = ("from app.pricing import PriceTable\n"
             "metrics.set_price_table(PriceTable.builtin())\n"
             "metrics.runs_total.labels('succeeded').inc()\n"
             "metrics.runs_in_progress.inc()\n"

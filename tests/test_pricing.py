@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.gateway.pricing import (
+from app.pricing import (
     BUILTIN_MODELS,
     ModelPrice,
     PriceTable,

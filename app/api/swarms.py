@@ -16,7 +16,6 @@ from sse_starlette.sse import EventSourceResponse
 
 from app.api.deps import EngineDep, NotifierDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import error_responses
-from app.api.views import swarm_read
 from app.db import queries
 from app.engine.specs import build_swarm, request_hash
 from app.errors import (
@@ -27,6 +26,7 @@ from app.errors import (
 )
 from app.schemas import SwarmCreate, SwarmList, SwarmRead
 from app.states import SwarmStatus
+from app.views import swarm_read
 from app.webhooks import check_webhook_url
 
 router = APIRouter(prefix="/swarms", tags=["swarms"])

@@ -15,7 +15,7 @@ from app.api.errors import error_responses
 from app.db import spend
 from app.db.spend import GroupBy, UsageRow
 from app.errors import RequestInvalid
-from app.gateway.pricing import usd_str
+from app.pricing import usd_str
 
 router = APIRouter(tags=["usage"])
 

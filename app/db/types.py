@@ -10,7 +10,7 @@ from sqlalchemy import JSON, BigInteger, DateTime, Dialect, Numeric
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-from app.gateway.pricing import USD_QUANTUM
+from app.pricing import USD_QUANTUM
 
 # SQLite has no exact decimal: money lives there as an integer count of USD_QUANTUM (1e-12 USD),
 # which SUM()s exactly; PostgreSQL keeps NUMERIC.

@@ -27,7 +27,7 @@ from app.engine.faults import crash_point
 from app.engine.layout import COMPRESSOR_PREFIX, SYNTHESIZER, new_subtask
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.gateway.client import ChatRequest, ChatResult, GatewayRejected, GatewayUnavailable
-from app.gateway.pricing import metric_model_label
+from app.pricing import metric_model_label
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, subtask_transition
 
 if TYPE_CHECKING:

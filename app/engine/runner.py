@@ -25,7 +25,7 @@ from app.engine.layout import PLANNER
 from app.engine.synthesis import WorkerResult, concatenate, vote
 from app.engine.writer import StateWriter, consume
 from app.gateway.client import GatewayClient
-from app.gateway.pricing import PriceTable
+from app.pricing import PriceTable
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, subtask_transition, swarm_transition
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.engine import dag
 from app.engine.layout import COMPRESSOR_PREFIX
-from app.gateway.pricing import usd_str
+from app.pricing import usd_str
 from app.schemas import (
     LatencyPercentiles,
     Progress,
