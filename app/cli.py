@@ -36,45 +36,42 @@ def serve(settings: Settings, host: str, port: int, engine: bool) -> int:
     app = create_app(settings, run_engine=engine)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False,
                 timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
-    return 0
+    return 1 if app.state.died else 0
 
 
-async def _worker(settings: Settings) -> None:
+async def _worker(settings: Settings) -> int:
     from app import metrics
-    from app.db.migrate import upgrade_head_async
-    from app.db.session import make_engine, make_session_factory
-    from app.main import make_engine_with_cap, make_gateway
-    from app.webhooks import WebhookDispatcher
+    from app.runtime import Runtime
 
-    if settings.migrate_on_start:
-        await upgrade_head_async(settings.database_url)
     metrics.set_price_table(settings.prices)
     server = None
     if settings.metrics_port is not None:
         # the engine's series live here, not in the API process: Prometheus scrapes workers too
         server, _ = metrics.serve_http(settings.metrics_port, settings.metrics_host)
         log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
-    db = make_engine(settings.database_url)
-    gateway = make_gateway(settings)
-    engine, daily = make_engine_with_cap(settings, make_session_factory(db), gateway)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await engine.start()
-    hooks = WebhookDispatcher(settings, make_session_factory(db))
-    hooks.start()
-    log.info("worker %s running", engine.owner)
-    await stop.wait()
-    log.info("stopping: finishing in-flight work for up to %ss", settings.shutdown_grace_s)
-    await engine.stop()
-    await hooks.stop()
-    if daily is not None:
-        await daily.close()
-    if server is not None:
-        await asyncio.to_thread(server.shutdown)
-    await gateway.aclose()
-    await db.dispose()
+    died: str | None = None
+    try:
+        async with Runtime(settings, run_engine=True, listen_changes=False) as runtime:
+            assert runtime.engine is not None
+            log.info("worker %s running", runtime.engine.owner)
+            failed = asyncio.create_task(runtime.wait_failed())
+            stopped = asyncio.create_task(stop.wait())
+            await asyncio.wait([failed, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if failed.done():
+                died = failed.result()
+                log.critical("stopping the worker: %s", died)
+            else:
+                failed.cancel()
+                log.info("stopping: finishing in-flight work for up to %ss",
+                         settings.shutdown_grace_s)
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.shutdown)
+    return 1 if died else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
             uvloop.install()
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_worker(settings))
+            return asyncio.run(_worker(settings))
         return 0
     return serve(settings, args.host, args.port, engine=settings.engine and not args.no_engine)
 

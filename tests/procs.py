@@ -71,7 +71,7 @@ class Proc:
         if self.alive:
             os.kill(self.pid, sig)
 
-    async def wait_log(self, needle: str, timeout: float = 15.0) -> None:
+    async def wait_log(self, needle: str, timeout: float = 60.0) -> None:
         async def seen() -> bool:
             if needle in self.log():
                 return True
@@ -167,7 +167,7 @@ async def cluster(db_url: str, workdir: Path, **env: str) -> AsyncIterator[Clust
         c.close()
 
 
-async def wait_http(proc: Proc, url: str, timeout: float = 20.0, ok_only: bool = False) -> None:
+async def wait_http(proc: Proc, url: str, timeout: float = 60.0, ok_only: bool = False) -> None:
     async with httpx.AsyncClient(timeout=1) as client:
         async def answers() -> bool:
             if not proc.alive:

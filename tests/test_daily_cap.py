@@ -19,7 +19,7 @@ from app.db.session import make_engine, make_session_factory
 from app.db.tables import DailyReservation, DailySpend, GatewayCall, Swarm
 from app.engine.budget import BudgetExceeded, DailyCap
 from app.gateway.client import GatewayClient
-from app.main import make_engine_with_cap
+from app.runtime import make_engine_with_cap
 from app.simulator import SimulatorConfig, create_simulator
 from tests.conftest import Harness, make_settings, start_harness
 

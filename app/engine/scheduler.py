@@ -62,6 +62,10 @@ class Engine:
         self._halt = asyncio.Event()  # stops the heartbeat, after the runners
         self._side: list[asyncio.Task[None]] = []
         self._listener: PgListener | None = None
+        # set when a side task ends on its own: the process looks alive but claims, keeps
+        # leases or commits nothing, so its entry point stops it loudly for a restart
+        self.died = asyncio.Event()
+        self.death: str | None = None
 
     async def start(self) -> None:
         self.writer.start()
@@ -71,6 +75,22 @@ class Engine:
             self._listener.start()
         self._side = [asyncio.create_task(self._claim_loop(), name="engine-claims"),
                       asyncio.create_task(self._heartbeat_loop(), name="engine-heartbeat")]
+        watched = [*self._side, self.writer.task]
+        if self._listener is not None:
+            watched.append(self._listener.task)
+        for task in watched:
+            if task is not None:
+                task.add_done_callback(self._side_task_done)
+
+    def _side_task_done(self, task: asyncio.Task[None]) -> None:
+        """The side-task monitor (after procrastinate's): a claim loop, heartbeat, state
+        writer or listener that ends before a stop was asked for is fatal to the process."""
+        if self._stopping.is_set() or self._halt.is_set() or self.died.is_set():
+            return
+        exc = None if task.cancelled() else task.exception()
+        self.death = f"{task.get_name()} ended unexpectedly: {exc!r}"
+        log.critical("engine side task %s", self.death, exc_info=exc)
+        self.died.set()
 
     def _on_queued(self, _swarm_id: str) -> None:
         self.wake()

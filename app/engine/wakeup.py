@@ -32,6 +32,10 @@ class PgListener:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="pg-listener")
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

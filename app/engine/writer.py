@@ -37,6 +37,10 @@ class StateWriter:
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="state-writer")
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
+
     def submit(self, write: SwarmWrite) -> asyncio.Future[None]:
         """Queue a write; await the future for durability (or LeaseLost)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

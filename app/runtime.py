@@ -1,0 +1,118 @@
+"""The one composition root of a `serve` or `worker` process: everything it runs but HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import AsyncExitStack
+from types import TracebackType
+
+import httpx
+
+from app.config import Settings
+from app.db.migrate import upgrade_head_async
+from app.db.notify import CHANGED
+from app.db.session import SessionFactory, make_engine, make_session_factory
+from app.engine.budget import DailyCap
+from app.engine.notify import SwarmNotifier
+from app.engine.scheduler import Engine, process_owner
+from app.engine.wakeup import PgListener
+from app.gateway.client import GatewayClient
+from app.simulator import SimulatorConfig, create_simulator
+from app.webhooks import WebhookDispatcher
+
+log = logging.getLogger(__name__)
+SIMULATOR_BASE_URL = "http://simulator.internal/v1"
+
+
+def make_gateway(settings: Settings) -> GatewayClient:
+    """The configured gateway, or the built-in simulator in-process when none is set."""
+    if settings.gateway_url:
+        return GatewayClient(settings.gateway_url, settings.gateway_api_key.get_secret_value(),
+                             max_inflight=settings.max_inflight)
+    sim = create_simulator(SimulatorConfig(
+        latency_ms=settings.simulator_latency_ms,
+        latency_jitter_ms=settings.simulator_latency_jitter_ms))
+    return GatewayClient(SIMULATOR_BASE_URL, max_inflight=settings.max_inflight,
+                         transport=httpx.ASGITransport(app=sim))
+
+
+def make_engine_with_cap(settings: Settings, sessions: SessionFactory, gateway: GatewayClient,
+                         notifier: SwarmNotifier | None = None) -> tuple[Engine, DailyCap | None]:
+    """The engine of this process, sharing SWARM_DAILY_BUDGET_USD (when set) through the
+    database with every other process; close the cap after stopping the engine."""
+    owner = process_owner()
+    daily = None
+    if settings.daily_budget_usd is not None:
+        daily = DailyCap(sessions, settings.daily_budget_usd, owner,
+                         lease_s=settings.lease_seconds)
+    return Engine(settings, sessions, gateway, notifier, owner=owner, daily=daily), daily
+
+
+class Runtime:
+    """Database, gateway client, engine (with its daily cap and webhook dispatcher) and the
+    change listener, started in order and stopped in reverse, for `serve` and `worker` alike.
+
+    `run_engine=False` is an API replica; `listen_changes` wakes this process's `?wait=` and SSE
+    readers on other processes' commits (PostgreSQL only: SQLite runs one process)."""
+
+    def __init__(self, settings: Settings, *, run_engine: bool, listen_changes: bool,
+                 gateway: GatewayClient | None = None,
+                 webhook_transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.settings = settings
+        self._run_engine = run_engine
+        self._listen = listen_changes and not settings.is_sqlite
+        self._given_gateway = gateway
+        self._webhook_transport = webhook_transport
+        self._stack = AsyncExitStack()
+        self.notifier = SwarmNotifier()
+        self.engine: Engine | None = None
+
+    async def __aenter__(self) -> Runtime:
+        settings, stack = self.settings, self._stack
+        await stack.__aenter__()
+        try:
+            if settings.migrate_on_start:
+                await upgrade_head_async(settings.database_url)
+            self.db = make_engine(settings.database_url)
+            stack.push_async_callback(self.db.dispose)
+            self.sessions = make_session_factory(self.db)
+            self.gateway = self._given_gateway or make_gateway(settings)
+            if self._given_gateway is None:
+                stack.push_async_callback(self.gateway.aclose)
+            if self._run_engine:
+                await self._start_engine()
+            if self._listen:
+                listener = PgListener(settings.database_url, {CHANGED: self.notifier.notify})
+                listener.start()
+                stack.push_async_callback(listener.stop)
+        except BaseException:
+            await stack.aclose()
+            raise
+        return self
+
+    async def _start_engine(self) -> None:
+        engine, daily = make_engine_with_cap(self.settings, self.sessions, self.gateway,
+                                             self.notifier)
+        if daily is not None:
+            self._stack.push_async_callback(daily.close)  # after the engine has stopped
+        hooks = WebhookDispatcher(self.settings, self.sessions,
+                                  transport=self._webhook_transport)
+        hooks.start()
+        self._stack.push_async_callback(hooks.stop)
+        await engine.start()
+        self._stack.push_async_callback(engine.stop)
+        self.engine = engine
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self._stack.aclose()
+
+    async def wait_failed(self) -> str:
+        """Return (with the reason) when one of the engine's side tasks died; never returns
+        for a process without an engine."""
+        if self.engine is None:
+            await asyncio.Event().wait()
+        assert self.engine is not None
+        await self.engine.died.wait()
+        return self.engine.death or "a side task died"
