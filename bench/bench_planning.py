@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from bench._procs import free_port, process
+from tests.support import free_port, process
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 TASK = "Assess the migration of a payments ledger to a new database"

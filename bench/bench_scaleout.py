@@ -30,7 +30,7 @@ import asyncpg
 import httpx
 
 from app.db.session import asyncpg_dsn
-from bench._procs import CLI, free_port, throwaway_db, wait_http
+from tests.support import CLI, free_port, throwaway_db, wait_http
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 TITLE = "## Scale-out: claim latency with LISTEN/NOTIFY"

@@ -22,7 +22,7 @@ from app.db.session import asyncpg_dsn
 from app.gateway.client import GatewayClient
 from app.main import create_app
 from app.simulator import SimulatorConfig, create_simulator
-from bench._procs import PG_URL, drop_db, pg_admin, throwaway_db, with_db
+from tests.support import PG_URL, drop_db, pg_admin, throwaway_db, with_db
 
 SKIP_PG = os.environ.get("SWARM_TEST_SKIP_POSTGRES") == "1"
 BACKENDS = ["sqlite"] if SKIP_PG else ["sqlite", "postgres"]

@@ -24,7 +24,7 @@ import asyncpg
 import httpx
 
 from app.db.session import asyncpg_dsn
-from bench._procs import CLI, free_port
+from tests.support import CLI, free_port
 
 T = TypeVar("T")
 TERMINAL = ("succeeded", "failed", "cancelled")

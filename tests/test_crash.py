@@ -17,7 +17,6 @@ from sqlalchemy.exc import DBAPIError
 
 from app.db import queries
 from app.db.session import asyncpg_dsn, make_engine, make_session_factory
-from bench._procs import PG_URL
 from tests.procs import (
     Db,
     agent,
@@ -29,6 +28,7 @@ from tests.procs import (
     until,
     wait_terminal,
 )
+from tests.support import PG_URL
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
 

@@ -1,4 +1,5 @@
-"""Start `swarm-api` processes for benchmarks and wait until they answer."""
+"""Shared by tests and benchmarks: throwaway PostgreSQL databases, free ports, `swarm-api`
+processes that are waited for until they answer."""
 
 from __future__ import annotations
 

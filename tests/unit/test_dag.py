@@ -1,0 +1,49 @@
+"""DAG checks and ordering (app/engine/dag.py) without a database."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from app.engine import dag
+
+DIAMOND = {"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"], "e": []}
+
+
+def test_cycles_are_found_and_shown_forwards() -> None:
+    assert dag.find_cycle(DIAMOND) is None
+    cycle = dag.find_cycle({"a": ["c"], "b": ["a"], "c": ["b"]})
+    assert cycle is not None and cycle[0] == cycle[-1] and set(cycle) == {"a", "b", "c"}
+    # read forwards: each node is followed by the one it depends on
+    deps = {"a": ["c"], "b": ["a"], "c": ["b"]}
+    assert all(y in deps[x] for x, y in itertools.pairwise(cycle))
+
+
+def test_validate_names_the_field() -> None:
+    with pytest.raises(dag.DagError) as unknown:
+        dag.validate_dag({"a": ["zz"]})
+    assert unknown.value.code == "unknown_dependency"
+    assert unknown.value.details == {"field": "agents.a.depends_on", "name": "a",
+                                     "unknown": "zz"}
+    with pytest.raises(dag.DagError) as cyc:
+        dag.validate_dag({"a": ["a"]}, field="subtasks")
+    assert cyc.value.code == "dependency_cycle"
+    assert cyc.value.details["field"] == "subtasks.depends_on"
+    dag.validate_dag(DIAMOND)  # valid: no exception
+
+
+def test_topological_order_is_stable_by_the_given_order() -> None:
+    assert dag.topological_order(DIAMOND, ["e", "a", "c", "b", "d"]) == ["e", "a", "c", "b", "d"]
+    assert dag.topological_order(DIAMOND, ["a", "b", "c", "d", "e"]) == ["a", "e", "b", "c", "d"]
+
+
+def test_depth_descendants_and_critical_path() -> None:
+    assert dag.depth({}) == 0
+    assert dag.depth({"x": [], "y": []}) == 1
+    assert dag.depth(DIAMOND) == 3
+    assert dag.descendants(DIAMOND, ["a"]) == {"b", "c", "d"}
+    assert dag.descendants(DIAMOND, ["d", "e"]) == set()
+    weights = {"a": 1.0, "b": 5.0, "c": 2.0, "d": 1.0, "e": 6.5}
+    assert dag.critical_path(DIAMOND, weights) == 7.0  # a -> b -> d
+    assert dag.critical_path(DIAMOND, {"e": 9.0}) == 9.0
