@@ -25,7 +25,7 @@ run: $(VENV)/.installed
 	$(BIN)/swarm-api serve --host $(HOST) --port $(PORT)
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check app tests bench migrations
+	$(BIN)/ruff check app swarm_api_client tests bench migrations
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

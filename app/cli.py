@@ -1,4 +1,6 @@
-"""The `swarm-api` console script: serve, worker, migrate, simulator."""
+"""The `swarm-api` console script: serve, worker, migrate, simulator, and the client commands
+(submit, get, ls, watch, cancel, retry, usage) of `swarm_api_client.cli`, which need none of the
+server's dependencies."""
 
 from __future__ import annotations
 
@@ -9,8 +11,12 @@ import ipaddress
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-from app.config import Settings
+from swarm_api_client import cli as client_cli
+
+if TYPE_CHECKING:
+    from app.config import Settings
 
 log = logging.getLogger("swarm_api")
 
@@ -86,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     p_sim = sub.add_parser("simulator", help="the simulated gateway as its own process")
     p_sim.add_argument("--host", default="127.0.0.1")
     p_sim.add_argument("--port", type=int, default=8100)
+    client_cli.add_commands(sub)
     args = parser.parse_args(argv)
+    if args.command in client_cli.COMMANDS:
+        return client_cli.run(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per gateway call is noise
 
@@ -95,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
 
         run_simulator(args.host, args.port)
         return 0
+    from app.config import Settings
+
     settings = Settings()
     if args.command == "migrate":
         from app.db.migrate import upgrade_head

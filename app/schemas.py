@@ -245,3 +245,55 @@ class Ready(BaseModel):
     database: str
     revision: str | None
     price_table_version: str
+
+
+# ---- usage (GET /usage) and events (GET /swarms/{id}/events) --------------------------------
+
+GroupBy = Literal["model", "day", "tenant"]
+
+
+class UsageFigures(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = Field(description="part of prompt_tokens, billed at the cached price")
+    cost_usd: str = Field(description="exact decimal USD", examples=["0.0020872"])
+    gateway_calls: int = Field(description="ledger rows: every attempt, retries included")
+
+
+class UsageItem(UsageFigures):
+    key: str = Field(description="the model, the UTC day (YYYY-MM-DD) or the tenant")
+
+
+class UsageReport(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    from_: datetime | None = Field(alias="from", description="inclusive; null = all time")
+    to: datetime | None = Field(description="exclusive; null = up to now")
+    group_by: GroupBy
+    items: list[UsageItem]
+    total: UsageFigures
+
+
+class SwarmEvent(BaseModel):
+    """One Server-Sent Event of `GET /swarms/{id}/events`, as a client reads it."""
+
+    id: int = Field(description="the per-swarm sequence number (consecutive from 1)")
+    event: str = Field(description="swarm.status, subtask.started, subtask.succeeded, "
+                       "subtask.failed, subtask.skipped or swarm.completed (the last one)")
+    data: dict[str, Any] = Field(description="the event's JSON body: seq, swarm_id and fields")
+
+
+# ---- tools (GET /tools, SPEC §9) -------------------------------------------------------------
+
+
+class ToolRead(BaseModel):
+    """One tool an MCP server offers; agents name it `server.name` (or the whole server)."""
+
+    server: str
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolList(BaseModel):
+    items: list[ToolRead]

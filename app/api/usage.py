@@ -8,14 +8,15 @@ from decimal import Decimal
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BeforeValidator
 
 from app.api.deps import SessionDep, TenantDep
 from app.api.errors import error_responses
 from app.db import spend
-from app.db.spend import GroupBy, UsageRow
+from app.db.spend import UsageRow
 from app.errors import RequestInvalid
 from app.pricing import usd_str
+from app.schemas import GroupBy, UsageFigures, UsageItem, UsageReport
 
 router = APIRouter(tags=["usage"])
 
@@ -40,28 +41,6 @@ def _instant(value: Any) -> Any:
 
 
 Instant = Annotated[datetime | None, BeforeValidator(_instant)]
-
-
-class UsageFigures(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = Field(description="part of prompt_tokens, billed at the cached price")
-    cost_usd: str = Field(description="exact decimal USD", examples=["0.0020872"])
-    gateway_calls: int = Field(description="ledger rows: every attempt, retries included")
-
-
-class UsageItem(UsageFigures):
-    key: str = Field(description="the model, the UTC day (YYYY-MM-DD) or the tenant")
-
-
-class UsageReport(BaseModel):
-    model_config = ConfigDict(populate_by_name=True)
-
-    from_: datetime | None = Field(alias="from", description="inclusive; null = all time")
-    to: datetime | None = Field(description="exclusive; null = up to now")
-    group_by: GroupBy
-    items: list[UsageItem]
-    total: UsageFigures
 
 
 def _figures(rows: list[UsageRow]) -> dict[str, Any]:

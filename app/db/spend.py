@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import ColumnElement, Date, cast, delete, func, literal_column, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -18,8 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.queries import db_now
 from app.db.tables import DailyReservation, DailySpend, GatewayCall
-
-GroupBy = Literal["model", "day", "tenant"]
+from app.schemas import GroupBy
 
 
 def _is_pg(session: AsyncSession) -> bool:

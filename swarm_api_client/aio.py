@@ -1,0 +1,158 @@
+"""`AsyncSwarmClient`: the asyncio client of the Swarm API (the same methods as `SwarmClient`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from datetime import date, datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from httpx_sse import EventSource
+from pydantic import BaseModel
+from tenacity import AsyncRetrying
+
+from app.schemas import SwarmCreate, SwarmEvent, SwarmList, SwarmRead, ToolList, UsageReport
+from swarm_api_client import _base as b
+from swarm_api_client.errors import WaitTimeout
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class AsyncSwarmClient:
+    """Asyncio client. `base_url` and `api_key` default to SWARM_URL and SWARM_API_KEY.
+
+    Every call retries 429/502/503/504 and connection errors (honouring `Retry-After`) and
+    raises a `SwarmApiError` subclass carrying the SPEC's error code otherwise.
+    """
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, *,
+                 timeout: float = 30.0, retry: b.RetryPolicy | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url, headers = b.settings(base_url, api_key)
+        self.retry_policy = retry or b.RetryPolicy()
+        self._timeout = timeout
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
+                                  transport=transport)
+
+    async def __aenter__(self) -> AsyncSwarmClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # ---- the methods ---------------------------------------------------------------------
+
+    async def create(self, swarm: SwarmCreate | Mapping[str, Any], *,
+                     idempotency_key: str | None = None) -> SwarmRead:
+        """`POST /swarms`; an Idempotency-Key (generated unless given) makes retries safe."""
+        return await self._call(b.create_call(swarm, idempotency_key), SwarmRead)
+
+    async def get(self, swarm_id: str, *, wait: float | None = None) -> SwarmRead:
+        """`GET /swarms/{id}`; `wait` (≤ 60 s) holds the answer until the swarm is terminal."""
+        return await self._call(b.get_call(swarm_id, wait, self._timeout), SwarmRead)
+
+    async def wait(self, swarm_id: str, *, timeout: float | None = 600.0,
+                   poll_s: float = b.MAX_SERVER_WAIT_S) -> SwarmRead:
+        """Long-poll until the swarm is terminal; `WaitTimeout` after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+            swarm = await self.get(swarm_id, wait=max(left, 0.0))
+            if swarm.status in b.TERMINAL:
+                return swarm
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"swarm {swarm_id} is still {swarm.status} after {timeout}s",
+                                  code="wait_timeout", details={"status": swarm.status})
+
+    async def list(self, *, status: str | None = None,
+                   page_size: int = 50) -> AsyncIterator[SwarmRead]:
+        """Every swarm of the tenant, newest first, page after page (without outputs)."""
+        cursor: str | None = None
+        while True:
+            page = await self._call(b.list_call(status, cursor, page_size), SwarmList)
+            for item in page.items:
+                yield item
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def cancel(self, swarm_id: str) -> SwarmRead:
+        """`POST /swarms/{id}/cancel`; `Conflict` (`already_terminal`) when it already ended."""
+        return await self._call(b.cancel_call(swarm_id), SwarmRead)
+
+    async def retry(self, swarm_id: str, *, limits: Mapping[str, Any] | None = None,
+                    idempotency_key: str | None = None) -> SwarmRead:
+        """`POST /swarms/{id}/retry`: a new swarm reusing what succeeded (SPEC §11)."""
+        return await self._call(b.retry_call(swarm_id, limits, idempotency_key), SwarmRead)
+
+    async def usage(self, *, start: date | datetime | str | None = None,
+                    end: date | datetime | str | None = None,
+                    group_by: str = "model") -> UsageReport:
+        """`GET /usage?from=&to=&group_by=`: spend and tokens from the ledger."""
+        return await self._call(b.usage_call(start, end, group_by), UsageReport)
+
+    async def tools(self) -> ToolList:
+        """`GET /tools`: the tools the MCP servers offer (SPEC §9)."""
+        return await self._call(b.Call("GET", "/tools"), ToolList)
+
+    async def events(self, swarm_id: str, *,
+                     last_event_id: int | None = None) -> AsyncIterator[SwarmEvent]:
+        """The swarm's events until `swarm.completed`; a dropped connection is resumed with
+        `Last-Event-ID`, so every event comes once and in order."""
+        last, failures = last_event_id, 0
+        while True:
+            got = 0
+            try:
+                async with contextlib.aclosing(self._stream(swarm_id, last)) as stream:
+                    async for event in stream:
+                        last, got, failures = event.id, got + 1, 0
+                        yield event
+                        if event.event == "swarm.completed":
+                            return
+            except Exception as exc:
+                failures += 1
+                if not b.retryable(exc) or failures > self.retry_policy.max_retries:
+                    if isinstance(exc, b.TRANSIENT):
+                        raise self._unreachable(exc) from exc
+                    raise
+                await asyncio.sleep(self.retry_policy.delay(failures, exc))
+                continue
+            if got == 0:  # ended with nothing new: the swarm ended before `last`
+                return
+
+    # ---- plumbing ------------------------------------------------------------------------
+
+    async def _stream(self, swarm_id: str, last: int | None) -> AsyncGenerator[SwarmEvent, None]:
+        async with self._http.stream("GET", b.swarm_path(swarm_id, "/events"),
+                                     headers=b.events_headers(last),
+                                     timeout=b.stream_timeout(self._timeout)) as response:
+            if not response.is_success:
+                await response.aread()
+                b.check(response)
+            async for sse in EventSource(response).aiter_sse():
+                yield b.to_event(sse)
+
+    async def _call(self, call: b.Call, model: type[M]) -> M:
+        try:
+            retrying = AsyncRetrying(**self.retry_policy.tenacity())
+            response: httpx.Response = await retrying(self._attempt, call)
+        except b.TRANSIENT as exc:
+            raise self._unreachable(exc) from exc
+        return b.parse(model, response)
+
+    async def _attempt(self, call: b.Call) -> httpx.Response:
+        response = await self._http.request(
+            call.method, call.path, params=call.params, json=call.json, headers=call.headers,
+            timeout=call.timeout if call.timeout is not None else httpx.USE_CLIENT_DEFAULT)
+        return b.check(response)
+
+    def _unreachable(self, exc: BaseException) -> Exception:
+        return b.unreachable(self.base_url, exc)

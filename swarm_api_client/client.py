@@ -1,0 +1,152 @@
+"""`SwarmClient`: the blocking client of the Swarm API."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Generator, Iterator, Mapping
+from datetime import date, datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from httpx_sse import EventSource
+from pydantic import BaseModel
+from tenacity import Retrying
+
+from app.schemas import SwarmCreate, SwarmEvent, SwarmList, SwarmRead, ToolList, UsageReport
+from swarm_api_client import _base as b
+from swarm_api_client.errors import WaitTimeout
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class SwarmClient:
+    """Blocking client. `base_url` and `api_key` default to SWARM_URL and SWARM_API_KEY.
+
+    Every call retries 429/502/503/504 and connection errors (honouring `Retry-After`) and
+    raises a `SwarmApiError` subclass carrying the SPEC's error code otherwise.
+    """
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, *,
+                 timeout: float = 30.0, retry: b.RetryPolicy | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.base_url, headers = b.settings(base_url, api_key)
+        self.retry_policy = retry or b.RetryPolicy()
+        self._timeout = timeout
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout,
+                                  transport=transport)
+
+    def __enter__(self) -> SwarmClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ---- the methods ---------------------------------------------------------------------
+
+    def create(self, swarm: SwarmCreate | Mapping[str, Any], *,
+               idempotency_key: str | None = None) -> SwarmRead:
+        """`POST /swarms`; an Idempotency-Key (generated unless given) makes retries safe."""
+        return self._call(b.create_call(swarm, idempotency_key), SwarmRead)
+
+    def get(self, swarm_id: str, *, wait: float | None = None) -> SwarmRead:
+        """`GET /swarms/{id}`; `wait` (≤ 60 s) holds the answer until the swarm is terminal."""
+        return self._call(b.get_call(swarm_id, wait, self._timeout), SwarmRead)
+
+    def wait(self, swarm_id: str, *, timeout: float | None = 600.0,
+             poll_s: float = b.MAX_SERVER_WAIT_S) -> SwarmRead:
+        """Long-poll until the swarm is terminal; `WaitTimeout` after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+            swarm = self.get(swarm_id, wait=max(left, 0.0))
+            if swarm.status in b.TERMINAL:
+                return swarm
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"swarm {swarm_id} is still {swarm.status} after {timeout}s",
+                                  code="wait_timeout", details={"status": swarm.status})
+
+    def list(self, *, status: str | None = None, page_size: int = 50) -> Iterator[SwarmRead]:
+        """Every swarm of the tenant, newest first, page after page (without outputs)."""
+        cursor: str | None = None
+        while True:
+            page = self._call(b.list_call(status, cursor, page_size), SwarmList)
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def cancel(self, swarm_id: str) -> SwarmRead:
+        """`POST /swarms/{id}/cancel`; `Conflict` (`already_terminal`) when it already ended."""
+        return self._call(b.cancel_call(swarm_id), SwarmRead)
+
+    def retry(self, swarm_id: str, *, limits: Mapping[str, Any] | None = None,
+              idempotency_key: str | None = None) -> SwarmRead:
+        """`POST /swarms/{id}/retry`: a new swarm reusing what succeeded (SPEC §11)."""
+        return self._call(b.retry_call(swarm_id, limits, idempotency_key), SwarmRead)
+
+    def usage(self, *, start: date | datetime | str | None = None,
+              end: date | datetime | str | None = None, group_by: str = "model") -> UsageReport:
+        """`GET /usage?from=&to=&group_by=`: spend and tokens from the ledger."""
+        return self._call(b.usage_call(start, end, group_by), UsageReport)
+
+    def tools(self) -> ToolList:
+        """`GET /tools`: the tools the MCP servers offer (SPEC §9)."""
+        return self._call(b.Call("GET", "/tools"), ToolList)
+
+    def events(self, swarm_id: str, *, last_event_id: int | None = None) -> Iterator[SwarmEvent]:
+        """The swarm's events until `swarm.completed`; a dropped connection is resumed with
+        `Last-Event-ID`, so every event comes once and in order."""
+        last, failures = last_event_id, 0
+        while True:
+            got = 0
+            try:
+                with contextlib.closing(self._stream(swarm_id, last)) as stream:
+                    for event in stream:
+                        last, got, failures = event.id, got + 1, 0
+                        yield event
+                        if event.event == "swarm.completed":
+                            return
+            except Exception as exc:
+                failures += 1
+                if not b.retryable(exc) or failures > self.retry_policy.max_retries:
+                    if isinstance(exc, b.TRANSIENT):
+                        raise self._unreachable(exc) from exc
+                    raise
+                time.sleep(self.retry_policy.delay(failures, exc))
+                continue
+            if got == 0:  # ended with nothing new: the swarm ended before `last`
+                return
+
+    # ---- plumbing ------------------------------------------------------------------------
+
+    def _stream(self, swarm_id: str, last: int | None) -> Generator[SwarmEvent, None, None]:
+        with self._http.stream("GET", b.swarm_path(swarm_id, "/events"),
+                               headers=b.events_headers(last),
+                               timeout=b.stream_timeout(self._timeout)) as response:
+            if not response.is_success:
+                response.read()
+                b.check(response)
+            for sse in EventSource(response).iter_sse():
+                yield b.to_event(sse)
+
+    def _call(self, call: b.Call, model: type[M]) -> M:
+        try:
+            response = Retrying(**self.retry_policy.tenacity())(self._attempt, call)
+        except b.TRANSIENT as exc:
+            raise self._unreachable(exc) from exc
+        return b.parse(model, response)
+
+    def _attempt(self, call: b.Call) -> httpx.Response:
+        response = self._http.request(
+            call.method, call.path, params=call.params, json=call.json, headers=call.headers,
+            timeout=call.timeout if call.timeout is not None else httpx.USE_CLIENT_DEFAULT)
+        return b.check(response)
+
+    def _unreachable(self, exc: BaseException) -> Exception:
+        return b.unreachable(self.base_url, exc)
