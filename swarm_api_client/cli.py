@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swarm_api_client._base import DEFAULT_URL, TERMINAL
+from swarm_api_client._base import DEFAULT_URL, TERMINAL, RetryPolicy
 from swarm_api_client.client import SwarmClient
 from swarm_api_client.errors import (
     ConnectionFailed,
@@ -37,6 +37,8 @@ if TYPE_CHECKING:  # rich loads when a command prints, not when the parser is bu
 OK, NOT_SUCCEEDED, REFUSED, UNREACHABLE, KEY_REFUSED = 0, 1, 2, 3, 4
 COMMANDS = ("submit", "get", "ls", "watch", "cancel", "retry", "usage")
 REFRESH_S = 1.0  # the live view re-reads the swarm (spend, new subtasks) at most this often
+# a person waits at the terminal: give up on an unreachable service within a few seconds
+CLI_RETRY = RetryPolicy(max_retries=3)
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     command: Callable[[SwarmClient, argparse.Namespace], int] = _HANDLERS[args.command]
     url = args.url or os.environ.get("SWARM_URL") or DEFAULT_URL
     try:
-        with SwarmClient(url) as client:
+        with SwarmClient(url, retry=CLI_RETRY) as client:
             return command(client, args)
     except (Unauthorized, Forbidden) as exc:
         hint = "" if os.environ.get("SWARM_API_KEY") else " (SWARM_API_KEY is not set)"

@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +24,7 @@ import asyncpg
 import httpx
 
 from app.db.session import asyncpg_dsn
-from tests.support import CLI, free_port
+from tests.support import CLI, free_port, throwaway_db
 
 T = TypeVar("T")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -331,3 +331,25 @@ async def assert_durable_outcome(db: Db, api: str, sim_url: str, swarm_id: str,
     succeeded = sorted(e["data"]["name"] for e in events if e["type"] == "subtask.succeeded")
     assert succeeded == sorted(subs), "one subtask.succeeded event per subtask"
     return data
+
+
+# ---- one service for a test module ---------------------------------------------------------
+
+
+@contextlib.contextmanager
+def live_service(workdir: Path, **env: str) -> Iterator[str]:
+    """A real `swarm-api serve` (engine and in-process simulator) on a throwaway PostgreSQL
+    database; yields its base URL. Synchronous, for module-scoped fixtures."""
+    with throwaway_db("swarm_live") as db_url:
+        c = Cluster(db_url, workdir, **env)
+        try:
+            port = free_port()
+            proc = c.spawn("api", ["serve", "--port", str(port)])
+            url = f"http://127.0.0.1:{port}"
+            asyncio.run(wait_http(proc, f"{url}/readyz", timeout=30, ok_only=True))
+            yield url
+        except BaseException:
+            print(c.logs())
+            raise
+        finally:
+            c.close()

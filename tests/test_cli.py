@@ -1,0 +1,110 @@
+"""The CLI's client commands (`swarm-api submit/get/ls/watch/cancel/retry/usage`), run as the
+console script against a real `swarm-api serve` on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import CLI, free_port
+from swarm_api_client import SwarmClient
+from tests.client_support import API_KEY, SERVICE_ENV, five_agents
+from tests.procs import live_service
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with live_service(tmp_path_factory.mktemp("cli"), **SERVICE_ENV) as url:
+        yield url
+
+
+def cli(api_url: str, *args: str, stdin: str | None = None, key: str = API_KEY,
+        timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    env.update({"SWARM_URL": api_url, "SWARM_API_KEY": key, "COLUMNS": "200"})
+    return subprocess.run([CLI, *args], input=stdin, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def body_file(tmp_path: Path, body: dict[str, Any]) -> str:
+    path = tmp_path / f"swarm-{uuid.uuid4().hex[:6]}.json"
+    path.write_text(json.dumps(body))
+    return str(path)
+
+
+def read(api_url: str, swarm_id: str) -> Any:
+    with SwarmClient(api_url, api_key=API_KEY) as client:
+        return client.get(swarm_id)
+
+
+def test_submit_wait_prints_the_result_and_exits_0(api_url: str, tmp_path: Path) -> None:
+    done = cli(api_url, "submit", body_file(tmp_path, five_agents("cli five")), "--wait")
+    assert done.returncode == 0, done.stderr
+    swarm_id = done.stdout.split()[1]
+    swarm = read(api_url, swarm_id)
+    assert swarm.status == "succeeded" and swarm.result
+    assert swarm.result in done.stdout, "the result, unwrapped"
+    assert f"swarm {swarm_id} succeeded" in done.stdout
+    for name in ("agent_1", "agent_2", "agent_3", "agent_4", "agent_5", "@synthesizer"):
+        row = next(line for line in done.stdout.splitlines() if line.split()[:1] == [name])
+        assert "succeeded" in row and "kimi-k2.5" in row and "$" in row
+
+    listed = cli(api_url, "ls")
+    assert listed.returncode == 0 and swarm_id in listed.stdout
+
+    watched = cli(api_url, "watch", swarm_id)
+    assert watched.returncode == 0, watched.stderr
+    assert f"swarm {swarm_id} succeeded" in watched.stdout and swarm.result in watched.stdout
+    assert "@synthesizer" in watched.stdout
+
+    refused = cli(api_url, "cancel", swarm_id)
+    assert refused.returncode == 2 and "already_terminal" in refused.stderr
+
+
+def test_failing_swarm_exits_non_zero_with_its_error_code(api_url: str, tmp_path: Path) -> None:
+    body = five_agents("cli failing")
+    body["agents"][2]["system_prompt"] += " [[sim fail=400]]"  # the gateway refuses agent_3
+    failed = cli(api_url, "submit", "-", "--wait", stdin=json.dumps(body))
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    swarm_id = failed.stdout.split()[1]
+    swarm = read(api_url, swarm_id)
+    assert swarm.status == "failed" and swarm.error
+    assert f"swarm {swarm_id} failed: {swarm.error['code']}" in failed.stderr
+    assert swarm_id in cli(api_url, "ls", "--status", "failed").stdout
+
+
+def test_json_output_parses(api_url: str, tmp_path: Path) -> None:
+    path = body_file(tmp_path, five_agents("cli json"))
+    waited = cli(api_url, "submit", path, "--wait", "--json")
+    assert waited.returncode == 0, waited.stderr
+    final = json.loads(waited.stdout)
+    assert final["status"] == "succeeded" and final["result"]
+
+    listed = json.loads(cli(api_url, "ls", "--json", "--limit", "2").stdout)
+    assert [s["id"] for s in listed][:1] == [final["id"]] and len(listed) == 2
+    events = [json.loads(line) for line in cli(api_url, "watch", final["id"], "--json")
+              .stdout.splitlines()]
+    assert [e["id"] for e in events] == list(range(1, len(events) + 1))
+    assert events[-1]["event"] == "swarm.completed"
+    usage = json.loads(cli(api_url, "usage", "--json").stdout)
+    assert usage["group_by"] == "model" and usage["total"]["gateway_calls"] > 0
+    assert "from" in usage
+
+
+def test_unreachable_service_and_refused_key(api_url: str, tmp_path: Path) -> None:
+    down = cli(f"http://127.0.0.1:{free_port()}", "ls")
+    assert down.returncode == 3 and "cannot reach the Swarm API" in down.stderr
+    assert "SWARM_URL" in down.stderr and not down.stdout
+    refused = cli(api_url, "ls", key="not-a-key")
+    assert refused.returncode == 4 and "refused the API key" in refused.stderr
+    invalid = cli(api_url, "submit", "-", stdin=json.dumps({"task": "x", "model": "nope"}))
+    assert invalid.returncode == 2 and "unknown_model" in invalid.stderr
