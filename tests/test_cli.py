@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests.support import CLI, free_port
 from swarm_api_client import SwarmClient
 from tests.client_support import API_KEY, SERVICE_ENV, five_agents
 from tests.procs import live_service
+from tests.support import CLI, free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
