@@ -3,7 +3,8 @@ cancel, retry, usage. `app/cli.py` dispatches here; nothing of the server is imp
 
 Exit status: 0 done (for submit --wait, watch and retry --wait: the swarm succeeded); 1 the
 swarm failed or was cancelled (or did not finish in time); 2 a bad argument or a request the
-service refused; 3 the service cannot be reached; 4 the service refused the API key.
+service refused; 3 the service cannot be reached; 4 the service refused the API key; 130
+interrupted (Ctrl-C stops the client, not the swarm).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # rich loads when a command prints, not when the parser is bu
 
     from app.schemas import SwarmRead
 
-OK, NOT_SUCCEEDED, REFUSED, UNREACHABLE, KEY_REFUSED = 0, 1, 2, 3, 4
+OK, NOT_SUCCEEDED, REFUSED, UNREACHABLE, KEY_REFUSED, INTERRUPTED = 0, 1, 2, 3, 4, 130
 COMMANDS = ("submit", "get", "ls", "watch", "cancel", "retry", "usage")
 REFRESH_S = 1.0  # the live view re-reads the swarm (spend, new subtasks) at most this often
 # a person waits at the terminal: give up on an unreachable service within a few seconds
@@ -95,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
         return _fail(REFUSED, f"error: {exc}{details}")
     except _BadInput as exc:
         return _fail(REFUSED, f"error: {exc}")
+    except KeyboardInterrupt:  # only the client stops: a swarm goes on running on the service
+        return _fail(INTERRUPTED, "interrupted (a submitted swarm keeps running: "
+                     "`swarm-api watch ID` follows it again, `swarm-api cancel ID` stops it)")
 
 
 class _BadInput(Exception):

@@ -27,8 +27,8 @@ def _elapsed(swarm: SwarmRead) -> float:
 
 
 def _usd(value: str) -> str:
-    amount = Decimal(value)
-    return f"${amount:.4f}" if amount < 100 else f"${amount:,.2f}"
+    amount = Decimal(value)  # cents would hide what a cheap subtask costs
+    return f"${amount:.6f}" if amount < 1 else f"${amount:,.2f}"
 
 
 class LiveSwarm:

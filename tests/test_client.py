@@ -25,10 +25,12 @@ from swarm_api_client import (
     RateLimited,
     RetryPolicy,
     SwarmClient,
+    SwarmCreate,
     SwarmEvent,
     SwarmRead,
     ToolList,
     Unauthorized,
+    Unavailable,
     UsageReport,
     WaitTimeout,
 )
@@ -219,6 +221,25 @@ def test_429_gives_up_typed_and_connection_errors_become_connection_failed() -> 
     assert "http://swarm.test" in str(down.value)
 
 
+def test_server_errors_retried_only_when_transient() -> None:
+    answers = [httpx.Response(502, text="<html><body>bad gateway</body></html>"),
+               httpx.Response(200, json={"items": []}),
+               httpx.Response(500, json={"error": {"code": "internal", "message": "bug",
+                                                   "details": None}})]
+    calls: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return answers[len(calls) - 1]
+
+    with _mock_client(handler, retry=FAST) as c:
+        assert c.tools().items == []  # a proxy's HTML 502, then the answer
+        with pytest.raises(Unavailable) as info:
+            c.tools()  # a 500 is a bug, not a hiccup: raised at once
+    assert len(calls) == 3
+    assert (info.value.code, info.value.status_code, info.value.message) == ("internal", 500, "bug")
+
+
 def _events_sync(url: str, swarm_id: str) -> list[SwarmEvent]:
     with SwarmClient(url, api_key=API_KEY, retry=FAST) as c:
         return list(c.events(swarm_id))
@@ -246,7 +267,7 @@ async def test_events_resume_after_the_connection_drops(api_url: str, flavour: s
 
 async def test_async_client_methods(api_url: str) -> None:
     async with AsyncSwarmClient(api_url, api_key=API_KEY, retry=FAST) as client:
-        swarm = await client.create(five_agents("async"))
+        swarm = await client.create(SwarmCreate.model_validate(five_agents("async")))
         done = await client.wait(swarm.id, timeout=60)
         assert done.status == "succeeded" and await client.get(swarm.id) == done
         assert swarm.id in [s.id async for s in client.list(page_size=2)]
