@@ -17,7 +17,7 @@ from tenacity import AsyncRetrying
 
 from app.schemas import SwarmCreate, SwarmEvent, SwarmList, SwarmRead, ToolList, UsageReport
 from swarm_api_client import _base as b
-from swarm_api_client.errors import WaitTimeout
+from swarm_api_client.errors import SwarmApiError, WaitTimeout
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -125,8 +125,16 @@ class AsyncSwarmClient:
                     raise
                 await asyncio.sleep(self.retry_policy.delay(failures, exc))
                 continue
-            if got == 0:  # ended with nothing new: the swarm ended before `last`
-                return
+            if got == 0:
+                # a clean end with nothing new: the swarm ended before `last`, or a server
+                # going away (graceful shutdown) closed the stream
+                if (await self.get(swarm_id)).status in b.TERMINAL:
+                    return
+                failures += 1
+                if failures > self.retry_policy.max_retries:
+                    raise SwarmApiError(f"the event stream of {swarm_id} keeps ending early",
+                                        code="stream_ended")
+                await asyncio.sleep(self.retry_policy.delay(failures, None))
 
     # ---- plumbing ------------------------------------------------------------------------
 

@@ -240,6 +240,28 @@ def test_server_errors_retried_only_when_transient() -> None:
     assert (info.value.code, info.value.status_code, info.value.message) == ("internal", 500, "bug")
 
 
+def test_events_reconnect_when_a_stream_ends_early_on_a_running_swarm() -> None:
+    """A server shutting down ends the stream cleanly: the client reads the swarm, sees it
+    running, and reconnects (from the last event it saw) until `swarm.completed`."""
+    streams: list[httpx.Request] = []
+    body = _swarm_json("x")
+
+    def sse(*events: tuple[int, str]) -> httpx.Response:
+        text = "".join(f'id: {i}\nevent: {name}\ndata: {{"seq": {i}}}\n\n' for i, name in events)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, text=text)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if not request.url.path.endswith("/events"):
+            return httpx.Response(200, json={**body, "status": "running"})
+        streams.append(request)
+        return [sse((1, "swarm.status")), sse(), sse((2, "swarm.completed"))][len(streams) - 1]
+
+    with _mock_client(handler, retry=FAST) as c:
+        events = list(c.events("s"))
+    assert [(e.id, e.event) for e in events] == [(1, "swarm.status"), (2, "swarm.completed")]
+    assert [r.headers.get("Last-Event-ID") for r in streams] == [None, "1", "1"]
+
+
 def _events_sync(url: str, swarm_id: str) -> list[SwarmEvent]:
     with SwarmClient(url, api_key=API_KEY, retry=FAST) as c:
         return list(c.events(swarm_id))
