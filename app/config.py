@@ -5,12 +5,36 @@ from __future__ import annotations
 from decimal import Decimal
 from functools import cached_property
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.pricing import PriceTable
 
 EMBEDDED_DATABASE_URL = "sqlite+aiosqlite:///./swarm.db"
+
+
+def parse_api_keys(raw: str) -> dict[str, str]:
+    """Client key -> tenant, from `tenant:key,tenant:key`. Refuses what would silently mean
+    something else: a value with no key at all (open mode by accident), a malformed item, and
+    a key listed twice (which tenant would it be?)."""
+    out: dict[str, str] = {}
+    if not raw.strip():
+        return out
+    for item in raw.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        tenant, sep, key = item.partition(":")
+        tenant, key = tenant.strip(), key.strip()
+        if not sep or not tenant or not key:
+            raise ValueError("SWARM_API_KEYS must be 'tenant:key,tenant:key'")
+        if key in out:
+            raise ValueError(f"SWARM_API_KEYS lists one key twice (tenants {out[key]!r} and "
+                             f"{tenant!r})")
+        out[key] = tenant
+    if not out:
+        raise ValueError("SWARM_API_KEYS is set but names no key: leave it empty for open mode")
+    return out
 
 
 class Settings(BaseSettings):
@@ -47,6 +71,8 @@ class Settings(BaseSettings):
     webhook_allow_http: bool = False
     webhook_allow_private: bool = False
     webhook_retry_base_s: float = Field(default=5.0, gt=0)  # doubles per attempt, capped at 10 min
+    # one delivery attempt in total: connect + send + read the answer
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=300)
     # the in-process simulator (used when no gateway_url is set)
     simulator_latency_ms: float = Field(default=200.0, ge=0)
     simulator_latency_jitter_ms: float = Field(default=100.0, ge=0)
@@ -55,6 +81,15 @@ class Settings(BaseSettings):
     @classmethod
     def _strip_slash(cls, v: str | None) -> str | None:
         return v.rstrip("/") if v else None
+
+    @model_validator(mode="after")
+    def _refuse_ambiguity(self) -> Settings:
+        # fail when built, not on the first request that needs the keys or the model's price
+        parse_api_keys(self.api_keys.get_secret_value())
+        if self.default_model not in self.prices:
+            raise ValueError(f"SWARM_DEFAULT_MODEL {self.default_model!r} has no price "
+                             f"(priced: {', '.join(self.prices.names())})")
+        return self
 
     @property
     def is_sqlite(self) -> bool:
@@ -67,16 +102,7 @@ class Settings(BaseSettings):
     @cached_property
     def tenant_keys(self) -> dict[str, str]:
         """Client key -> tenant, from `tenant:key,tenant:key`."""
-        out: dict[str, str] = {}
-        for item in self.api_keys.get_secret_value().split(","):
-            item = item.strip()
-            if not item:
-                continue
-            tenant, sep, key = item.partition(":")
-            if not sep or not tenant or not key:
-                raise ValueError("SWARM_API_KEYS must be 'tenant:key,tenant:key'")
-            out[key] = tenant
-        return out
+        return parse_api_keys(self.api_keys.get_secret_value())
 
     @property
     def auth_enabled(self) -> bool:

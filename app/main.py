@@ -16,7 +16,7 @@ from app import metrics
 from app.api import errors, ops, swarms, usage
 from app.config import Settings
 from app.gateway.client import GatewayClient
-from app.middleware import BodyLimit, HttpMetrics
+from app.middleware import BodyLimit, HttpMetrics, LoopbackOnly
 from app.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -64,9 +64,12 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     metrics.set_price_table(settings.prices)
     errors.install(app)
     # routes that read or write the database answer 503 while it is unreachable
-    app.include_router(swarms.router, responses=errors.error_responses(503))
-    app.include_router(usage.router, responses=errors.error_responses(503))
+    # 403: a client off loopback while the API is open (LoopbackOnly)
+    app.include_router(swarms.router, responses=errors.error_responses(403, 503))
+    app.include_router(usage.router, responses=errors.error_responses(403, 503))
     app.include_router(ops.router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    if not settings.auth_enabled and not settings.allow_open:
+        app.add_middleware(LoopbackOnly)  # the CLI refuses the bind; other servers get this
     app.add_middleware(HttpMetrics)
     return app

@@ -1,23 +1,65 @@
-"""Pure ASGI middleware: request body limit and HTTP metrics by route template."""
+"""Pure ASGI middleware: request body limit, HTTP metrics by route template, and the last
+resort for unhandled exceptions."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
+from collections.abc import Awaitable, Callable
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
 
 
-async def _send_413(send: Send, limit: int) -> None:
-    body = json.dumps({"error": {"code": "payload_too_large",
-                                 "message": f"request body over {limit} bytes",
-                                 "details": {"limit": limit}}}).encode()
-    await send({"type": "http.response.start", "status": 413,
+async def _send_error(send: Send, status: int, code: str, message: str,
+                      details: object = None) -> None:
+    body = json.dumps({"error": {"code": code, "message": message,
+                                 "details": details}}).encode()
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _send_413(send: Send, limit: int) -> None:
+    await _send_error(send, 413, "payload_too_large", f"request body over {limit} bytes",
+                      {"limit": limit})
+
+
+def is_loopback(host: str) -> bool:
+    """localhost, 127.0.0.0/8, ::1 (and ::ffff:127.0.0.1)."""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+class LoopbackOnly:
+    """The open-bind guard of the app itself, whatever server runs it: an API without
+    SWARM_API_KEYS (and without SWARM_ALLOW_OPEN) answers only loopback clients (403 for any
+    other); the probes and metrics stay reachable."""
+
+    OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = scope.get("client")
+        if (scope["type"] == "http" and client and scope["path"] not in self.OPEN_PATHS
+                and not is_loopback(str(client[0]))):
+            await _send_error(send, 403, "forbidden",
+                              "this API has no SWARM_API_KEYS: it serves loopback clients "
+                              "only (set SWARM_API_KEYS, or SWARM_ALLOW_OPEN=1)")
+            return
+        await self.app(scope, receive, send)
 
 
 def _declared_length(scope: Scope) -> int:
@@ -98,3 +140,32 @@ class HttpMetrics:
             template = getattr(route, "path", None) or "unmatched"
             metrics.http_duration.labels(scope["method"], template, str(status)).observe(
                 time.perf_counter() - start)
+
+
+class CatchAll:
+    """Answers an exception no handler took with `render(exc)` (which logs it) — once.
+    Starlette's own last resort answers and then re-raises to the server, which logs the same
+    traceback a second time. A response already started (an event stream) just ends."""
+
+    def __init__(self, app: ASGIApp, render: Callable[[Exception], Awaitable[Response]]) -> None:
+        self.app = app
+        self.render = render
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking)
+        except Exception as exc:
+            response = await self.render(exc)
+            if not started:
+                await response(scope, receive, send)

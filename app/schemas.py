@@ -27,15 +27,21 @@ def _no_nul(v: str) -> str:
     return v
 
 
+def _storable(v: str) -> str:
+    """What every database stores: no NUL, and no lone surrogate (UTF-8 cannot encode one)."""
+    _no_nul(v)
+    try:
+        v.encode()
+    except UnicodeEncodeError:
+        raise ValueError("must be valid unicode (no lone surrogates)") from None
+    return v
+
+
 def _json_value(v: Any, depth: int) -> None:
     if depth > METADATA_MAX_DEPTH:
         raise ValueError(f"nested deeper than {METADATA_MAX_DEPTH} levels")
     if isinstance(v, str):
-        _no_nul(v)
-        try:
-            v.encode()
-        except UnicodeEncodeError:
-            raise ValueError("must be valid unicode (no lone surrogates)") from None
+        _storable(v)
     elif isinstance(v, float) and not math.isfinite(v):
         raise ValueError("numbers must be finite (no NaN or Infinity)")
     elif isinstance(v, dict):
@@ -47,11 +53,12 @@ def _json_value(v: Any, depth: int) -> None:
             _json_value(item, depth + 1)
 
 
-Text = Annotated[str, AfterValidator(_no_nul)]
+Text = Annotated[str, AfterValidator(_storable)]
 AgentName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 MaxTokens = Annotated[int, Field(ge=1, le=128_000)]
 Temperature = Annotated[float, Field(ge=0, le=2)]
-ModelName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=64),
+                      AfterValidator(_storable)]
 
 EXAMPLE_REQUEST: dict[str, Any] = {
     "task": "Review the v1 -> v2 migration of our FastAPI payment service",

@@ -1,5 +1,8 @@
-"""Signed webhooks for terminal swarms: URL checks at creation, HMAC signatures, and a durable
-retry loop (deliveries are rows; any process with an engine sends them)."""
+"""Signed webhooks for terminal swarms: URL checks at creation, HMAC signatures (a secret per
+tenant, SWARM_WEBHOOK_SECRET by default), and a durable retry loop (deliveries are rows; any
+process with an engine sends them). Each delivery runs on its own, under one deadline for
+connect + send + read, and reads at most MAX_ANSWER_BYTES of the answer: a receiver that
+trickles or floods delays nobody else's delivery."""
 
 from __future__ import annotations
 
@@ -7,12 +10,11 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import random
-import socket
 import time
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 import httpx
@@ -23,12 +25,14 @@ from app.db import webhooks as repo
 from app.db.session import SessionFactory
 from app.db.tables import Webhook
 from app.errors import RequestInvalid
+from app.outbound import PinnedTransport, resolve_public
 from app.views import swarm_read
 
 log = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-Swarm-Signature"
 GIVE_UP_AFTER_S = 3600.0  # SPEC: non-2xx answers are retried for up to an hour
-HOLD_S = 60.0             # a claimed delivery is ours for this long (one attempt's timeout + slack)
+HOLD_SLACK_S = 30.0       # a claimed delivery is ours for its deadline plus this
+MAX_ANSWER_BYTES = 64 * 1024  # of a receiver's answer body; only its status matters
 
 
 def sign(secret: str, body: bytes, timestamp: int) -> str:
@@ -37,57 +41,64 @@ def sign(secret: str, body: bytes, timestamp: int) -> str:
     return f"t={timestamp},v1={mac.hexdigest()}"
 
 
+def webhook_secret(settings: Settings, tenant: str,
+                   secrets: Mapping[str, str] | None = None) -> str:
+    """The key that signs `tenant`'s webhooks: its own, else SWARM_WEBHOOK_SECRET."""
+    own = (secrets or {}).get(tenant)
+    return own or settings.webhook_secret.get_secret_value()
+
+
 def _invalid(message: str, url: str) -> RequestInvalid:
     return RequestInvalid(message, code="invalid_webhook_url",
                           details={"field": "webhook_url", "url": url})
 
 
-async def public_addresses(host: str, port: int) -> list[str]:
-    """Every address `host` resolves to; raises ValueError when one of them is not public."""
-    try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port,
-                                                              type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise ValueError(f"cannot resolve {host!r}") from exc
-    addrs = sorted({str(info[4][0]) for info in infos})
-    for a in addrs:
-        if not ipaddress.ip_address(a.split("%", 1)[0]).is_global:
-            raise ValueError(f"{host!r} resolves to a non-public address ({a})")
-    return addrs
-
-
-async def check_webhook_url(url: str, settings: Settings) -> None:
+async def check_webhook_url(url: str, settings: Settings, tenant: str = "",
+                            secrets: Mapping[str, str] | None = None) -> None:
     """Reject at creation what could never be delivered, or must not be (SSRF)."""
-    if not settings.webhook_secret.get_secret_value():
-        raise RequestInvalid("webhooks need SWARM_WEBHOOK_SECRET on the server",
+    if not webhook_secret(settings, tenant, secrets):
+        raise RequestInvalid("webhooks need SWARM_WEBHOOK_SECRET (or the tenant's "
+                             "webhook_secret) on the server",
                              code="webhooks_not_configured", details={"field": "webhook_url"})
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        hostname, port = parts.hostname, parts.port
+    except ValueError:  # a bad port or IPv6 literal
+        raise _invalid("webhook_url is not a valid URL", url) from None
     allowed = {"https", "http"} if settings.webhook_allow_http else {"https"}
-    if parts.scheme not in allowed or not parts.hostname:
+    if parts.scheme not in allowed or not hostname:
         raise _invalid(f"webhook_url must be an absolute {' or '.join(sorted(allowed))} URL", url)
     if parts.username or parts.password:
         raise _invalid("webhook_url must not carry credentials", url)
     if not settings.webhook_allow_private:
         try:
-            await public_addresses(parts.hostname, parts.port or 443)
+            await resolve_public(hostname, port or (443 if parts.scheme == "https" else 80))
         except ValueError as exc:
             raise _invalid(str(exc), url) from exc
 
 
 class WebhookDispatcher:
-    """Sends due deliveries, retries non-2xx with backoff up to an hour, records every attempt."""
+    """Sends due deliveries, each in its own task (at most `concurrency` at once), retries
+    non-2xx with backoff up to an hour, records every attempt."""
 
     def __init__(self, settings: Settings, sessions: SessionFactory,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 concurrency: int = 16) -> None:
+                 concurrency: int = 16, secrets: Mapping[str, str] | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
-        self._client = httpx.AsyncClient(transport=transport, timeout=10.0,
+        self.deadline_s = settings.webhook_timeout_s
+        if not settings.webhook_allow_private:  # connect only to the address that was checked
+            transport = PinnedTransport(transport)
+        # httpx's timeouts bound each phase (a trickle of bytes resets the read timeout);
+        # the deadline in _post bounds the whole attempt
+        self._client = httpx.AsyncClient(transport=transport, timeout=self.deadline_s,
                                          follow_redirects=False)
+        self._secrets = secrets
         self._poll_s = settings.poll_interval_s
         self._concurrency = concurrency
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="webhooks")
@@ -96,35 +107,57 @@ class WebhookDispatcher:
         self._wake.set()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        """Stop claiming and cancel what is in flight (its hold expires; it is sent again)."""
+        tasks = [t for t in (self._task, *self._inflight) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         await self._client.aclose()
 
     async def _loop(self) -> None:
         while True:
-            try:
-                async with self.sessions() as session, session.begin():
-                    due = await repo.claim_due(session, self._concurrency, HOLD_S)
-                await asyncio.gather(*(self._deliver(h) for h in due))
-            except Exception:
-                log.exception("webhook loop failed; retrying")
-                due = []
-            if not due:
+            due: list[Webhook] = []
+            free = self._concurrency - len(self._inflight)
+            if free > 0:
+                try:
+                    async with self.sessions() as session, session.begin():
+                        due = await repo.claim_due(session, free,
+                                                   self.deadline_s + HOLD_SLACK_S)
+                except Exception:
+                    log.exception("claiming webhook deliveries failed; retrying")
+            for hook in due:
+                task = asyncio.create_task(self._deliver(hook), name=f"webhook {hook.swarm_id}")
+                self._inflight.add(task)
+                task.add_done_callback(self._finished)
+            if not due:  # nothing due, or no free slot: until a wake-up, a free slot, a poll
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._poll_s)
                 self._wake.clear()
 
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        self._wake.set()  # a slot is free
+
     async def _deliver(self, hook: Webhook) -> None:
+        try:
+            await self._attempt(hook)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the row stays held, then due again: another attempt follows
+            log.exception("webhook %s: delivery failed", hook.swarm_id)
+
+    async def _attempt(self, hook: Webhook) -> None:
         async with self.sessions() as session, session.begin():
             swarm = await queries.get_swarm(session, hook.swarm_id, None)
             subs = (await queries.get_subtasks(session, [hook.swarm_id]))[hook.swarm_id]
         assert swarm is not None
         view = swarm_read(swarm, subs, with_outputs=False, with_result=True)
         body = json.dumps(view.model_dump(mode="json"), separators=(",", ":")).encode()
+        secret = webhook_secret(self.settings, swarm.tenant, self._secrets)
         t0 = time.perf_counter()
-        status, error = await self._post(hook, body)
+        status, error = await self._post(hook, body, secret)
         latency_ms = round((time.perf_counter() - t0) * 1000, 1)
         base = self.settings.webhook_retry_base_s
         delay = min(base * 2 ** hook.attempts, 600.0) * (0.8 + 0.4 * random.random())
@@ -134,21 +167,34 @@ class WebhookDispatcher:
         log.info("webhook %s attempt %d: %s -> %s", hook.swarm_id, hook.attempts + 1,
                  status or error, state)
 
-    async def _post(self, hook: Webhook, body: bytes) -> tuple[int | None, str | None]:
-        parts = urlsplit(hook.url)
-        if not self.settings.webhook_allow_private:
-            try:  # checked again at send time: DNS may have changed since creation
-                await public_addresses(parts.hostname or "", parts.port or 443)
-            except ValueError as exc:
-                return None, f"refused: {exc}"
+    async def _post(self, hook: Webhook, body: bytes,
+                    secret: str) -> tuple[int | None, str | None]:
         ts = int(time.time())
         headers = {"content-type": "application/json",
-                   SIGNATURE_HEADER: sign(self.settings.webhook_secret.get_secret_value(), body,
-                                          ts),
+                   SIGNATURE_HEADER: sign(secret, body, ts),
                    "X-Swarm-Event": "swarm.completed",
                    "X-Swarm-Delivery": f"{hook.swarm_id}:{hook.attempts + 1}"}
         try:
-            r = await self._client.post(hook.url, content=body, headers=headers)
+            async with asyncio.timeout(self.deadline_s):  # connect + send + read, in total
+                async with self._client.stream("POST", hook.url, content=body,
+                                               headers=headers) as r:
+                    await _read_capped(r, MAX_ANSWER_BYTES)
+        except (TimeoutError, httpx.TimeoutException):
+            return None, f"no complete answer within {self.deadline_s:g} s"
         except httpx.HTTPError as exc:
             return None, f"{type(exc).__name__}: {exc}"[:500]
         return r.status_code, None if r.is_success else f"HTTP {r.status_code}"
+
+
+async def _read_capped(response: httpx.Response, limit: int) -> int:
+    """Read at most `limit` bytes of the body (undecoded: no decompression bomb either);
+    closing the response then drops the connection instead of draining the rest."""
+    seen = 0
+    try:
+        async for chunk in response.aiter_raw():
+            seen += len(chunk)
+            if seen >= limit:
+                break
+    except httpx.StreamConsumed:  # a transport that answered with the body already read
+        seen = len(response.content)
+    return seen

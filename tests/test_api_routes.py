@@ -479,9 +479,19 @@ async def test_events_failed_swarm_reports_failure_and_completes(api: Harness) -
     assert kinds[-1] == "swarm.completed" and events[-1]["data"]["status"] == "failed"
 
 
-@pytest.mark.parametrize("last", ["abc", "1.5", "3x"])
-async def test_events_bad_last_event_id_is_422(api: Harness, last: str) -> None:
+@pytest.mark.parametrize("last", ["abc", "1.5", "3x", "-1", "٣", "1_0",
+                                  "2147483648", "99999999999999999999999"])
+async def test_events_bad_last_event_id_is_400(api: Harness, last: str) -> None:
+    """Event ids are integers in 0..2^31-1; anything else is refused before the stream opens
+    (a number past the 32-bit column used to abort the stream mid-response)."""
     sid = (await api.run({"task": "t", "agents": [{"name": "a"}]}))["id"]
-    r = await api.client.get(f"/swarms/{sid}/events", headers={"Last-Event-ID": last})
-    err = error_of(r, 422)
+    r = await api.client.get(f"/swarms/{sid}/events",
+                             headers={"Last-Event-ID": last.encode()})
+    err = error_of(r, 400, "invalid_last_event_id")
     assert err["details"]["field"] == "Last-Event-ID"
+
+
+async def test_events_last_event_id_at_the_bound_is_an_ended_stream(api: Harness) -> None:
+    sid = (await api.run({"task": "t", "agents": [{"name": "a"}]}))["id"]
+    r = await api.client.get(f"/swarms/{sid}/events", headers={"Last-Event-ID": "2147483647"})
+    assert r.status_code == 200 and "event:" not in r.text

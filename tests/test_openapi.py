@@ -4,6 +4,7 @@ its schema, and real answers validate against what the document declares."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -25,7 +26,7 @@ SPEC_ROUTES: dict[tuple[str, str], set[int]] = {
     ("get", "/swarms"): {200, 401, 422, 503},
     ("get", "/swarms/{swarm_id}"): {200, 401, 404, 422, 503},
     ("post", "/swarms/{swarm_id}/cancel"): {202, 401, 404, 409, 503},
-    ("get", "/swarms/{swarm_id}/events"): {200, 401, 404, 422, 503},
+    ("get", "/swarms/{swarm_id}/events"): {200, 400, 401, 404, 503},
     ("get", "/usage"): {200, 401, 422, 503},
     ("get", "/healthz"): {200},
     ("get", "/readyz"): {200, 503},
@@ -147,6 +148,33 @@ def test_validator_rejects_what_it_should() -> None:
     assert schema_errors(doc, ref, {"a": 1, "c": ["z"]})  # enum
     assert schema_errors(doc, ref, {"a": 1, "zzz": 1})  # undocumented key
     assert schema_errors(doc, ref, [])
+
+
+def parse_sse(text: str) -> list[dict[str, str]]:
+    """Events of a text/event-stream body as the HTML spec parses them (comments skipped)."""
+    events = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        event: dict[str, str] = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            event[name] = event[name] + "\n" + value if name == "data" and name in event \
+                else value
+        if "data" in event:
+            events.append(event)
+    return events
+
+
+def test_event_schema_rejects_what_it_should() -> None:
+    from app.api.sse import EVENT_SCHEMA
+
+    ok = {"id": "1", "event": "swarm.status", "data": '{"seq": 1}'}
+    assert schema_errors({}, EVENT_SCHEMA, ok) == []
+    assert schema_errors({}, EVENT_SCHEMA, {**ok, "id": "0"})
+    assert schema_errors({}, EVENT_SCHEMA, {**ok, "event": "message"})
+    assert schema_errors({}, EVENT_SCHEMA, {"id": "1", "event": "swarm.status"})
 
 
 # ---- the document ------------------------------------------------------------------------------
@@ -336,6 +364,15 @@ async def test_every_answer_matches_what_the_document_declares(live: Harness) ->
         if media == "application/json":
             errors = schema_errors(doc, content[media]["schema"], r.json())
             assert errors == [], f"{where}: {errors}"
+        if media == "text/event-stream":
+            events = parse_sse(r.text)
+            assert events, where
+            for event in events:  # each event, as a schema-aware SSE client checks it
+                schema = content[media]["schema"]
+                assert schema_errors(doc, schema, event) == [], (where, event)
+                data = json.loads(event["data"])
+                assert schema_errors(doc, schema["properties"]["data"]["contentSchema"],
+                                     data) == [], (where, data)
         seen.add((method, template, r.status_code))
     # the exercise really covered every documented status of SPEC §3 but the unprovokable 503
     wanted = {(m, p, s) for (m, p), ss in SPEC_ROUTES.items() for s in ss if s != 503}

@@ -159,3 +159,195 @@ async def test_delivery_gives_up_after_an_hour(database_url: str) -> None:
         assert hook.state == "failed" and hook.finished_at is not None
     finally:
         await close()
+
+
+# ---- SSRF: IPv6 forms that embed IPv4, and one resolution per delivery -------------------------
+
+
+@pytest.mark.parametrize("url", [
+    "https://[::127.0.0.1]/x",                     # IPv4-compatible
+    "https://[::ffff:127.0.0.1]/x",                # IPv4-mapped
+    "https://[::ffff:a9fe:a9fe]/latest",           # mapped 169.254.169.254
+    "https://[64:ff9b::7f00:1]/x",                 # NAT64 of 127.0.0.1
+    "https://[64:ff9b::a00:1]/x",                  # NAT64 of 10.0.0.1
+    "https://[64:ff9b:1::a00:1]/x",                # local-use NAT64
+    "https://[2002:7f00:1::]/x",                   # 6to4 of 127.0.0.1
+    "https://[2002:c0a8:101::1]/x",                # 6to4 of 192.168.1.1
+    "https://[2001:0:4136:e378:8000:63bf:80ff:fffe]/x",  # Teredo, client 127.0.0.1
+    "https://[::]/x",
+    "https://[fe80::1%25eth0]/x",
+    "https://2130706433/x",                        # 127.0.0.1 as one number
+    "https://0x7f.1/x",
+    "https://[ff0e::1]/x",                         # multicast
+    "https://[::1:8443/x",                         # not a URL at all
+])
+async def test_ipv6_forms_of_private_addresses_are_refused(sqlite_url: str, url: str) -> None:
+    h, close = await start_harness(make_settings(sqlite_url, webhook_secret=SECRET),
+                                   run_engine=False)
+    try:
+        r = await h.post({"task": "t", "agents": [{"name": "a"}], "webhook_url": url})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["code"] == "invalid_webhook_url"
+        assert r.json()["error"]["details"]["field"] == "webhook_url"
+    finally:
+        await close()
+
+
+def test_embedded_ipv4_is_judged_like_the_ipv4_address() -> None:
+    from app.outbound import refusal
+
+    assert refusal("93.184.216.34") is None
+    assert refusal("2606:2800:220:1:248:1893:25c8:1946") is None
+    for private in ("::127.0.0.1", "64:ff9b::7f00:1", "2002:7f00:1::", "::ffff:10.0.0.1",
+                    "127.0.0.1", "10.1.2.3", "100.64.0.1", "0.0.0.0", "::1"):
+        assert refusal(private) is not None, private
+
+
+async def test_the_connection_goes_to_the_address_that_was_checked() -> None:
+    """One resolution per request: a name that changes its answer between the check and the
+    connection (DNS rebinding) cannot redirect the request."""
+    from app.outbound import AddressRefused, PinnedTransport
+
+    answers = [["93.184.216.34"], ["127.0.0.1"]]
+    lookups: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        lookups.append(f"{host}:{port}")
+        from app.outbound import refusal
+
+        addrs = answers.pop(0)
+        if any(refusal(a) for a in addrs):
+            raise ValueError(f"{host!r} resolves to a non-public address")
+        return addrs
+
+    seen: list[httpx.Request] = []
+
+    def receiver(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200)
+
+    pinned = PinnedTransport(httpx.MockTransport(receiver), resolve=resolve)
+    async with httpx.AsyncClient(transport=pinned) as client:
+        r = await client.post("https://hooks.example/x", content=b"{}")
+        assert r.status_code == 200
+        with pytest.raises(AddressRefused):
+            await client.post("https://hooks.example/x", content=b"{}")
+    assert lookups == ["hooks.example:443", "hooks.example:443"]
+    assert len(seen) == 1  # the refused one never left
+    sent = seen[0]
+    assert sent.url.host == "93.184.216.34" and sent.url.path == "/x"
+    assert sent.headers["host"] == "hooks.example"
+    assert sent.extensions["sni_hostname"] == "hooks.example"  # TLS checks the name
+
+
+# ---- deliveries cannot be stalled --------------------------------------------------------------
+
+
+class Receivers:
+    """Real HTTP receivers on loopback: one trickles its answer a byte at a time, one answers
+    50 MB, one answers at once."""
+
+    FLOOD = 50 * 1024 * 1024
+
+    def __init__(self) -> None:
+        self.trickle_started = asyncio.Event()
+        self.trickle_ended = asyncio.Event()
+        self.flood_started = asyncio.Event()
+        self.flood_sent = 0
+        self.fast: list[bool] = []  # per fast delivery: was the trickle still going?
+        self.servers: list[asyncio.Server] = []
+
+    async def start(self) -> dict[str, str]:
+        urls = {}
+        for name, handler in (("trickle", self._trickle), ("flood", self._flood),
+                              ("fast", self._fast)):
+            server = await asyncio.start_server(handler, "127.0.0.1", 0)
+            self.servers.append(server)
+            urls[name] = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+        return urls
+
+    async def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+    @staticmethod
+    async def _request(reader: asyncio.StreamReader) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        await reader.readexactly(length)
+
+    async def _trickle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._request(reader)
+        self.trickle_started.set()
+        try:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            for _ in range(600):  # a byte every 0.1 s for a minute, unless the client leaves
+                writer.write(b"x")
+                await writer.drain()
+                if reader.at_eof():
+                    break
+                await asyncio.sleep(0.1)
+        except ConnectionError:
+            pass
+        finally:
+            self.trickle_ended.set()
+            writer.close()
+
+    async def _flood(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._request(reader)
+        self.flood_started.set()
+        chunk = b"x" * (1024 * 1024)
+        try:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % self.FLOOD)
+            while self.flood_sent < self.FLOOD:
+                writer.write(chunk)
+                await writer.drain()
+                self.flood_sent += len(chunk)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _fast(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._request(reader)
+        self.fast.append(not self.trickle_ended.is_set())
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+
+async def test_a_trickling_or_flooding_receiver_delays_no_other_delivery(
+        database_url: str) -> None:
+    receivers = Receivers()
+    urls = await receivers.start()
+    deadline = 3.0
+    h, close = await start_harness(make_settings(
+        database_url, webhook_secret=SECRET, webhook_allow_http=True, webhook_allow_private=True,
+        webhook_timeout_s=deadline, webhook_retry_base_s=600))
+    try:
+        await h.app.state.engine.stop()  # swarms stay queued; cancelling one makes it due now
+        ids = {name: (await h.post({"task": "t", "agents": [{"name": "a"}],
+                                    "webhook_url": url})).json()["id"]
+               for name, url in urls.items()}
+        for name in ("trickle", "flood"):
+            assert (await h.client.post(f"/swarms/{ids[name]}/cancel")).status_code == 202
+        await asyncio.wait_for(receivers.trickle_started.wait(), 20)
+        await asyncio.wait_for(receivers.flood_started.wait(), 20)
+        # both slow deliveries are under way: the next one must not wait for them
+        assert (await h.client.post(f"/swarms/{ids['fast']}/cancel")).status_code == 202
+        rows = await _attempts(h, ids["fast"], 1)
+        assert rows[0].status_code == 204
+        assert receivers.fast == [True], "the fast delivery waited for the trickling one"
+        trickle, flood = [(await _attempts(h, ids[n], 1))[0] for n in ("trickle", "flood")]
+    finally:
+        h.app.state.engine = None
+        await close()
+        await receivers.close()
+    # the trickle was cut at the deadline (connect + send + read), not after a minute
+    assert trickle.status_code is None and "within 3 s" in (trickle.error or "")
+    assert deadline * 1000 <= (trickle.latency_ms or 0) < 4 * deadline * 1000
+    assert receivers.trickle_ended.is_set()
+    # the flood's status was taken and its body left unread after a few chunks
+    assert flood.status_code == 200
+    assert receivers.flood_sent < Receivers.FLOOD // 2

@@ -9,10 +9,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.db.retry import database_unavailable
 from app.errors import ApiError
+from app.middleware import CatchAll
 from app.schemas import ErrorResponse
 
 log = logging.getLogger(__name__)
@@ -89,15 +91,13 @@ async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
                           dict(exc.headers) if exc.headers else None)
 
 
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    if database_unavailable(exc):
-        log.warning("database unavailable: %s", exc)
+async def unhandled(exc: Exception) -> JSONResponse:
+    """The answer to an exception no handler took, logged here once: 503 while the database
+    is unreachable or its pool has no connection to give, else 500."""
+    if database_unavailable(exc) or isinstance(exc, PoolTimeout):
+        log.warning("database unavailable: %s", type(exc).__name__)
         return error_response(503, "unavailable", "the database is unavailable; retry shortly",
                               None, {"Retry-After": "1"})
-    return await _internal(request, exc)
-
-
-async def _internal(_: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error", exc_info=exc)
     return error_response(500, "internal", "internal error")
 
@@ -106,7 +106,8 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)  # type: ignore[arg-type]
     app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http)  # type: ignore[arg-type]
-    app.add_exception_handler(Exception, _unexpected)
+    # innermost of the middleware added by create_app, so the HTTP metrics see its status
+    app.add_middleware(CatchAll, render=unhandled)
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:

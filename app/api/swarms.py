@@ -16,6 +16,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from app.api.deps import EngineDep, NotifierDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import error_responses
+from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
 from app.db import queries
 from app.engine.specs import build_swarm, request_hash
 from app.errors import (
@@ -86,7 +87,7 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
     """Validate, store the swarm and its subtasks in one transaction, and queue it."""
     new = build_swarm(body, settings, tenant, idempotency_key)
     if body.webhook_url is not None:
-        await check_webhook_url(body.webhook_url, settings)
+        await check_webhook_url(body.webhook_url, settings, tenant)
     ttl = settings.idempotency_ttl_s
     if idempotency_key is not None and (
             seen := await _replay(session, response, body, tenant, idempotency_key, ttl)):
@@ -183,9 +184,8 @@ async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
 
 
 @router.get("/{swarm_id}/events", response_class=EventSourceResponse, responses={
-    200: {"description": "Server-Sent Events, one per state change",
-          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-    **error_responses(401, 404, 422)}, summary="Stream a swarm's events")
+    200: EVENT_STREAM_RESPONSE, **error_responses(400, 401, 404, 422)},
+    summary="Stream a swarm's events")
 async def swarm_events(
     swarm_id: str, request: Request, session: SessionDep, tenant: TenantDep,
     notifier: NotifierDep,
@@ -193,11 +193,7 @@ async def swarm_events(
 ) -> EventSourceResponse:
     """`id:` is the per-swarm sequence number; `Last-Event-ID` resumes after it; the stream
     ends after `swarm.completed`."""
-    try:
-        after = max(int(last_event_id), 0) if last_event_id else 0
-    except ValueError as exc:
-        raise RequestInvalid("Last-Event-ID must be an integer",
-                             details={"field": "Last-Event-ID"}) from exc
+    after = resume_after(last_event_id)
     _check_id(swarm_id)
     async with session.begin():
         if await queries.get_swarm(session, swarm_id, tenant) is None:

@@ -34,10 +34,11 @@ def _instant(value: Any) -> Any:
             day = date.fromisoformat(text)
             return datetime(day.year, day.month, day.day, tzinfo=UTC)
         when = datetime.fromisoformat(text)
-    except ValueError:
+        # the instant in UTC, as stored: 0001-01-01T00:00:00+14:00 has none (OverflowError)
+        return when.astimezone(UTC) if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
         raise ValueError("expected an ISO-8601 date (2026-11-29) or datetime "
-                         "(2026-11-29T12:00:00Z)") from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+                         "(2026-11-29T12:00:00Z) between 0001-01-01 and 9999-12-31 UTC") from None
 
 
 Instant = Annotated[datetime | None, BeforeValidator(_instant)]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import base64
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -145,10 +146,14 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         created, _, swarm_id = raw.partition("|")
         when = datetime.fromisoformat(created)
-    except (ValueError, UnicodeDecodeError) as exc:
+        if when.tzinfo is None:
+            raise ValueError("naive timestamp")
+        # in UTC, as stored: an offset at the calendar's edge (0001-01-01T00:00+14:00) has no
+        # UTC instant, and an id that is not a UUID (a NUL byte, say) is refused by PostgreSQL
+        when = when.astimezone(UTC)
+        uuid.UUID(swarm_id)
+    except (ValueError, UnicodeDecodeError, OverflowError) as exc:
         raise ValueError("malformed cursor") from exc
-    if when.tzinfo is None or not swarm_id:
-        raise ValueError("malformed cursor")
     return when, swarm_id
 
 

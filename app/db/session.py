@@ -43,14 +43,17 @@ def _sqlite_begin_immediate(conn: Any) -> None:
 
 def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
     """An async engine with the pragmas / pool settings each backend needs."""
+    # hide_parameters: a failed statement's error (logged, maybe returned) must not carry its
+    # parameters — prompts, outputs and task texts
     if url.startswith("sqlite"):
-        engine = create_async_engine(url, connect_args={"timeout": 30})
+        engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         event.listen(engine.sync_engine, "connect", _sqlite_no_autobegin)
         event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
         return engine
     return create_async_engine(
-        url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=1800
+        url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=1800,
+        hide_parameters=True,
     )
 
 

@@ -17,6 +17,8 @@ from typing import Any, Literal, NoReturn
 import httpx
 from tenacity import AsyncRetrying, RetryCallState
 
+from app.gateway.redact import Redactor
+
 Outcome = Literal[
     "ok",
     "rate_limited",
@@ -267,6 +269,7 @@ class GatewayClient:
         # A parsed URL object saves httpx re-parsing the string on every request.
         self._url = httpx.URL(base_url.rstrip("/") + "/chat/completions")
         self._api_key = api_key
+        self._redact = Redactor(api_key, base_url)
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -295,9 +298,9 @@ class GatewayClient:
         return client
 
     def _scrub(self, text: str) -> str:
-        # Replace before truncating, so a key cut in half cannot slip through.
-        text = text.replace(self._api_key, "***") if self._api_key else text
-        return " ".join(text.split())[:_DETAIL_CHARS]
+        # Redact before truncating, so a key cut in half cannot slip through; by pattern, so
+        # a partly masked key or the gateway's host name does not either.
+        return " ".join(self._redact(text).split())[:_DETAIL_CHARS]
 
     async def complete(
         self,

@@ -1,0 +1,62 @@
+"""The event stream's edges: what the OpenAPI document says each event is, and the
+`Last-Event-ID` a client resumes after."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from app.errors import ApiError
+
+MAX_EVENT_ID = 2**31 - 1  # events.seq is a 32-bit integer
+_EVENT_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits only: int() also takes "٣" and "1_0"
+
+# SPEC §3 and §9 event names; a schema-aware client checks each event against these
+EVENT_NAMES = ("swarm.status", "subtask.started", "subtask.succeeded", "subtask.failed",
+               "subtask.skipped", "subtask.turn", "swarm.completed")
+
+# One parsed SSE event (OpenAPI 3.0/3.1 tools read `schema` of text/event-stream as the schema
+# of each event; OpenAPI 3.2 calls it `itemSchema`): `data` is JSON text, described by
+# contentSchema; keep-alive pings are comments, not events.
+EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "event", "data"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^[1-9][0-9]*$",
+               "description": "the per-swarm sequence number: consecutive integers from 1"},
+        "event": {"type": "string", "enum": list(EVENT_NAMES)},
+        "data": {
+            "type": "string", "contentMediaType": "application/json",
+            "contentSchema": {
+                "type": "object", "required": ["seq", "swarm_id"],
+                "properties": {"seq": {"type": "integer", "minimum": 1},
+                               "swarm_id": {"type": "string", "format": "uuid"}},
+                "additionalProperties": True,
+            },
+            "description": "a JSON object: `seq` (= id), `swarm_id` and the event's fields",
+        },
+        "retry": {"type": "integer"},
+    },
+    "example": {"id": "3", "event": "subtask.succeeded",
+                "data": '{"seq": 3, "swarm_id": "0b6f…", "name": "code_analyst"}'},
+}
+
+EVENT_STREAM_RESPONSE: dict[str, Any] = {
+    "description": "Server-Sent Events, one per state change; the stream ends after "
+                   "`swarm.completed`",
+    "content": {"text/event-stream": {"schema": EVENT_SCHEMA}},
+}
+
+
+def resume_after(last_event_id: str | None) -> int:
+    """The sequence number a stream resumes after (0 without the header). Anything but an
+    integer in 0..2^31-1 is a 400 here, not a stream that aborts when the database refuses the
+    number."""
+    text = (last_event_id or "").strip()
+    if not text:
+        return 0
+    if not _EVENT_ID.fullmatch(text) or int(text) > MAX_EVENT_ID:
+        raise ApiError(f"Last-Event-ID must be an integer from 0 to {MAX_EVENT_ID}",
+                       code="invalid_last_event_id",
+                       details={"field": "Last-Event-ID", "input": text[:64]})
+    return int(text)

@@ -1,0 +1,64 @@
+"""Settings refuse, when built, what would silently mean something else; the database engine
+keeps SQL parameters (prompts, outputs) out of its errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from sqlalchemy import text
+
+from app.config import Settings
+from app.db.session import make_engine
+
+
+def _settings(**values: Any) -> Settings:
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(("keys", "why"), [
+    (" , ", "names no key"),
+    (",", "names no key"),
+    ("a:k1,b:k1", "twice"),
+    ("a:k1, a:k1", "twice"),
+    ("a:k1,oops", "tenant:key"),
+    ("a:", "tenant:key"),
+    (":k", "tenant:key"),
+])
+def test_ambiguous_api_keys_are_refused(keys: str, why: str) -> None:
+    with pytest.raises(ValidationError, match=why):
+        _settings(api_keys=keys)
+
+
+def test_api_keys_parse() -> None:
+    assert _settings(api_keys="").tenant_keys == {}
+    assert not _settings(api_keys="  ").auth_enabled
+    s = _settings(api_keys=" acme : k1 , beta:k2,")
+    assert s.tenant_keys == {"k1": "acme", "k2": "beta"} and s.auth_enabled
+
+
+def test_the_environment_is_checked_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWARM_API_KEYS", " , ")
+    with pytest.raises(ValidationError, match="names no key"):
+        Settings(_env_file=None)  # type: ignore[call-arg]
+
+
+def test_a_default_model_without_a_price_is_refused() -> None:
+    with pytest.raises(ValidationError, match="no price"):
+        _settings(default_model="gpt-9000")
+    assert _settings(default_model="deepseek-v3.2").default_model == "deepseek-v3.2"
+
+
+async def test_statement_errors_do_not_carry_their_parameters(tmp_path: Any) -> None:
+    engine = make_engine(f"sqlite+aiosqlite:///{tmp_path}/x.db")
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("CREATE TABLE t (x TEXT NOT NULL UNIQUE)"))
+            await conn.execute(text("INSERT INTO t VALUES (:x)"), {"x": "secret prompt"})
+            with pytest.raises(Exception) as caught:
+                await conn.execute(text("INSERT INTO t VALUES (:x)"), {"x": "secret prompt"})
+        assert "UNIQUE" in str(caught.value)
+        assert "secret prompt" not in str(caught.value)
+    finally:
+        await engine.dispose()
