@@ -73,6 +73,8 @@ class Settings(BaseSettings):
     webhook_retry_base_s: float = Field(default=5.0, gt=0)  # doubles per attempt, capped at 10 min
     # one delivery attempt in total: connect + send + read the answer
     webhook_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # one attempt of a passthrough call of the OpenAI facade (a long generation takes minutes)
+    facade_timeout_s: float = Field(default=600.0, gt=0, le=3600)
     # the in-process simulator (used when no gateway_url is set)
     simulator_latency_ms: float = Field(default=200.0, ge=0)
     simulator_latency_jitter_ms: float = Field(default=100.0, ge=0)

@@ -13,7 +13,8 @@ import httpx
 from fastapi import FastAPI
 
 from app import metrics
-from app.api import errors, ops, swarms, usage
+from app.api import errors, openai, ops, swarms, usage
+from app.api.openai_errors import openai_responses
 from app.config import Settings
 from app.gateway.client import GatewayClient
 from app.middleware import BodyLimit, HttpMetrics, LoopbackOnly
@@ -51,6 +52,8 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
             app.state.sessions = runtime.sessions
             app.state.notifier = runtime.notifier
             app.state.engine = runtime.engine
+            app.state.gateway = runtime.gateway  # the facade's passthrough calls use both
+            app.state.daily = runtime.daily
             watch = asyncio.create_task(_stop_when_failed(app, runtime), name="side-monitor")
             try:
                 yield
@@ -67,6 +70,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     # 403: a client off loopback while the API is open (LoopbackOnly)
     app.include_router(swarms.router, responses=errors.error_responses(403, 503))
     app.include_router(usage.router, responses=errors.error_responses(403, 503))
+    app.include_router(openai.router, responses=openai_responses(403))  # OpenAI's shape
     app.include_router(ops.router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     if not settings.auth_enabled and not settings.allow_open:

@@ -13,20 +13,25 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
 
+_OPENAI_TYPES = {403: "permission_error", 413: "invalid_request_error"}
+
 
 async def _send_error(send: Send, status: int, code: str, message: str,
-                      details: object = None) -> None:
-    body = json.dumps({"error": {"code": code, "message": message,
-                                 "details": details}}).encode()
+                      details: object = None, *, path: str = "") -> None:
+    # the OpenAI-compatible routes answer in OpenAI's error shape (docs/OPENAI.md)
+    error = ({"message": message, "type": _OPENAI_TYPES.get(status, "server_error"),
+              "param": None, "code": code} if path.startswith("/v1/")
+             else {"code": code, "message": message, "details": details})
+    body = json.dumps({"error": error}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_413(send: Send, limit: int) -> None:
+async def _send_413(send: Send, limit: int, path: str) -> None:
     await _send_error(send, 413, "payload_too_large", f"request body over {limit} bytes",
-                      {"limit": limit})
+                      {"limit": limit}, path=path)
 
 
 def is_loopback(host: str) -> bool:
@@ -57,7 +62,8 @@ class LoopbackOnly:
                 and not is_loopback(str(client[0]))):
             await _send_error(send, 403, "forbidden",
                               "this API has no SWARM_API_KEYS: it serves loopback clients "
-                              "only (set SWARM_API_KEYS, or SWARM_ALLOW_OPEN=1)")
+                              "only (set SWARM_API_KEYS, or SWARM_ALLOW_OPEN=1)",
+                              path=scope["path"])
             return
         await self.app(scope, receive, send)
 
@@ -84,7 +90,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         if _declared_length(scope) > self.limit:
-            await _send_413(send, self.limit)
+            await _send_413(send, self.limit, scope["path"])
             return
         # Read the whole body first (it is at most `limit` bytes): a limit hit while the app
         # reads would surface as the framework's 400 "error parsing the body", not a 413.
@@ -97,7 +103,7 @@ class BodyLimit:
             chunk = message.get("body", b"")
             seen += len(chunk)
             if seen > self.limit:
-                await _send_413(send, self.limit)
+                await _send_413(send, self.limit, scope["path"])
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):

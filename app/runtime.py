@@ -67,6 +67,7 @@ class Runtime:
         self._stack = AsyncExitStack()
         self.notifier = SwarmNotifier()
         self.engine: Engine | None = None
+        self.daily: DailyCap | None = None  # SWARM_DAILY_BUDGET_USD, shared by engine and API
 
     async def __aenter__(self) -> Runtime:
         settings, stack = self.settings, self._stack
@@ -82,6 +83,10 @@ class Runtime:
                 stack.push_async_callback(self.gateway.aclose)
             if self._run_engine:
                 await self._start_engine()
+            elif settings.daily_budget_usd is not None:  # the OpenAI facade's passthrough
+                self.daily = DailyCap(self.sessions, settings.daily_budget_usd, process_owner(),
+                                      lease_s=settings.lease_seconds)
+                stack.push_async_callback(self.daily.close)
             if self._listen:
                 listener = PgListener(settings.database_url, {CHANGED: self.notifier.notify})
                 listener.start()
@@ -96,6 +101,7 @@ class Runtime:
                                              self.notifier)
         if daily is not None:
             self._stack.push_async_callback(daily.close)  # after the engine has stopped
+        self.daily = daily
         hooks = WebhookDispatcher(self.settings, self.sessions,
                                   transport=self._webhook_transport)
         hooks.start()

@@ -99,6 +99,9 @@ class AgentCreate(Strict):
 
 class OrchestratorOptions(Strict):
     model: ModelName | None = None
+    system_prompt: Text = Field(default="", max_length=100_000,
+                                description="the caller's guidance, added to the planner's "
+                                            "instructions")
     max_subtasks: int = Field(default=8, ge=1, le=1000)
     max_depth: int = Field(default=3, ge=1, le=20)
 

@@ -16,7 +16,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive
 
@@ -204,6 +204,8 @@ class _ChatRequest:
     texts: list[str]
     max_tokens: int | None
     json_mode: bool
+    stream: bool = False
+    include_usage: bool = False
 
 
 def _parse_request(raw: bytes) -> _ChatRequest:
@@ -223,8 +225,11 @@ def _parse_request(raw: bytes) -> _ChatRequest:
         raise ValueError("'max_tokens' must be a positive integer")
     fmt = body.get("response_format")
     json_mode = isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
     return _ChatRequest(model, messages, [_text_of(m.get("content")) for m in messages],
-                        max_tokens, json_mode)
+                        max_tokens, json_mode, stream, include_usage)
 
 
 def _text_of(content: Any) -> str:
@@ -361,13 +366,24 @@ class _Simulator:
             return Response(_HTML_502, status_code=502, headers=headers, media_type="text/html")
         if fault is not None and fault.isdigit():
             return _error(int(fault), f"simulated {fault} error", self._retry_headers(fault, d))
-        body = self._completion(req, d, key, attempt, fault == "length", swarm)
+        completion = self._completion(req, d, key, attempt, fault == "length", swarm)
+        if req.stream:
+            events = _stream_events(completion, req.include_usage)
+            if fault == "truncated":  # the stream breaks off: no finish, no usage, no [DONE]
+                events = events[: max(1, len(events) // 3)]
+            else:
+                self._count_ok(key)
+            return StreamingResponse(iter(events), media_type="text/event-stream")
+        body = _dumps(completion)
         if fault == "truncated":
             return Response(body[: len(body) // 2], media_type=_JSON)
+        self._count_ok(key)
+        return Response(body, media_type=_JSON)
+
+    def _count_ok(self, key: str) -> None:
         self.stats.ok += 1
         if key in self.stats.by_key:  # it may have been evicted while this call waited
             self.stats.by_key[key]["ok"] += 1
-        return Response(body, media_type=_JSON)
 
     def _fault(self, d: _Directives, key: str, attempt: int) -> str | None:
         if d.fail is not None and (d.times is None or attempt <= d.times):
@@ -404,7 +420,7 @@ class _Simulator:
         return d.plan if d.plan_times is None or n <= d.plan_times else None
 
     def _completion(self, req: _ChatRequest, d: _Directives, key: str, attempt: int,
-                    length: bool, swarm: str | None) -> bytes:
+                    length: bool, swarm: str | None) -> dict[str, Any]:
         """The chat.completion body: deterministic content and realistic usage."""
         # ceil(chars / 4) <= UTF-8 bytes, so prompt <= bytes + 8 per message (budget logic relies
         # on that bound); only a prompt_tokens directive may break it
@@ -433,7 +449,7 @@ class _Simulator:
             completion = tokens or min(limit, max(1, math.ceil(len(content) / 4)))
         prompt = d.prompt_tokens if d.prompt_tokens is not None else prompt
         call_id = hashlib.blake2b(f"{key}|{attempt}".encode(), digest_size=12).hexdigest()
-        return _dumps({
+        return {
             "id": f"chatcmpl-sim{call_id}", "object": "chat.completion",
             "created": int(time.time()), "model": req.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
@@ -441,7 +457,7 @@ class _Simulator:
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                       "total_tokens": prompt + completion,
                       "prompt_tokens_details": {"cached_tokens": d.cached_tokens or 0}},
-        })
+        }
 
     async def stats_endpoint(self, request: Request) -> Response:
         if request.method == "POST":  # /v1/_reset
@@ -451,6 +467,28 @@ class _Simulator:
     async def models_endpoint(self, request: Request) -> Response:
         data = [{"id": m, "object": "model", "owned_by": "swarm-sim"} for m in MODELS]
         return Response(_dumps({"object": "list", "data": data}), media_type=_JSON)
+
+
+def _stream_events(completion: dict[str, Any], include_usage: bool,
+                   piece: int = 64) -> list[bytes]:
+    """A completion as `chat.completion.chunk` events (OpenAI's streaming shape): the role,
+    the content in pieces, the finish reason, the usage when asked for, then [DONE]."""
+    choice = completion["choices"][0]
+    content: str = choice["message"]["content"]
+    head = {"id": completion["id"], "object": "chat.completion.chunk",
+            "created": completion["created"], "model": completion["model"]}
+
+    def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        chunk = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return b"data: " + _dumps(chunk) + b"\n\n"
+
+    events = [event({"role": "assistant", "content": ""})]
+    events += [event({"content": content[i : i + piece]}) for i in range(0, len(content), piece)]
+    events.append(event({}, choice["finish_reason"]))
+    if include_usage:
+        usage = {**head, "choices": [], "usage": completion["usage"]}
+        events.append(b"data: " + _dumps(usage) + b"\n\n")
+    return [*events, b"data: [DONE]\n\n"]
 
 
 def create_simulator(config: SimulatorConfig | None = None) -> Starlette:

@@ -17,6 +17,7 @@ from tests.conftest import Harness, make_settings, start_harness
 from tests.test_api_routes import BODY, SLOW
 
 ERROR_REF = "#/components/schemas/ErrorResponse"
+OPENAI_ERROR_REF = "#/components/schemas/OpenAIError"  # the /v1 facade speaks OpenAI's shape
 KEY = {"Authorization": "Bearer k1"}
 MAX_BODY = 4096
 
@@ -216,7 +217,8 @@ async def test_every_error_response_uses_the_error_schema(api: Harness) -> None:
                     continue
                 content = response.get("content", {})
                 assert list(content) == ["application/json"], (method, path, status)
-                assert content["application/json"]["schema"] == {"$ref": ERROR_REF}, (
+                ref = OPENAI_ERROR_REF if path.startswith("/v1/") else ERROR_REF
+                assert content["application/json"]["schema"] == {"$ref": ref}, (
                     method, path, status)
     assert "HTTPValidationError" not in str(doc["paths"])
     error = doc["components"]["schemas"]["ErrorResponse"]

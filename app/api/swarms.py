@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -16,6 +15,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from app.api.deps import EngineDep, NotifierDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import error_responses
+from app.api.follow import follow_events
 from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
 from app.db import queries
 from app.engine.specs import build_swarm, request_hash
@@ -201,26 +201,9 @@ async def swarm_events(
     sessions = request.app.state.sessions
 
     async def stream() -> AsyncIterator[dict[str, Any]]:
-        seq = after
-        while True:
-            async with sessions() as s, s.begin():
-                # status first: the terminal status commits with `swarm.completed`, so a client
-                # resuming at or past that event gets an ended stream, not one held open forever
-                swarm = await queries.get_swarm(s, swarm_id, tenant)
-                ended = swarm is None or SwarmStatus(swarm.status).terminal
-                rows = await queries.events_after(s, swarm_id, seq)
-            for ev in rows:
-                seq = ev.seq
-                yield {"id": str(ev.seq), "event": ev.type,
-                       "data": json.dumps({"seq": ev.seq, "swarm_id": swarm_id, **ev.data},
-                                          default=str)}
-                if ev.type == "swarm.completed":
-                    return
-            if not rows:
-                if ended:
-                    return
-                await notifier.wait(swarm_id, POLL_S)
-            else:
-                await asyncio.sleep(0)
+        async for ev in follow_events(sessions, notifier, swarm_id, tenant, after):
+            yield {"id": str(ev.seq), "event": ev.type,
+                   "data": json.dumps({"seq": ev.seq, "swarm_id": swarm_id, **ev.data},
+                                      default=str)}
 
     return EventSourceResponse(stream(), ping=15)

@@ -127,6 +127,12 @@ async def get_subtasks(session: AsyncSession, swarm_ids: Sequence[str]) -> dict[
     return out
 
 
+async def subtask_output(session: AsyncSession, swarm_id: str, name: str) -> str | None:
+    """One subtask's output (None while it has none)."""
+    stmt = select(Subtask.output).where(Subtask.swarm_id == swarm_id, Subtask.name == name)
+    return (await session.execute(stmt)).scalar_one_or_none()
+
+
 async def queue_position(session: AsyncSession, swarm: Swarm) -> int:
     """1 for the next queued swarm to be claimed, across tenants."""
     stmt = select(func.count()).where(

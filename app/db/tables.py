@@ -109,14 +109,15 @@ class Subtask(Base):
 
 
 class GatewayCall(Base):
-    """The ledger: one row per gateway attempt, the truth for spend."""
+    """The ledger: one row per gateway attempt, the truth for spend. A passthrough call of the
+    OpenAI facade belongs to no swarm: its swarm_id and subtask_name are NULL."""
 
     __tablename__ = "gateway_calls"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    swarm_id: Mapped[str] = mapped_column(ForeignKey("swarms.id", ondelete="CASCADE"))
+    swarm_id: Mapped[str | None] = mapped_column(ForeignKey("swarms.id", ondelete="CASCADE"))
     tenant: Mapped[str] = mapped_column(String(128))
-    subtask_name: Mapped[str] = mapped_column(String(64))
+    subtask_name: Mapped[str | None] = mapped_column(String(64))
     model: Mapped[str] = mapped_column(String(64))
     idempotency_key: Mapped[str] = mapped_column(String(200))
     attempt: Mapped[int] = mapped_column(Integer)

@@ -184,7 +184,8 @@ class SubtaskExecutor:
         spec = self.r.spec
         limits = spec["orchestrator"]
         first = plans.planner_messages(self.r.swarm.task, limits["max_subtasks"],
-                                       limits["max_depth"], self.r.ctx.prices.names())
+                                       limits["max_depth"], self.r.ctx.prices.names(),
+                                       sub.system_prompt)
         t0 = self._begin(sub)
         rows: list[Row] = []
         try:

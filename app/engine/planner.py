@@ -39,7 +39,8 @@ def planner_max_tokens(max_subtasks: int) -> int:
 
 
 def planner_messages(task: str, max_subtasks: int, max_depth: int,
-                     models: Sequence[str]) -> list[dict[str, str]]:
+                     models: Sequence[str], guidance: str = "") -> list[dict[str, str]]:
+    """The orchestrator's request; `guidance` (orchestrator.system_prompt) follows our rules."""
     system = (
         "You are the orchestrator of a team of sub-agents. Split the user's task into "
         "independent subtasks that sub-agents can work on in parallel; add dependencies only "
@@ -52,6 +53,8 @@ def planner_messages(task: str, max_subtasks: int, max_depth: int,
         f"dependency chain has at most {max_depth} subtasks; model_hint is optional and one of: "
         + ", ".join(models) + "."
     )
+    if guidance.strip():
+        system += f"\n\nGuidance from the caller:\n{guidance}"
     return [{"role": "system", "content": system}, {"role": "user", "content": task}]
 
 

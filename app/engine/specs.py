@@ -97,7 +97,8 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
     if body.agents is None:
         subtasks = [new_subtask(
             swarm_id, PLANNER, 0, SubtaskKind.planner, spec["orchestrator"]["model"],
-            planner_max_tokens(body.orchestrator.max_subtasks), prompt=body.task)]
+            planner_max_tokens(body.orchestrator.max_subtasks), prompt=body.task,
+            system_prompt=body.orchestrator.system_prompt, temperature=body.temperature)]
     else:
         subtasks = [
             new_subtask(

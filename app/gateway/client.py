@@ -9,15 +9,19 @@ import random
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import httpx
 from tenacity import AsyncRetrying, RetryCallState
 
 from app.gateway.redact import Redactor
+
+if TYPE_CHECKING:
+    from app.gateway.streaming import GatewayStream
 
 Outcome = Literal[
     "ok",
@@ -70,6 +74,8 @@ class AttemptRecord:
     latency_s: float
     error: str | None
     retry_after_s: float | None
+    # False when a stream ended without a usage chunk: `usage` is then an upper bound (bytes)
+    usage_reported: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +86,7 @@ class ChatResult:
     finish_reason: str
     usage: Usage
     attempts: tuple[AttemptRecord, ...]
+    body: Any = None  # the parsed answer, for callers that forward it unchanged
 
 
 class GatewayError(Exception):
@@ -150,6 +157,19 @@ def _usage_of(body: Any) -> Usage:
     )
 
 
+def _any_choice(body: Any) -> tuple[str, str] | None:
+    """A forwarded answer only needs a non-empty `choices` list (tool calls, several choices
+    and null content are the caller's business)."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    message = choices[0].get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    finish = choices[0].get("finish_reason")
+    return (content if isinstance(content, str) else "",
+            finish if isinstance(finish, str) else "")
+
+
 def _choice_of(body: Any) -> tuple[str, str] | None:
     """(content, finish_reason) of the first choice, or None when the body has the wrong shape."""
     choices = body.get("choices") if isinstance(body, dict) else None
@@ -212,6 +232,7 @@ class _Call:
     after: AfterAttempt | None
     attempts: list[AttemptRecord] = field(default_factory=list)
     deadline_hit: bool = False
+    accept: Callable[[Any], tuple[str, str] | None] = _choice_of
 
     def retry(self, state: RetryCallState) -> bool:
         return state.outcome is not None and isinstance(state.outcome.exception(), _Retryable)
@@ -236,14 +257,14 @@ class _Call:
         raise GatewayUnavailable(message, tuple(self.attempts), deadline_hit=self.deadline_hit)
 
     async def finish(
-        self, record: AttemptRecord, choice: tuple[str, str] | None = None
+        self, record: AttemptRecord, choice: tuple[str, str] | None = None, body: Any = None
     ) -> ChatResult:
         """Record an attempt, tell the caller, then return the result or raise for tenacity."""
         self.attempts.append(record)
         if self.after is not None:
             await self.after(record)
         if choice is not None:
-            return ChatResult(choice[0], choice[1], record.usage, tuple(self.attempts))
+            return ChatResult(choice[0], choice[1], record.usage, tuple(self.attempts), body)
         if record.outcome == "client_error" and record.status_code != 409:
             raise GatewayRejected(
                 f"gateway rejected the request: {record.error}", tuple(self.attempts)
@@ -317,8 +338,6 @@ class GatewayClient:
         Every before_attempt(n) that returns is matched by one after_attempt(record), unless the
         attempt is cancelled. Exceptions from either callback propagate unchanged.
         """
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
         payload: dict[str, Any] = {"model": request.model, "messages": request.messages}
         payload["max_tokens"] = request.max_tokens
         if request.temperature is not None:
@@ -326,22 +345,70 @@ class GatewayClient:
         if request.response_format is not None:
             payload["response_format"] = request.response_format
         body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
-        key = request.idempotency_key
-        headers = None if key is None else {"Idempotency-Key": key}
-        call = _Call(
-            body, headers, max_attempts, timeout_s, deadline, before_attempt, after_attempt
-        )
-        if deadline is not None and time.monotonic() >= deadline:
-            call.deadline_hit = True
-            call.give_up()
-        retrying = AsyncRetrying(
+        call = self.new_call(body, request.idempotency_key, max_attempts, timeout_s, deadline,
+                             before_attempt, after_attempt)
+        return await self._run(call)
+
+    async def forward(
+        self,
+        body: bytes,
+        *,
+        idempotency_key: str | None = None,
+        max_attempts: int = 3,
+        timeout_s: float = 60.0,
+        before_attempt: BeforeAttempt | None = None,
+        after_attempt: AfterAttempt | None = None,
+    ) -> ChatResult:
+        """A caller's own request body, sent unchanged with the same retries; the result's
+        `body` is the gateway's answer (any 2xx JSON object with a `choices` list)."""
+        call = self.new_call(body, idempotency_key, max_attempts, timeout_s, None,
+                             before_attempt, after_attempt)
+        call.accept = _any_choice
+        return await self._run(call)
+
+    def stream(
+        self,
+        body: bytes,
+        *,
+        idempotency_key: str | None = None,
+        max_attempts: int = 3,
+        timeout_s: float = 60.0,
+        before_attempt: BeforeAttempt | None = None,
+        after_attempt: AfterAttempt | None = None,
+    ) -> AbstractAsyncContextManager[GatewayStream]:
+        """A streamed completion (`body` asks for `"stream": true`): attempts are retried until
+        one delivers its first event, then its events are read as they come; see
+        app/gateway/streaming.py."""
+        from app.gateway.streaming import open_stream  # it builds on this module
+
+        call = self.new_call(body, idempotency_key, max_attempts, timeout_s, None,
+                             before_attempt, after_attempt)
+        return open_stream(self, call)
+
+    def new_call(self, body: bytes, idempotency_key: str | None, max_attempts: int,
+                 timeout_s: float, deadline: float | None, before: BeforeAttempt | None,
+                 after: AfterAttempt | None) -> _Call:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        headers = None if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+        return _Call(body, headers, max_attempts, timeout_s, deadline, before, after)
+
+    def retrying(self, call: _Call) -> AsyncRetrying:
+        """The retry policy of SPEC §4 for one logical call."""
+        return AsyncRetrying(
             sleep=_sleep,
             retry=call.retry,
             wait=call.wait,
             stop=call.stop,
             retry_error_callback=call.give_up,
         )
-        result: ChatResult = await retrying(self._attempt, call)
+
+    async def _run(self, call: _Call) -> ChatResult:
+        deadline = call.deadline
+        if deadline is not None and time.monotonic() >= deadline:
+            call.deadline_hit = True
+            call.give_up()
+        result: ChatResult = await self.retrying(call)(self._attempt, call)
         return result
 
     async def _attempt(self, call: _Call) -> ChatResult:
@@ -391,25 +458,53 @@ class GatewayClient:
         body = _loads(response.content)
         usage = _usage_of(body)
         if 200 <= status < 300:
-            choice = _choice_of(body)
+            choice = call.accept(body)
             if choice is not None:
                 return await call.finish(
-                    AttemptRecord(number, status, "ok", usage, latency, None, None), choice
+                    AttemptRecord(number, status, "ok", usage, latency, None, None), choice, body
                 )
             error = "unparseable or truncated body" if body is None else "unexpected body shape"
             return await call.finish(
                 AttemptRecord(number, status, "invalid_response", usage, latency, error, None)
             )
+        return await call.finish(
+            self.failed_record(number, status, response.headers, response.content, latency))
+
+    def failed_record(self, number: int, status: int, headers: httpx.Headers, content: bytes,
+                      latency: float) -> AttemptRecord:
+        """The record of a non-2xx answer: outcome, scrubbed detail, the server's wait hint."""
+        body = _loads(content)
         detail = body.get("error") if isinstance(body, dict) else None
         if isinstance(detail, dict):
             detail = detail.get("message")
         if not isinstance(detail, str):
-            detail = response.content[:4096].decode("utf-8", "replace")
+            detail = content[:4096].decode("utf-8", "replace")
         error = self._scrub(f"HTTP {status}: {detail}")
-        hint = _retry_after(response.headers)
-        return await call.finish(
-            AttemptRecord(number, status, _classify(status), usage, latency, error, hint)
-        )
+        return AttemptRecord(number, status, _classify(status), _usage_of(body), latency, error,
+                             _retry_after(headers))
+
+    # ---- what app/gateway/streaming.py uses ----
+
+    @property
+    def url(self) -> httpx.URL:
+        return self._url
+
+    @property
+    def connect_timeout_s(self) -> float:
+        return self._connect_timeout_s
+
+    def scrub(self, text: str) -> str:
+        """Text safe to store or show: the gateway key masked, whitespace folded, cut short."""
+        return self._scrub(text)
+
+    def lease_shard(self) -> tuple[int, httpx.AsyncClient]:
+        """The least-loaded pool, counted as busy until release_shard."""
+        shard = self._inflight.index(min(self._inflight))
+        self._inflight[shard] += 1
+        return shard, self._client(shard)
+
+    def release_shard(self, shard: int) -> None:
+        self._inflight[shard] -= 1
 
     async def aclose(self) -> None:
         """Close every pool opened so far."""

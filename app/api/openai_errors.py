@@ -1,0 +1,121 @@
+"""Errors of the /v1 routes in OpenAI's shape, `{"error": {"message", "type", "param",
+"code"}}`, with the statuses of SPEC §3, so the OpenAI SDKs raise their own error classes.
+
+Decided for the facade (docs/OPENAI.md): 400 when the body cannot be understood (not JSON, an
+unknown `agent_swarm` key, a parameter a swarm cannot honour), 422 when it is understood but a
+value is invalid (wrong type or range, a model without a price) — as on `POST /swarms`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.api.errors import _field, _safe
+from app.db.retry import database_unavailable
+from app.errors import ApiError
+from app.openai_schemas import OpenAIError
+
+log = logging.getLogger(__name__)
+
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+         404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
+         422: "invalid_request_error", 429: "rate_limit_error"}
+DESCRIPTIONS = {
+    400: "the body is not JSON, has an unknown `agent_swarm` key or a parameter a swarm "
+         "cannot honour",
+    401: "missing or wrong API key",
+    403: "a client off loopback while the API has no keys (SWARM_API_KEYS)",
+    409: "the swarm was cancelled",
+    413: "request body too large",
+    422: "a value is invalid (type, range, a model without a price)",
+    429: "a quota, the daily cap, or the gateway's rate limit (see Retry-After)",
+    502: "the swarm failed, or the gateway refused our credentials",
+    503: "the gateway or the database is unavailable, or the swarm did not finish in time"}
+
+
+def openai_error(status: int, message: str, code: str | None = None, param: str | None = None,
+                 *, swarm_id: str | None = None, headers: dict[str, str] | None = None,
+                 retry: bool | None = None) -> JSONResponse:
+    """The error answer. `retry=False` adds `x-should-retry: false`, which the OpenAI SDKs obey:
+    retrying a request that ran a swarm would run (and pay for) another one."""
+    body: dict[str, Any] = {"message": _safe(message),
+                            "type": TYPES.get(status, "server_error"),
+                            "param": param, "code": code}
+    if swarm_id is not None:
+        body["swarm_id"] = swarm_id
+    out = dict(headers or {})
+    if retry is not None:
+        out["x-should-retry"] = "true" if retry else "false"
+    return JSONResponse({"error": body}, status_code=status, headers=out)
+
+
+def openai_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries documenting OpenAI's error shape for these statuses."""
+    return {s: {"model": OpenAIError, "description": DESCRIPTIONS.get(s, "error")}
+            for s in statuses}
+
+
+def _param(details: Any) -> str | None:
+    if isinstance(details, dict) and isinstance(details.get("field"), str):
+        return str(details["field"])
+    if isinstance(details, list) and details and isinstance(details[0], dict):
+        field = details[0].get("field")
+        return field if isinstance(field, str) else None
+    return None
+
+
+def _validation(exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return openai_error(400, "the request body is not valid JSON", "invalid_json")
+    unknown = [e for e in errors if e.get("type") == "extra_forbidden"]
+    if unknown:
+        field = _field(tuple(unknown[0].get("loc", ())))
+        return openai_error(400, f"unknown parameter {field}", "unknown_parameter", field)
+    first = errors[0] if errors else {}
+    field = _field(tuple(first.get("loc", ())))
+    return openai_error(422, f"{field}: {first.get('msg', 'invalid request')}",
+                        "validation_error", field)
+
+
+def _api_error(exc: ApiError) -> JSONResponse:
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.status_code == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return openai_error(exc.status_code, exc.message, exc.code, _param(exc.details),
+                        headers=headers)
+
+
+class OpenAIRoute(APIRoute):
+    """A route whose errors, validation included, are rendered in OpenAI's shape."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                return _validation(exc)
+            except ApiError as exc:
+                return _api_error(exc)
+            except StarletteHTTPException as exc:
+                return openai_error(exc.status_code, str(exc.detail), None,
+                                    headers=dict(exc.headers or {}))
+            except Exception as exc:
+                if database_unavailable(exc):
+                    log.warning("database unavailable: %s", exc)
+                    return openai_error(503, "the database is unavailable; retry shortly",
+                                        "unavailable", headers={"Retry-After": "1"})
+                log.error("unhandled error", exc_info=exc)
+                return openai_error(500, "internal error", "internal")
+
+        return route

@@ -1,0 +1,216 @@
+"""`agent_swarm` requests of the facade: the request mapped onto a SwarmCreate (SPEC §10),
+the swarm created exactly as `POST /swarms` creates one, then waited for or streamed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fastapi import Request, Response
+from pydantic import ValidationError
+from sse_starlette.sse import EventSourceResponse
+
+from app.api import swarms
+from app.api.follow import POLL_S, follow_events
+from app.api.openai_errors import openai_error
+from app.config import Settings
+from app.db import queries
+from app.db.session import SessionFactory
+from app.db.tables import Swarm
+from app.engine.notify import SwarmNotifier
+from app.errors import ApiError, RequestInvalid
+from app.openai_schemas import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionCreate,
+    ChatMessage,
+    Choice,
+    ChunkChoice,
+    ChunkDelta,
+    CompletionUsage,
+)
+from app.pricing import usd_str
+from app.schemas import SwarmCreate
+from app.states import SwarmStatus
+
+# what a swarm can honour besides model, messages and agent_swarm; any other parameter -> 400
+SWARM_PARAMS = frozenset({"stream", "stream_options", "max_tokens", "max_completion_tokens",
+                          "temperature", "user"})
+FAN_IN = {"weighted_vote": "vote", "majority": "vote", "concatenate": "concatenate",
+          "synthesize": "synthesize", None: "synthesize"}
+GUIDING_ROLES = ("system", "developer")
+WAIT_GRACE_S = 30.0  # beyond the swarm's deadline: queueing, synthesis, the final commit
+FRAME_END = "[/SUB_AGENT]"
+
+
+def _text(message: ChatMessage, index: int) -> str:
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for j, part in enumerate(content):
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise ApiError("a swarm reads text only", code="unsupported_content",
+                           details={"field": f"messages.{index}.content.{j}"})
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def swarm_request(req: ChatCompletionCreate) -> SwarmCreate:
+    """The SwarmCreate of SPEC §10 for an `agent_swarm` request."""
+    options = req.agent_swarm
+    assert options is not None
+    for key in req.model_extra or {}:
+        if key not in SWARM_PARAMS:
+            raise ApiError(f"{key} is not supported with agent_swarm",
+                           code="unsupported_parameter", details={"field": key})
+    guidance = [_text(m, i) for i, m in enumerate(req.messages) if m.role in GUIDING_ROLES]
+    turns = [(m.role, _text(m, i)) for i, m in enumerate(req.messages)
+             if m.role not in GUIDING_ROLES]
+    if not turns:
+        raise RequestInvalid("messages need a user message: it is the swarm's task",
+                             details={"field": "messages"})
+    # one user message is the task; a conversation is the task as a transcript
+    task = turns[0][1] if len(turns) == 1 else "\n\n".join(f"{r}: {t}" for r, t in turns)
+    spec: dict[str, Any] = {
+        "task": task, "model": req.model, "temperature": req.temperature,
+        "orchestrator": {"system_prompt": "\n\n".join(guidance)},
+        "synthesis": {"strategy": FAN_IN[options.fan_in_strategy],
+                      "max_tokens": req.max_tokens or req.max_completion_tokens},
+        "metadata": {"source": "openai.chat.completions"},
+    }
+    if options.max_sub_agents is not None:
+        spec["orchestrator"]["max_subtasks"] = options.max_sub_agents
+    if options.failure_tolerance is not None:
+        spec["limits"] = {"failure_tolerance": options.failure_tolerance}
+    if options.per_sub_agent_max_tokens is not None:
+        spec["max_tokens"] = options.per_sub_agent_max_tokens
+    if options.tools is not None:
+        if "tools" not in SwarmCreate.model_fields:
+            raise ApiError("this service has no tools", code="unsupported_parameter",
+                           details={"field": "agent_swarm.tools"})
+        spec["tools"] = options.tools
+    try:
+        return SwarmCreate.model_validate(spec)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise RequestInvalid(f"{field}: {first['msg']}", details={"field": field}) from exc
+
+
+def _usage(swarm: Swarm) -> CompletionUsage:
+    return CompletionUsage(prompt_tokens=swarm.prompt_tokens,
+                           completion_tokens=swarm.completion_tokens,
+                           total_tokens=swarm.prompt_tokens + swarm.completion_tokens,
+                           cost_usd=usd_str(swarm.spent_usd))
+
+
+def _failure(swarm: Swarm) -> Response:
+    """A swarm that did not succeed, as an error the SDK raises (and must not retry)."""
+    err = swarm.error or {}
+    code = str(err.get("code") or swarm.status)
+    message = f"swarm {swarm.id} {swarm.status}: {err.get('message', code)}"
+    if swarm.status == SwarmStatus.cancelled:
+        return openai_error(409, message, "swarm_cancelled", swarm_id=swarm.id, retry=False)
+    if code == "daily_budget_exceeded":
+        now = datetime.now(UTC)
+        midnight = datetime.combine(now.date() + timedelta(days=1), datetime.min.time(), UTC)
+        wait = max(int((midnight - now).total_seconds()) + 1, 1)
+        return openai_error(429, message, code, swarm_id=swarm.id,
+                            headers={"Retry-After": str(wait)}, retry=False)
+    return openai_error(502, message, code, swarm_id=swarm.id, retry=False)
+
+
+class SwarmCall:
+    """One `agent_swarm` request: create the swarm, then answer when it ends."""
+
+    def __init__(self, request: Request, req: ChatCompletionCreate, tenant: str) -> None:
+        self.req = req
+        self.tenant = tenant
+        self.sessions: SessionFactory = request.app.state.sessions
+        self.notifier: SwarmNotifier = request.app.state.notifier
+        self.settings: Settings = request.app.state.settings
+        self.deadline = time.monotonic()
+        self.created = int(time.time())
+
+    async def create(self, request: Request, idempotency_key: str | None) -> str:
+        """The swarm, created by the very code of `POST /swarms` (validation, prices, idempotency,
+        local adoption); returns its id."""
+        body = swarm_request(self.req)
+        async with self.sessions() as session:
+            view = await swarms.create_swarm(
+                body, Response(), session, self.tenant, self.settings,
+                request.app.state.engine, idempotency_key)
+        self.deadline = time.monotonic() + body.limits.deadline_s + WAIT_GRACE_S
+        return view.id
+
+    async def _swarm(self, swarm_id: str) -> Swarm | None:
+        async with self.sessions() as s, s.begin():
+            return await queries.get_swarm(s, swarm_id, self.tenant)
+
+    async def answer(self, swarm_id: str) -> Response | ChatCompletion:
+        """Wait until the swarm is terminal (up to its deadline), then the completion."""
+        status: str | None = None
+        while (left := self.deadline - time.monotonic()) > 0:
+            async with self.sessions() as s, s.begin():
+                status = await queries.get_status(s, swarm_id, self.tenant)
+            if status is None or SwarmStatus(status).terminal:
+                break
+            await self.notifier.wait(swarm_id, min(left, POLL_S))
+        swarm = await self._swarm(swarm_id)
+        if swarm is None or not SwarmStatus(swarm.status).terminal:
+            return openai_error(503, f"swarm {swarm_id} did not finish in time; read it at "
+                                     f"/swarms/{swarm_id}", "swarm_not_finished",
+                                swarm_id=swarm_id, headers={"Retry-After": "30"}, retry=False)
+        if swarm.status != SwarmStatus.succeeded:
+            return _failure(swarm)
+        return ChatCompletion(
+            id=f"chatcmpl-{swarm.id}", created=int(swarm.created_at.timestamp()),
+            model=self.req.model, swarm_id=swarm.id, usage=_usage(swarm),
+            choices=[Choice(message=AssistantMessage(content=swarm.result or ""),
+                            finish_reason="stop")])
+
+    def stream(self, swarm_id: str) -> EventSourceResponse:
+        """`chat.completion.chunk` events from the swarm's events table: each worker's output
+        framed as it succeeds, then the result, then [DONE]. The swarm runs on without us."""
+        return EventSourceResponse(self._chunks(swarm_id), ping=15,
+                                   headers={"x-swarm-id": swarm_id})
+
+    def _chunk(self, swarm_id: str, delta: ChunkDelta, finish: str | None = None,
+               usage: CompletionUsage | None = None, empty: bool = False) -> dict[str, str]:
+        chunk = ChatCompletionChunk(
+            id=f"chatcmpl-{swarm_id}", created=self.created, model=self.req.model,
+            swarm_id=swarm_id, usage=usage,
+            choices=[] if empty else [ChunkChoice(delta=delta, finish_reason=finish)])
+        return {"data": chunk.model_dump_json(exclude_none=True)}
+
+    async def _chunks(self, swarm_id: str) -> AsyncIterator[dict[str, str]]:
+        frames = self.req.agent_swarm is not None and self.req.agent_swarm.streaming
+        yield self._chunk(swarm_id, ChunkDelta(role="assistant", content=""))
+        async for ev in follow_events(self.sessions, self.notifier, swarm_id, self.tenant):
+            if ev.type == "subtask.succeeded" and ev.data.get("kind") == "worker" and frames:
+                name = str(ev.data.get("name"))
+                output = await self._output(swarm_id, name)
+                # an output that closes the frame itself must not end it early for the reader
+                text = (output or "").replace(FRAME_END, "[/SUB_AGENT\u200b]")
+                yield self._chunk(swarm_id, ChunkDelta(
+                    content=f"[SUB_AGENT_{name}]{text}{FRAME_END}\n"))
+        swarm = await self._swarm(swarm_id)
+        if swarm is None or swarm.status != SwarmStatus.succeeded:
+            failure = _failure(swarm) if swarm is not None else openai_error(
+                502, f"swarm {swarm_id} is gone", "swarm_missing", swarm_id=swarm_id)
+            yield {"data": bytes(failure.body).decode()}
+            return
+        yield self._chunk(swarm_id, ChunkDelta(content=swarm.result or ""))
+        yield self._chunk(swarm_id, ChunkDelta(), finish="stop")
+        options = self.req.stream_options
+        if options is not None and options.include_usage:
+            yield self._chunk(swarm_id, ChunkDelta(), usage=_usage(swarm), empty=True)
+        yield {"data": "[DONE]"}
+
+    async def _output(self, swarm_id: str, name: str) -> str | None:
+        async with self.sessions() as s, s.begin():
+            return await queries.subtask_output(s, swarm_id, name)

@@ -1,0 +1,221 @@
+"""Streamed chat completions: retried until the first event arrives, then relayed as they come.
+
+Before the first event nothing has reached the caller, so a failed attempt is retried exactly
+like a plain call (SPEC §4); after it, a failure ends the stream (raised to the reader). The
+attempt is recorded once, when the stream closes, with the usage the stream reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import httpx
+from httpx_sse import EventSource, ServerSentEvent, SSEError
+
+from app.gateway.client import (
+    AttemptRecord,
+    ChatResult,
+    GatewayUnavailable,
+    Outcome,
+    Usage,
+    _Call,
+    _loads,
+    _usage_of,
+)
+
+if TYPE_CHECKING:
+    from app.gateway.client import GatewayClient
+
+DONE = "[DONE]"
+_ERROR_BODY_BYTES = 64 * 1024  # what is read of a failed attempt's body
+
+
+@dataclass
+class _Opened:
+    """An attempt whose first event arrived: the response is open, the rest is unread."""
+
+    number: int
+    response: httpx.Response
+    events: AsyncIterator[ServerSentEvent]
+    first: ServerSentEvent
+    started: float
+    shard: int
+
+
+@dataclass
+class GatewayStream:
+    """The events of one streamed completion (each event's `data`, unchanged).
+
+    `usage` is what the stream reported (its last `usage` object); when it reported none, the
+    attempt is billed on an upper bound: the request's bytes for the prompt and the streamed
+    content's bytes for the completion (a token is at least one byte).
+    """
+
+    _gateway: GatewayClient
+    _call: _Call
+    _opened: _Opened
+    usage: Usage | None = None
+    finish_reason: str = ""
+    content_bytes: int = 0
+    _outcome: Outcome = "ok"
+    _error: str | None = None
+    _recorded: bool = False
+    _done: bool = field(default=False)
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        """Each event's data as it arrives, `[DONE]` included; raises GatewayUnavailable when
+        the gateway stops answering mid-stream."""
+        opened = self._opened
+        event: ServerSentEvent | None = opened.first
+        while event is not None:
+            self._observe(event.data)
+            yield event.data
+            if event.data == DONE:
+                self._done = True
+                return
+            event = await self._next()
+        self._done = True
+
+    async def _next(self) -> ServerSentEvent | None:
+        try:
+            async with asyncio.timeout(self._call.timeout_s):  # idle time between events
+                return await anext(self._opened.events)
+        except StopAsyncIteration:
+            return None
+        except (httpx.TimeoutException, TimeoutError):
+            self._outcome, self._error = "timeout", "stream stalled"
+        except (httpx.RequestError, SSEError) as exc:
+            self._outcome = "connection_error"
+            self._error = self._gateway.scrub(f"{type(exc).__name__}: {exc}")
+        record = await self._record()
+        raise GatewayUnavailable(f"gateway stream broke: {self._error}", (record,),
+                                 deadline_hit=False)
+
+    def _observe(self, data: str) -> None:
+        if data == DONE:
+            return
+        chunk = _loads(data.encode())
+        if not isinstance(chunk, dict):
+            return
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = _usage_of(chunk)
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            content = delta.get("content") if isinstance(delta, dict) else None
+            if isinstance(content, str):
+                self.content_bytes += len(content.encode("utf-8", "replace"))
+            if isinstance(choice.get("finish_reason"), str):
+                self.finish_reason = choice["finish_reason"]
+
+    async def _record(self) -> AttemptRecord:
+        """The attempt, recorded once (the after-attempt hook runs here)."""
+        opened, call = self._opened, self._call
+        if self._recorded:
+            return call.attempts[-1]
+        self._recorded = True
+        usage = self.usage
+        reported = usage is not None
+        if usage is None:
+            usage = Usage(len(call.body), self.content_bytes)
+        status = opened.response.status_code
+        record = AttemptRecord(opened.number, status, self._outcome, usage,
+                               time.perf_counter() - opened.started, self._error, None,
+                               usage_reported=reported)
+        call.attempts.append(record)
+        if call.after is not None:
+            await call.after(record)
+        return record
+
+    def result(self) -> ChatResult:
+        """Every attempt made (after the stream closed)."""
+        return ChatResult("", self.finish_reason, self.usage or Usage(), tuple(self._call.attempts))
+
+    async def _close(self) -> None:
+        try:
+            if not self._recorded and not self._done:
+                # the reader stopped early (its client went away): bill what was seen
+                self._error = "stream abandoned by the reader"
+            await asyncio.shield(self._record())
+        finally:
+            self._gateway.release_shard(self._opened.shard)
+            await self._opened.response.aclose()
+
+
+@asynccontextmanager
+async def open_stream(gateway: GatewayClient, call: _Call) -> AsyncIterator[GatewayStream]:
+    """Attempts until one delivers its first event (or the retries give up: GatewayError)."""
+    opened: _Opened = await gateway.retrying(call)(_attempt, gateway, call)
+    stream = GatewayStream(gateway, call, opened)
+    try:
+        yield stream
+    finally:
+        await stream._close()
+
+
+async def _attempt(gateway: GatewayClient, call: _Call) -> _Opened:
+    number = len(call.attempts) + 1
+    if call.before is not None:
+        await call.before(number)
+    timeout = call.timeout_s
+    shard, client = gateway.lease_shard()
+    started = time.perf_counter()
+    response: httpx.Response | None = None
+    outcome: Outcome
+    try:
+        async with asyncio.timeout(timeout):  # to the first event, like a plain attempt
+            request = client.build_request(
+                "POST", gateway.url, content=call.body, headers=call.headers,
+                timeout=httpx.Timeout(timeout, connect=min(gateway.connect_timeout_s, timeout)))
+            response = await client.send(request, stream=True)
+            if not 200 <= response.status_code < 300:
+                raw = await _read_capped(response)
+                failed = gateway.failed_record(number, response.status_code, response.headers,
+                                               raw, time.perf_counter() - started)
+                await _close(gateway, shard, response)
+                await call.finish(failed)  # raises: retried or rejected
+            events = EventSource(response).aiter_sse()
+            first = await anext(events)
+        return _Opened(number, response, events, first, started, shard)
+    except (httpx.TimeoutException, TimeoutError):
+        outcome, error = "timeout", f"no first event within {timeout:.3g} s"
+    except StopAsyncIteration:
+        outcome, error = "invalid_response", "the stream ended before its first event"
+    except SSEError as exc:
+        outcome, error = "invalid_response", gateway.scrub(str(exc))
+    except httpx.RequestError as exc:
+        outcome, error = "connection_error", gateway.scrub(f"{type(exc).__name__}: {exc}")
+    except BaseException:
+        if response is not None and not response.is_closed:
+            await _close(gateway, shard, response)
+        raise
+    status = response.status_code if response is not None else None
+    if response is not None:
+        await _close(gateway, shard, response)
+    else:
+        gateway.release_shard(shard)
+    latency = time.perf_counter() - started
+    await call.finish(AttemptRecord(number, status, outcome, Usage(), latency, error, None))
+    raise AssertionError("unreachable: finish raises for a failed attempt")
+
+
+async def _close(gateway: GatewayClient, shard: int, response: httpx.Response) -> None:
+    if not response.is_closed:
+        gateway.release_shard(shard)
+        await response.aclose()
+
+
+async def _read_capped(response: httpx.Response) -> bytes:
+    out = bytearray()
+    async for piece in response.aiter_bytes():
+        out += piece
+        if len(out) >= _ERROR_BODY_BYTES:
+            break
+    return bytes(out[:_ERROR_BODY_BYTES])

@@ -1,0 +1,196 @@
+"""Shapes of the OpenAI-compatible facade (SPEC §10): the chat-completions request with its
+`agent_swarm` extension, the answers (`chat.completion`, `chat.completion.chunk`, the model
+list) and OpenAI's error body."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.schemas import MaxTokens, ModelName, Temperature
+
+FanIn = Literal["weighted_vote", "majority", "concatenate", "synthesize"]
+
+EXAMPLE_SWARM: dict[str, Any] = {
+    "model": "kimi-k2.5",
+    "messages": [
+        {"role": "system", "content": "You are the root orchestrator. Split the work into "
+                                      "independent sub-tasks and delegate them in parallel."},
+        {"role": "user", "content": "Review these 3 Python files for SQL injection, "
+                                    "hard-coded secrets and unsafe deserialisation."},
+    ],
+    "agent_swarm": {"enabled": True, "max_sub_agents": 8, "fan_in_strategy": "weighted_vote",
+                    "failure_tolerance": 0.02, "per_sub_agent_max_tokens": 512},
+    "temperature": 0.3,
+    "max_tokens": 4096,
+}
+EXAMPLE_PASSTHROUGH: dict[str, Any] = {
+    "model": "deepseek-v3.2",
+    "messages": [{"role": "user", "content": "Say hello"}],
+    "max_tokens": 64,
+}
+
+
+class AgentSwarmOptions(BaseModel):
+    """`agent_swarm` (the SDK's `extra_body`): runs a swarm instead of one completion.
+    An unknown key is refused with 400, naming it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(description="true runs a swarm; false (or no `agent_swarm`) sends "
+                                      "the request to the gateway unchanged")
+    max_sub_agents: int | None = Field(
+        default=None, ge=1, le=1000, description="the planner's bound: orchestrator.max_subtasks")
+    fan_in_strategy: FanIn | None = Field(
+        default=None, description="weighted_vote | majority -> vote, concatenate -> "
+                                  "concatenate, absent (or synthesize) -> synthesize")
+    failure_tolerance: float | None = Field(
+        default=None, ge=0, le=1, description="limits.failure_tolerance")
+    per_sub_agent_max_tokens: MaxTokens | None = Field(
+        default=None, description="each worker's max_tokens")
+    streaming: bool = Field(
+        default=True, description="with `stream: true`, frame each worker's output as it "
+                                  "finishes; false streams only the result")
+    tools: list[str] | None = Field(
+        default=None, max_length=100,
+        description="MCP tools the planner may hand to sub-agents (SPEC §9): `server` or "
+                    "`server.tool`")
+
+
+class ChatMessage(BaseModel):
+    """One message; extra keys (name, tool_calls, ...) pass through to the gateway."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(min_length=1, max_length=32)
+    content: str | list[dict[str, Any]] | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class ChatCompletionCreate(BaseModel):
+    """The body of `POST /v1/chat/completions`. Without `agent_swarm` every other OpenAI
+    parameter passes to the gateway unchanged; with it, only those listed here are accepted."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={"examples": [EXAMPLE_SWARM, EXAMPLE_PASSTHROUGH]})
+
+    model: ModelName
+    messages: list[ChatMessage] = Field(min_length=1, max_length=10_000)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    agent_swarm: AgentSwarmOptions | None = None
+
+
+# ---- answers ---------------------------------------------------------------------------------
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    cost_usd: str | None = Field(default=None, description="exact decimal USD (swarms only)")
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str
+
+
+class ChatCompletion(BaseModel):
+    """A `chat.completion`. For a swarm: the result, the summed usage of all its gateway calls,
+    `id = chatcmpl-<swarm id>` and `swarm_id`; passthrough answers are the gateway's own."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: CompletionUsage | None = None
+    swarm_id: str | None = None
+
+
+class ChunkDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChunkDelta
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One `data:` event of a stream (the stream ends with `data: [DONE]`)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: CompletionUsage | None = None
+    swarm_id: str | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "swarm-api"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema with its `$defs` inlined (for a media type FastAPI does not
+    register components for, such as an event stream's events)."""
+    schema = model.model_json_schema()
+    defs: dict[str, Any] = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(defs[ref.rsplit("/", 1)[1]])
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    resolved: dict[str, Any] = resolve(schema)
+    return resolved
+
+
+class OpenAIErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+    swarm_id: str | None = Field(default=None, description="the swarm, when one was created")
+
+
+class OpenAIError(BaseModel):
+    """Every error of a /v1 route, in OpenAI's shape."""
+
+    error: OpenAIErrorBody

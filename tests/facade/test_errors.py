@@ -1,0 +1,137 @@
+"""/v1 answers errors in OpenAI's shape with SPEC §3 statuses, so the SDK raises its own
+classes; the models list is the price table; the OpenAPI document says all of it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from app.pricing import BUILTIN_MODELS
+from tests.facade.conftest import Facade
+
+SWARM = {"model": "kimi-k2.5", "messages": [{"role": "user", "content": "Review the code"}]}
+
+
+def error_of(r: httpx.Response) -> dict[str, Any]:
+    body = r.json()
+    assert set(body) == {"error"}, body
+    err: dict[str, Any] = body["error"]
+    assert {"message", "type", "param", "code"} <= set(err), err
+    return err
+
+
+async def test_models_are_the_priced_models(facade_sqlite: Facade) -> None:
+    page = await facade_sqlite.sdk().models.list()
+    assert sorted(m.id for m in page.data) == sorted(BUILTIN_MODELS)
+    assert {m.object for m in page.data} == {"model"}
+
+
+async def test_wrong_key_is_the_sdks_authentication_error(facade_sqlite: Facade) -> None:
+    wrong = openai.AsyncOpenAI(base_url=f"{facade_sqlite.base_url}/v1", api_key="nope")
+    with pytest.raises(openai.AuthenticationError) as caught:
+        await wrong.chat.completions.create(**SWARM)  # type: ignore[call-overload]
+    assert caught.value.body["type"] == "authentication_error"  # type: ignore[index]
+    with pytest.raises(openai.AuthenticationError):
+        await wrong.models.list()
+    r = await facade_sqlite.http.post("/v1/chat/completions", json=SWARM,
+                                      headers={"Authorization": ""})
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert error_of(r)["code"] == "unauthorized"
+
+
+async def test_unknown_agent_swarm_key_is_a_400_naming_it(facade_sqlite: Facade) -> None:
+    sdk = facade_sqlite.sdk(max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await sdk.chat.completions.create(  # type: ignore[call-overload]
+            **SWARM, extra_body={"agent_swarm": {"enabled": True, "aggregate_tokens": True}})
+    body: Any = caught.value.body
+    assert body["param"] == "agent_swarm.aggregate_tokens"
+    assert body["code"] == "unknown_parameter" and "aggregate_tokens" in body["message"]
+    r = await facade_sqlite.http.get("/swarms")
+    assert r.json()["items"] == []  # nothing was stored
+
+
+INVALID: list[tuple[dict[str, Any], int, str, str]] = [
+    ({**SWARM, "n": 2, "agent_swarm": {"enabled": True}}, 400, "unsupported_parameter", "n"),
+    ({**SWARM, "agent_swarm": {"enabled": True, "tools": ["search"]}}, 400,
+     "unsupported_parameter", "agent_swarm.tools"),
+    ({**SWARM, "agent_swarm": {"enabled": True, "fan_in_strategy": "best"}}, 422,
+     "validation_error", "agent_swarm.fan_in_strategy"),
+    ({**SWARM, "agent_swarm": {"enabled": True, "failure_tolerance": 2}}, 422,
+     "validation_error", "agent_swarm.failure_tolerance"),
+    ({**SWARM, "agent_swarm": {"enabled": True, "max_sub_agents": 0}}, 422,
+     "validation_error", "agent_swarm.max_sub_agents"),
+    ({**SWARM, "agent_swarm": {"max_sub_agents": 3}}, 422, "validation_error",
+     "agent_swarm.enabled"),
+    ({**SWARM, "model": "gpt-9", "agent_swarm": {"enabled": True}}, 422, "unknown_model",
+     "model"),
+    ({**SWARM, "model": "gpt-9"}, 422, "unknown_model", "model"),  # passthrough too
+    ({"model": "kimi-k2.5", "messages": []}, 422, "validation_error", "messages"),
+    ({"model": "kimi-k2.5", "messages": [{"role": "system", "content": "x"}],
+      "agent_swarm": {"enabled": True}}, 422, "validation_error", "messages"),
+    ({"model": "kimi-k2.5", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+      "agent_swarm": {"enabled": True}}, 400, "unsupported_content", "messages.0.content.0"),
+    ({**SWARM, "max_tokens": 0}, 422, "validation_error", "max_tokens"),
+]
+
+
+async def test_invalid_bodies(facade_sqlite: Facade) -> None:
+    """400 when the body cannot be understood, 422 when a value is invalid; never stored."""
+    for body, status, code, param in INVALID:
+        r = await facade_sqlite.http.post("/v1/chat/completions", json=body)
+        assert r.status_code == status, (body, r.text)
+        err = error_of(r)
+        assert (err["code"], err["param"]) == (code, param), body
+        assert err["type"] == "invalid_request_error"
+    assert (await facade_sqlite.http.get("/swarms")).json()["items"] == []
+    assert (await facade_sqlite.usage())["total"]["gateway_calls"] == 0
+
+
+async def test_body_that_is_not_json_or_too_large(facade_sqlite: Facade) -> None:
+    r = await facade_sqlite.http.post("/v1/chat/completions", content=b"{nope",
+                                      headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and error_of(r)["code"] == "invalid_json"
+    huge = {**SWARM, "messages": [{"role": "user", "content": "x" * (4 * 1024 * 1024)}]}
+    r = await facade_sqlite.http.post("/v1/chat/completions", json=huge)
+    assert r.status_code == 413 and error_of(r)["code"] == "payload_too_large"
+
+
+async def test_failed_swarm_is_an_error_the_sdk_does_not_retry(facade_sqlite: Facade) -> None:
+    body = {"model": "kimi-k2.5", "messages": [
+        {"role": "user", "content": "Plan it [[sim plan=cyclic]]"}],
+            "agent_swarm": {"enabled": True}}
+    r = await facade_sqlite.http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 502 and r.headers["x-should-retry"] == "false"
+    err = error_of(r)
+    assert err["code"] == "plan_invalid" and err["type"] == "server_error"
+    swarm = await facade_sqlite.swarm(err["swarm_id"])
+    assert swarm["status"] == "failed" and swarm["error"]["code"] == "plan_invalid"
+    with pytest.raises(openai.InternalServerError):  # default retries: still one swarm per call
+        await facade_sqlite.sdk().chat.completions.create(  # type: ignore[call-overload]
+            model=body["model"], messages=body["messages"],
+            extra_body={"agent_swarm": body["agent_swarm"]})
+    listed = (await facade_sqlite.http.get("/swarms")).json()["items"]
+    assert len(listed) == 2
+
+
+async def test_openapi_documents_the_facade(facade_sqlite: Facade) -> None:
+    doc = (await facade_sqlite.http.get("/openapi.json")).json()
+    create = doc["paths"]["/v1/chat/completions"]["post"]
+    assert create["operationId"] == "createChatCompletion"
+    assert {"400", "401", "409", "413", "422", "429", "502", "503"} <= set(create["responses"])
+    for status, response in create["responses"].items():
+        if int(status) >= 400:
+            schema = response["content"]["application/json"]["schema"]
+            assert schema == {"$ref": "#/components/schemas/OpenAIError"}, status
+    ok = create["responses"]["200"]["content"]
+    assert ok["application/json"]["schema"] == {"$ref": "#/components/schemas/ChatCompletion"}
+    assert "chat.completion.chunk" in str(ok["text/event-stream"]["schema"])
+    request = create["requestBody"]["content"]["application/json"]["schema"]
+    assert request == {"$ref": "#/components/schemas/ChatCompletionCreate"}
+    assert "agent_swarm" in doc["components"]["schemas"]["ChatCompletionCreate"]["properties"]
+    models = doc["paths"]["/v1/models"]["get"]
+    assert models["operationId"] == "listModels" and "401" in models["responses"]
