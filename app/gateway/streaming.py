@@ -168,48 +168,46 @@ async def _attempt(gateway: GatewayClient, call: _Call) -> _Opened:
     shard, client = gateway.lease_shard()
     started = time.perf_counter()
     response: httpx.Response | None = None
-    outcome: Outcome
+    failed: AttemptRecord | None = None
+    handed = False  # once the first event is in, the stream and the shard are GatewayStream's
     try:
-        async with asyncio.timeout(timeout):  # to the first event, like a plain attempt
-            request = client.build_request(
-                "POST", gateway.url, content=call.body, headers=call.headers,
-                timeout=httpx.Timeout(timeout, connect=min(gateway.connect_timeout_s, timeout)))
-            response = await client.send(request, stream=True)
-            if not 200 <= response.status_code < 300:
-                raw = await _read_capped(response)
-                failed = gateway.failed_record(number, response.status_code, response.headers,
-                                               raw, time.perf_counter() - started)
-                await _close(gateway, shard, response)
-                await call.finish(failed)  # raises: retried or rejected
-            events = EventSource(response).aiter_sse()
-            first = await anext(events)
-        return _Opened(number, response, events, first, started, shard)
-    except (httpx.TimeoutException, TimeoutError):
-        outcome, error = "timeout", f"no first event within {timeout:.3g} s"
-    except StopAsyncIteration:
-        outcome, error = "invalid_response", "the stream ended before its first event"
-    except SSEError as exc:
-        outcome, error = "invalid_response", gateway.scrub(str(exc))
-    except httpx.RequestError as exc:
-        outcome, error = "connection_error", gateway.scrub(f"{type(exc).__name__}: {exc}")
-    except BaseException:
-        if response is not None and not response.is_closed:
-            await _close(gateway, shard, response)
-        raise
-    status = response.status_code if response is not None else None
-    if response is not None:
-        await _close(gateway, shard, response)
-    else:
-        gateway.release_shard(shard)
-    latency = time.perf_counter() - started
-    await call.finish(AttemptRecord(number, status, outcome, Usage(), latency, error, None))
+        try:
+            async with asyncio.timeout(timeout):  # to the first event, like a plain attempt
+                request = client.build_request(
+                    "POST", gateway.url, content=call.body, headers=call.headers,
+                    timeout=httpx.Timeout(timeout,
+                                          connect=min(gateway.connect_timeout_s, timeout)))
+                response = await client.send(request, stream=True)
+                if not 200 <= response.status_code < 300:
+                    raw = await _read_capped(response)
+                    failed = gateway.failed_record(number, response.status_code,
+                                                   response.headers, raw,
+                                                   time.perf_counter() - started)
+                else:
+                    events = EventSource(response).aiter_sse()
+                    first = await anext(events)
+                    handed = True
+                    return _Opened(number, response, events, first, started, shard)
+        except (httpx.TimeoutException, TimeoutError):
+            failed = _failed(number, response, "timeout",
+                             f"no first event within {timeout:.3g} s", started)
+        except StopAsyncIteration:
+            failed = _failed(number, response, "invalid_response",
+                             "the stream ended before its first event", started)
+        except SSEError as exc:
+            failed = _failed(number, response, "invalid_response", gateway.scrub(str(exc)),
+                             started)
+        except httpx.RequestError as exc:
+            failed = _failed(number, response, "connection_error",
+                             gateway.scrub(f"{type(exc).__name__}: {exc}"), started)
+    finally:
+        if not handed:
+            gateway.release_shard(shard)
+            if response is not None:
+                await response.aclose()
+    assert failed is not None
+    await call.finish(failed)  # raises: retried, rejected or given up
     raise AssertionError("unreachable: finish raises for a failed attempt")
-
-
-async def _close(gateway: GatewayClient, shard: int, response: httpx.Response) -> None:
-    if not response.is_closed:
-        gateway.release_shard(shard)
-        await response.aclose()
 
 
 async def _read_capped(response: httpx.Response) -> bytes:
@@ -219,3 +217,10 @@ async def _read_capped(response: httpx.Response) -> bytes:
         if len(out) >= _ERROR_BODY_BYTES:
             break
     return bytes(out[:_ERROR_BODY_BYTES])
+
+
+def _failed(number: int, response: httpx.Response | None, outcome: Outcome, error: str,
+            started: float) -> AttemptRecord:
+    status = response.status_code if response is not None else None
+    return AttemptRecord(number, status, outcome, Usage(), time.perf_counter() - started,
+                         error, None)

@@ -51,11 +51,13 @@ class Facade:
 
 
 @asynccontextmanager
-async def start_facade(database_url: str, **settings: Any) -> AsyncIterator[Facade]:
+async def start_facade(database_url: str, run_engine: bool = True,
+                       **settings: Any) -> AsyncIterator[Facade]:
+    """The service on `database_url`; `run_engine=False` is an API replica (no engine)."""
     simulator = create_simulator(SimulatorConfig(latency_ms=20))
     gateway = GatewayClient("http://sim/v1", transport=httpx.ASGITransport(app=simulator))
     app = create_app(make_settings(database_url, api_keys="t1:k1,t2:k2", **settings),
-                     gateway=gateway)
+                     gateway=gateway, run_engine=run_engine)
     try:
         async with serving(app) as url, httpx.AsyncClient(
                 base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as http:

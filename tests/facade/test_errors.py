@@ -135,3 +135,14 @@ async def test_openapi_documents_the_facade(facade_sqlite: Facade) -> None:
     assert "agent_swarm" in doc["components"]["schemas"]["ChatCompletionCreate"]["properties"]
     models = doc["paths"]["/v1/models"]["get"]
     assert models["operationId"] == "listModels" and "401" in models["responses"]
+
+
+async def test_idempotency_key_answers_from_the_same_swarm(facade_sqlite: Facade) -> None:
+    sdk = facade_sqlite.sdk()
+    kw: Any = {**SWARM, "extra_body": {"agent_swarm": {"enabled": True}},
+               "extra_headers": {"Idempotency-Key": "review-1"}}
+    first = await sdk.chat.completions.create(**kw)
+    again = await sdk.chat.completions.create(**kw)
+    assert first.id == again.id and first.choices[0].message.content == \
+        again.choices[0].message.content
+    assert len((await facade_sqlite.http.get("/swarms")).json()["items"]) == 1

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from tests.facade.conftest import Facade, start_facade
+from tests.procs import until
 
 PLAIN = {"model": "deepseek-v3.2", "max_tokens": 300,
          "messages": [{"role": "system", "content": "Be brief."},
@@ -131,3 +132,17 @@ async def test_daily_cap_refuses_what_it_cannot_cover(sqlite_url: str) -> None:
         after = (await facade.http.get("/metrics")).text
         assert metric(after, DENIED) - metric(before, DENIED) == 1
         assert metric(after, OK_CALLS) - metric(before, OK_CALLS) == 1
+
+
+async def test_a_streaming_caller_that_leaves_is_still_billed(facade_sqlite: Facade) -> None:
+    stream = await facade_sqlite.sdk().chat.completions.create(  # type: ignore[call-overload]
+        **PLAIN, stream=True)
+    await anext(aiter(stream))
+    await stream.close()  # gone after the first chunk
+
+    async def billed() -> dict[str, Any] | None:
+        row = ledger(await facade_sqlite.usage())
+        return row if row["gateway_calls"] else None
+
+    row = await until(billed, 10, "the abandoned stream's ledger row")
+    assert row["gateway_calls"] == 1 and row["prompt_tokens"] > 0

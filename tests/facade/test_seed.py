@@ -12,8 +12,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
-from tests.facade.conftest import KEY, Facade
+from app.runtime import Runtime
+from tests.conftest import BACKENDS, make_settings
+from tests.facade.conftest import KEY, Facade, start_facade
 
 SEED = Path(__file__).parent / "seed_001"
 
@@ -165,3 +168,25 @@ async def test_waiting_request_answers_after_the_swarm_ends(facade: Facade) -> N
     assert swarm["spec"]["synthesis"]["strategy"] == "synthesize"  # no fan_in_strategy
     assert completion.choices[0].message.content == swarm["result"]
     assert completion.model == "deepseek-v3.2"
+
+
+@pytest.mark.skipif("postgres" not in BACKENDS, reason="SWARM_TEST_SKIP_POSTGRES=1")
+async def test_stream_from_a_replica_while_another_process_runs_the_swarm(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API replica has no engine: the swarm runs in another runtime (a worker), and the
+    replica's stream follows it through the shared events table."""
+    async with start_facade(db_url, run_engine=False) as replica:
+        worker = Runtime(make_settings(db_url), run_engine=True, listen_changes=False)
+        async with worker:
+            seed = load_seed("kimi_swarm_streaming", replica, monkeypatch)
+            sub_results = await seed.streaming_swarm("API 설계 안티패턴을 나열하라.")
+            (swarm,) = await latest_swarms(replica, 1)
+            assert worker.engine is not None
+            async with worker.sessions() as s, s.begin():
+                owner = await s.scalar(text("SELECT lease_owner FROM swarms WHERE id = :i"),
+                                       {"i": swarm["id"]})
+        assert owner == worker.engine.owner
+        assert swarm["status"] == "succeeded"
+        workers = {s["name"]: s["output"].strip() for s in swarm["subtasks"]
+                   if s["kind"] == "worker"}
+        assert {r["agent"]: r["result"] for r in sub_results} == workers

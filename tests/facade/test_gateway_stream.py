@@ -1,0 +1,150 @@
+"""GatewayClient.stream: retried like a plain call until the first event arrives, relayed as it
+comes after that; every attempt recorded once, with the stream's usage (or an upper bound)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from app.gateway import client as gateway_client
+from app.gateway.client import (
+    AttemptRecord,
+    GatewayClient,
+    GatewayRejected,
+    GatewayUnavailable,
+)
+
+BODY = json.dumps({"model": "m", "stream": True,
+                   "messages": [{"role": "user", "content": "hi"}]}).encode()
+SSE = {"content-type": "text/event-stream"}
+USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+
+
+def event(obj: Any) -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+
+
+def chunk(content: str | None = None, finish: str | None = None) -> bytes:
+    delta = {} if content is None else {"content": content}
+    return event({"object": "chat.completion.chunk",
+                  "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+async def body_of(parts: list[bytes], *, fail_after: int | None = None,
+                  hang_s: float = 0.0) -> AsyncIterator[bytes]:
+    if hang_s:
+        await asyncio.sleep(hang_s)
+    for i, part in enumerate(parts):
+        if fail_after is not None and i == fail_after:
+            raise httpx.ReadError("connection reset")
+        yield part
+
+
+GOOD = [chunk("Hel"), chunk("lo"), chunk(None, "stop"),
+        event({"object": "chat.completion.chunk", "choices": [], "usage": USAGE}),
+        event(b"[DONE]")]
+
+
+class Gateway:
+    """A GatewayClient over a MockTransport answering one planned response per attempt."""
+
+    def __init__(self, answers: list[Callable[[], httpx.Response]]) -> None:
+        self.answers = answers
+        self.sent: list[httpx.Request] = []
+        self.records: list[AttemptRecord] = []
+        self.client = GatewayClient("http://gw/v1", transport=httpx.MockTransport(self.handle))
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request)
+        return self.answers[min(len(self.sent), len(self.answers)) - 1]()
+
+    async def after(self, rec: AttemptRecord) -> None:
+        self.records.append(rec)
+
+    def stream(self, **kw: Any) -> Any:
+        return self.client.stream(BODY, idempotency_key="k", after_attempt=self.after, **kw)
+
+
+@pytest.fixture(autouse=True)
+def no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def instant(_: float) -> None:
+        return None
+    monkeypatch.setattr(gateway_client, "_sleep", instant)
+
+
+def ok(parts: list[bytes] = GOOD, **kw: Any) -> Callable[[], httpx.Response]:
+    return lambda: httpx.Response(200, headers=SSE, content=body_of(parts, **kw))
+
+
+async def test_retried_until_the_first_event_then_relayed() -> None:
+    gw = Gateway([lambda: httpx.Response(503, json={"error": {"message": "busy"}}), ok()])
+    async with gw.stream() as stream:
+        data = [d async for d in stream]
+    assert data[-1] == "[DONE]" and len(data) == 5
+    assert [r.outcome for r in gw.records] == ["server_error", "ok"]
+    assert gw.records[-1].usage.prompt_tokens == 11
+    assert gw.records[-1].usage.completion_tokens == 7 and gw.records[-1].usage_reported
+    assert stream.finish_reason == "stop"
+    assert {r.headers["idempotency-key"] for r in gw.sent} == {"k"}  # one logical call
+    assert gw.client._inflight == [0]
+
+
+async def test_rejected_and_exhausted_attempts_raise_before_streaming() -> None:
+    gw = Gateway([lambda: httpx.Response(400, json={"error": {"message": "bad"}})])
+    with pytest.raises(GatewayRejected):
+        async with gw.stream():
+            pass
+    assert len(gw.sent) == 1
+    gw = Gateway([lambda: httpx.Response(429, headers={"retry-after-ms": "1"})])
+    with pytest.raises(GatewayUnavailable) as caught:
+        async with gw.stream(max_attempts=3):
+            pass
+    assert caught.value.outcome == "rate_limited" and len(gw.records) == 3
+    assert caught.value.attempts[-1].retry_after_s == 0.001
+    assert gw.client._inflight == [0]
+
+
+async def test_no_first_event_in_time_or_not_a_stream_is_retried() -> None:
+    gw = Gateway([ok(hang_s=5), lambda: httpx.Response(200, json={"choices": []}), ok()])
+    async with gw.stream(timeout_s=0.2) as stream:
+        assert [d async for d in stream][-1] == "[DONE]"
+    assert [r.outcome for r in gw.records] == ["timeout", "invalid_response", "ok"]
+    assert gw.client._inflight == [0]
+
+
+async def test_a_stream_without_usage_is_billed_on_an_upper_bound() -> None:
+    gw = Gateway([ok([chunk("Hello"), chunk("é", "stop"), event(b"[DONE]")])])
+    async with gw.stream() as stream:
+        assert len([d async for d in stream]) == 3
+    rec = gw.records[-1]
+    assert rec.outcome == "ok" and not rec.usage_reported
+    # every request byte may be a prompt token; every streamed content byte a completion one
+    assert (rec.usage.prompt_tokens, rec.usage.completion_tokens) == (len(BODY), 5 + 2)
+
+
+async def test_a_stream_that_breaks_midway_raises_and_is_recorded_once() -> None:
+    gw = Gateway([ok(fail_after=2)])
+    seen: list[str] = []
+    with pytest.raises(GatewayUnavailable):
+        async with gw.stream() as stream:
+            async for data in stream:
+                seen.append(data)
+    assert len(seen) == 2  # what arrived was relayed; no retry once it had
+    assert len(gw.sent) == 1 and [r.outcome for r in gw.records] == ["connection_error"]
+    assert gw.records[0].usage.completion_tokens == 5  # "Hel" + "lo", as a bound
+    assert gw.client._inflight == [0]
+
+
+async def test_a_reader_that_leaves_early_is_billed_for_what_it_saw() -> None:
+    gw = Gateway([ok()])
+    async with gw.stream() as stream:
+        async for _ in stream:
+            break
+    (rec,) = gw.records
+    assert rec.outcome == "ok" and rec.error == "stream abandoned by the reader"
+    assert gw.client._inflight == [0]
