@@ -146,3 +146,17 @@ async def test_idempotency_key_answers_from_the_same_swarm(facade_sqlite: Facade
     assert first.id == again.id and first.choices[0].message.content == \
         again.choices[0].message.content
     assert len((await facade_sqlite.http.get("/swarms")).json()["items"]) == 1
+
+
+async def test_a_swarm_failing_mid_stream_ends_it_with_an_error(facade_sqlite: Facade) -> None:
+    stream = await facade_sqlite.sdk().chat.completions.create(  # type: ignore[call-overload]
+        model="kimi-k2.5", messages=[{"role": "user", "content": "Go [[sim plan=cyclic]]"}],
+        extra_body={"agent_swarm": {"enabled": True}}, stream=True)
+    chunks = []
+    with pytest.raises(openai.APIError) as caught:
+        async for c in stream:
+            chunks.append(c)
+    assert chunks and chunks[0].choices[0].delta.role == "assistant"  # the stream had begun
+    body: Any = caught.value.body
+    assert body["code"] == "plan_invalid" and body["swarm_id"]
+    assert (await facade_sqlite.swarm(body["swarm_id"]))["status"] == "failed"
