@@ -9,7 +9,9 @@ value is invalid (wrong type or range, a model without a price) — as on `POST 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import Request, Response
@@ -61,6 +63,13 @@ def openai_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses=` entries documenting OpenAI's error shape for these statuses."""
     return {s: {"model": OpenAIError, "description": DESCRIPTIONS.get(s, "error")}
             for s in statuses}
+
+
+def seconds_to_midnight() -> int:
+    """Retry-After for a spent daily cap: the next UTC day."""
+    now = datetime.now(UTC)
+    midnight = datetime.combine(now.date() + timedelta(days=1), datetime.min.time(), UTC)
+    return max(math.ceil((midnight - now).total_seconds()), 1)
 
 
 def _param(details: Any) -> str | None:

@@ -7,7 +7,6 @@ import json
 import math
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import Request, Response
@@ -15,7 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from app import metrics
-from app.api.openai_errors import openai_error
+from app.api.openai_errors import openai_error, seconds_to_midnight
 from app.config import Settings
 from app.engine.budget import BudgetExceeded, SharedCap
 from app.engine.passthrough import PassthroughMeter, prompt_bound
@@ -30,17 +29,11 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def _seconds_to_midnight() -> int:
-    now = datetime.now(UTC)
-    midnight = datetime.combine(now.date() + timedelta(days=1), datetime.min.time(), UTC)
-    return max(math.ceil((midnight - now).total_seconds()), 1)
-
-
 def over_budget(exc: BudgetExceeded) -> JSONResponse:
     metrics.budget_denials.labels("daily").inc()
     return openai_error(429, f"the daily budget cannot cover this call: it needs up to "
                              f"{exc.needed} USD, {exc.left} USD are left today",
-                        "quota_exceeded", headers={"Retry-After": str(_seconds_to_midnight())})
+                        "quota_exceeded", headers={"Retry-After": str(seconds_to_midnight())})
 
 
 def gateway_failed(exc: GatewayError) -> JSONResponse:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import Request, Response
@@ -14,7 +13,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from app.api import swarms
 from app.api.follow import POLL_S, follow_events
-from app.api.openai_errors import openai_error
+from app.api.openai_errors import openai_error, seconds_to_midnight
 from app.config import Settings
 from app.db import queries
 from app.db.session import SessionFactory
@@ -116,11 +115,8 @@ def _failure(swarm: Swarm) -> Response:
     if swarm.status == SwarmStatus.cancelled:
         return openai_error(409, message, "swarm_cancelled", swarm_id=swarm.id, retry=False)
     if code == "daily_budget_exceeded":
-        now = datetime.now(UTC)
-        midnight = datetime.combine(now.date() + timedelta(days=1), datetime.min.time(), UTC)
-        wait = max(int((midnight - now).total_seconds()) + 1, 1)
         return openai_error(429, message, code, swarm_id=swarm.id,
-                            headers={"Retry-After": str(wait)}, retry=False)
+                            headers={"Retry-After": str(seconds_to_midnight())}, retry=False)
     return openai_error(502, message, code, swarm_id=swarm.id, retry=False)
 
 
