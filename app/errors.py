@@ -34,6 +34,11 @@ class AlreadyTerminal(ApiError):
     code = "already_terminal"
 
 
+class NotRetryable(ApiError):
+    status_code = 409
+    code = "not_retryable"
+
+
 class IdempotencyKeyReused(ApiError):
     status_code = 422
     code = "idempotency_key_reused"

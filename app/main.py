@@ -13,7 +13,7 @@ import httpx
 from fastapi import FastAPI
 
 from app import metrics
-from app.api import errors, openai, ops, swarms, usage
+from app.api import errors, openai, ops, retry, swarms, usage
 from app.api.openai_errors import openai_responses
 from app.config import Settings
 from app.gateway.client import GatewayClient
@@ -69,6 +69,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     # routes that read or write the database answer 503 while it is unreachable
     # 403: a client off loopback while the API is open (LoopbackOnly)
     app.include_router(swarms.router, responses=errors.error_responses(403, 503))
+    app.include_router(retry.router, responses=errors.error_responses(403, 503))
     app.include_router(usage.router, responses=errors.error_responses(403, 503))
     app.include_router(openai.router, responses=openai_responses(403))  # OpenAI's shape
     app.include_router(ops.router)

@@ -75,6 +75,8 @@ queue_wait = Histogram("swarm_subtask_queue_wait_seconds", "Subtask ready -> sta
 price_table_info = Gauge("swarm_price_table_info",
                          "The model price table in force (value 1; version as on /readyz)",
                          ["version"], multiprocess_mode="livemax")
+subtasks_reused = Counter("swarm_subtasks_reused_total",
+                          "Subtasks copied as succeeded into a retry (no gateway call)", ["kind"])
 http_duration = Histogram("swarm_http_request_duration_seconds", "HTTP requests served",
                           ["method", "route", "status"], buckets=LATENCY_BUCKETS)
 
@@ -87,6 +89,7 @@ def _init_labels() -> None:
         run_cost.labels(s)
     for k in SUBTASK_KINDS:
         queue_wait.labels(k)
+        subtasks_reused.labels(k)
     _init_models(MODEL_LABELS)
     for scope in ("swarm", "daily"):
         budget_denials.labels(scope)

@@ -152,6 +152,16 @@ class SwarmCreate(Strict):
         return v
 
 
+class SwarmRetry(Strict):
+    """The optional body of `POST /swarms/{id}/retry`: limits for the new run (keys left out
+    keep the old run's values)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"limits": {"budget_usd": 10.0}}]})
+
+    limits: Limits | None = None
+
+
 # ---- responses -------------------------------------------------------------------------------
 
 
@@ -196,6 +206,8 @@ class SubtaskRead(BaseModel):
     attempts: int
     output: str | None = None
     truncated: bool = False
+    reused: bool = Field(default=False, description="succeeded in the swarm this one retries: "
+                         "its output was copied, no gateway call was made")
     error: dict[str, Any] | None
     usage: SubtaskUsage
     latency_ms: float | None
@@ -233,6 +245,8 @@ class SwarmRead(BaseModel):
     queue_position: int | None
     result: str | None
     error: dict[str, Any] | None
+    retry_of: str | None = Field(default=None, description="the swarm this one retries")
+    retried_by: str | None = Field(default=None, description="the newest retry of this swarm")
 
 
 class SwarmList(BaseModel):

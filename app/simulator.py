@@ -76,6 +76,9 @@ class SimulatorConfig:
     timeout_s: float = 120.0
     api_key: str | None = None
     seed: int = 0
+    # `[[sim when=<flag> ...]]` blocks apply only while their flag is here (a fault a test can
+    # switch off between two runs of the same prompts); SWARM_SIM_FLAGS=a,b
+    flags: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         rates = self.fault_rates()
@@ -98,6 +101,8 @@ class SimulatorConfig:
                 continue
             if f.name == "api_key":
                 values[f.name] = raw or None
+            elif f.name == "flags":
+                values[f.name] = {x.strip() for x in raw.split(",") if x.strip()}
             else:
                 values[f.name] = int(raw) if f.name == "seed" else float(raw)
         return cls(**values)
@@ -174,14 +179,22 @@ _CONVERTERS: dict[str, type[Any]] = {
 }
 
 
-def _parse_directives(texts: list[str]) -> _Directives:
-    """Collect every `[[sim ...]]` of every message in order; a later key wins."""
+def _parse_directives(texts: list[str], flags: set[str] | None = None) -> _Directives:
+    """Collect every `[[sim ...]]` of every message in order; a later key wins. A block with
+    `when=<flag>` counts only while `flags` holds that flag."""
     d = _Directives()
     for text in texts:
         if "[[sim" not in text:
             continue
         for block in _DIRECTIVE.finditer(text):
-            for name, quoted, bare in _PAIR.findall(block.group(1)):
+            pairs = _PAIR.findall(block.group(1))
+            when = [bare or _UNESCAPE.sub(r"\1", quoted) for name, quoted, bare in pairs
+                    if name == "when"]
+            if any(flag not in (flags or set()) for flag in when):
+                continue
+            for name, quoted, bare in pairs:
+                if name == "when":
+                    continue
                 if name not in _CONVERTERS:
                     raise ValueError(f"unknown simulator directive {name!r}")
                 try:
@@ -346,7 +359,7 @@ class _Simulator:
         raw = await request.body()
         try:
             req = _parse_request(raw)
-            d = _parse_directives(req.texts)
+            d = _parse_directives(req.texts, cfg.flags)
         except ValueError as exc:
             return _error(400, str(exc))
         key = idem or hashlib.blake2b(raw, digest_size=16).hexdigest()

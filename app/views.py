@@ -63,7 +63,7 @@ def subtask_read(s: Subtask, with_output: bool) -> SubtaskRead:
     return SubtaskRead(
         name=s.name, kind=s.kind, status=s.status, model=s.model, depends_on=list(s.depends_on),
         attempts=s.attempts, output=s.output if with_output else None, truncated=s.truncated,
-        error=s.error,
+        reused=bool(s.reused), error=s.error,
         usage=SubtaskUsage(prompt_tokens=s.prompt_tokens, completion_tokens=s.completion_tokens,
                            cost_usd=usd_str(s.cost_usd)),
         latency_ms=s.latency_ms, started_at=s.started_at, finished_at=s.finished_at,
@@ -71,7 +71,8 @@ def subtask_read(s: Subtask, with_output: bool) -> SubtaskRead:
 
 
 def swarm_read(swarm: Swarm, subtasks: Sequence[Subtask], *, with_outputs: bool = True,
-               with_result: bool | None = None, queue_position: int | None = None) -> SwarmRead:
+               with_result: bool | None = None, queue_position: int | None = None,
+               retried_by: str | None = None) -> SwarmRead:
     """The resource; lists omit outputs and result, webhooks omit only subtask outputs."""
     progress = Progress(total=len(subtasks))
     for s in subtasks:
@@ -88,4 +89,6 @@ def swarm_read(swarm: Swarm, subtasks: Sequence[Subtask], *, with_outputs: bool 
         queue_position=queue_position,
         result=swarm.result if (with_outputs if with_result is None else with_result) else None,
         error=swarm.error,
+        retry_of=swarm.retry_of,
+        retried_by=retried_by,
     )

@@ -27,6 +27,7 @@ SPEC_ROUTES: dict[tuple[str, str], set[int]] = {
     ("get", "/swarms"): {200, 401, 422, 503},
     ("get", "/swarms/{swarm_id}"): {200, 401, 404, 422, 503},
     ("post", "/swarms/{swarm_id}/cancel"): {202, 401, 404, 409, 503},
+    ("post", "/swarms/{swarm_id}/retry"): {202, 401, 404, 409, 422, 503},  # SPEC §11
     ("get", "/swarms/{swarm_id}/events"): {200, 400, 401, 404, 503},
     ("get", "/usage"): {200, 401, 422, 503},
     ("get", "/healthz"): {200},
@@ -332,6 +333,21 @@ async def _exercise(h: Harness) -> list[tuple[str, str, httpx.Response]]:
     add("post", "/swarms/{swarm_id}/cancel", await c.post(f"/swarms/{sid}/cancel", headers=KEY))
     add("post", "/swarms/{swarm_id}/cancel", await c.post("/swarms/nope/cancel", headers=KEY))
     add("post", "/swarms/{swarm_id}/cancel", await c.post(f"/swarms/{sid}/cancel"))
+
+    failed = await c.post("/swarms", json={"task": "t", "agents": [
+        {"name": "a", "system_prompt": "[[sim fail=400]]"}]}, headers=KEY)
+    failed_id = failed.json()["id"]
+    assert (await c.get(f"/swarms/{failed_id}", params={"wait": 20}, headers=KEY)).json()[
+        "status"] == "failed"
+    retried = add("post", "/swarms/{swarm_id}/retry",
+                  await c.post(f"/swarms/{failed_id}/retry", headers=KEY))
+    add("get", "/swarms", await c.get("/swarms", params={"retry_of": failed_id}, headers=KEY))
+    add("get", "/swarms/{swarm_id}", await c.get(retried.headers["location"], headers=KEY))
+    add("post", "/swarms/{swarm_id}/retry", await c.post(f"/swarms/{sid}/retry", headers=KEY))
+    add("post", "/swarms/{swarm_id}/retry", await c.post("/swarms/nope/retry", headers=KEY))
+    add("post", "/swarms/{swarm_id}/retry", await c.post(
+        f"/swarms/{failed_id}/retry", json={"limits": {"budget_usd": -1}}, headers=KEY))
+    add("post", "/swarms/{swarm_id}/retry", await c.post(f"/swarms/{failed_id}/retry"))
 
     add("get", "/swarms/{swarm_id}/events", await asyncio.wait_for(
         c.get(f"/swarms/{sid}/events", headers=KEY), 10))

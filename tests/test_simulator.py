@@ -409,13 +409,28 @@ async def test_each_configured_fault(field: str, check: Any) -> None:
     assert check(resp)
 
 
+async def test_when_blocks_apply_only_while_their_flag_is_set(
+    app: Starlette, client: httpx.AsyncClient
+) -> None:
+    prompt = "q [[sim when=flaky fail=400]] [[sim when=other fail=503]]"
+    assert (await chat(client, prompt, key="s:a:1")).status_code == 200
+    app.state.config.flags.add("flaky")
+    assert (await chat(client, prompt, key="s:a:1")).status_code == 400
+    app.state.config.flags.add("other")  # a later block wins, as for any key
+    assert (await chat(client, prompt, key="s:a:1")).status_code == 503
+    app.state.config.flags.clear()
+    assert (await chat(client, prompt, key="s:a:1")).status_code == 200
+
+
 def test_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWARM_SIM_LATENCY_MS", "5")
     monkeypatch.setenv("SWARM_SIM_RATE_429", "0.25")
     monkeypatch.setenv("SWARM_SIM_API_KEY", "k")
     monkeypatch.setenv("SWARM_SIM_SEED", "42")
+    monkeypatch.setenv("SWARM_SIM_FLAGS", "flaky, slow")
     config = SimulatorConfig.from_env()
     assert (config.latency_ms, config.rate_429, config.api_key, config.seed) == (5, 0.25, "k", 42)
+    assert config.flags == {"flaky", "slow"}
     with pytest.raises(ValueError):
         SimulatorConfig(rate_429=0.7, rate_500=0.7)
 

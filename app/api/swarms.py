@@ -9,22 +9,19 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sse_starlette.sse import EventSourceResponse
 
 from app.api.deps import EngineDep, NotifierDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import error_responses
 from app.api.follow import follow_events
+from app.api.shared import IdempotencyKey, insert_once
+from app.api.shared import check_id as _check_id
+from app.api.shared import read_swarm as _read
 from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
-from app.db import queries
+from app.db import queries, retry_copy
 from app.engine.specs import build_swarm, request_hash
-from app.errors import (
-    AlreadyTerminal,
-    IdempotencyKeyReused,
-    RequestInvalid,
-    SwarmNotFound,
-)
+from app.errors import AlreadyTerminal, RequestInvalid, SwarmNotFound
 from app.schemas import SwarmCreate, SwarmList, SwarmRead
 from app.states import SwarmStatus
 from app.views import swarm_read
@@ -32,49 +29,6 @@ from app.webhooks import check_webhook_url
 
 router = APIRouter(prefix="/swarms", tags=["swarms"])
 POLL_S = 0.5  # how often waiters re-read when the change happens in another process
-
-IdempotencyKey = Annotated[
-    str | None,
-    Header(alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$",
-           description="Same key + same body returns the same swarm (kept at least 24 h)"),
-]
-
-
-def _check_id(swarm_id: str) -> None:
-    """Ids are UUIDs: anything else is unknown without asking the database (which may reject
-    it, e.g. PostgreSQL on a NUL byte)."""
-    try:
-        uuid.UUID(swarm_id)
-    except ValueError:
-        raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id}) from None
-
-
-async def _read(session: AsyncSession, swarm_id: str, tenant: str) -> SwarmRead:
-    _check_id(swarm_id)
-    async with session.begin():
-        swarm = await queries.get_swarm(session, swarm_id, tenant)
-        if swarm is None:
-            raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id})
-        subs = (await queries.get_subtasks(session, [swarm.id]))[swarm.id]
-        position = (await queries.queue_position(session, swarm)
-                    if swarm.status == SwarmStatus.queued else None)
-    return swarm_read(swarm, subs, queue_position=position)
-
-
-async def _replay(session: AsyncSession, response: Response, body: SwarmCreate, tenant: str,
-                  key: str, ttl_s: float) -> SwarmRead | None:
-    """The swarm a live Idempotency-Key names (only for the same body), or None: key free."""
-    async with session.begin():
-        existing = await queries.find_by_idempotency_key(session, tenant, key, ttl_s)
-    if existing is None:
-        return None
-    if existing.request_hash != request_hash(body):
-        raise IdempotencyKeyReused(
-            "this Idempotency-Key was used with a different request body",
-            details={"field": "Idempotency-Key", "swarm_id": existing.id})
-    response.headers["Location"] = f"/swarms/{existing.id}"
-    return await _read(session, existing.id, tenant)
-
 
 @router.post(
     "", status_code=202, response_model=SwarmRead,
@@ -88,25 +42,17 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
     new = build_swarm(body, settings, tenant, idempotency_key)
     if body.webhook_url is not None:
         await check_webhook_url(body.webhook_url, settings, tenant)
-    ttl = settings.idempotency_ttl_s
-    if idempotency_key is not None and (
-            seen := await _replay(session, response, body, tenant, idempotency_key, ttl)):
-        return seen
     local = engine if engine is not None and engine.has_capacity() else None
     epoch = 0
-    try:
-        async with session.begin():
-            if idempotency_key is not None:
-                await queries.expire_idempotency_key(session, tenant, idempotency_key, ttl)
-            await queries.insert_swarm(session, new.swarm, new.subtasks)
-            if local is not None:  # this process runs it: claim now, skip wake-up and reload
-                epoch = await queries.claim_new(session, new.swarm.id, local.owner,
-                                                settings.lease_seconds)
-    except IntegrityError:
-        # a concurrent request with the same key won the insert: answer with its swarm
-        if idempotency_key is None or not (
-                seen := await _replay(session, response, body, tenant, idempotency_key, ttl)):
-            raise
+
+    async def insert(s: AsyncSession) -> None:
+        nonlocal epoch
+        await queries.insert_swarm(s, new.swarm, new.subtasks)
+        if local is not None:  # this process runs it: claim now, skip wake-up and reload
+            epoch = await queries.claim_new(s, new.swarm.id, local.owner, settings.lease_seconds)
+
+    if seen := await insert_once(session, response, tenant, idempotency_key, request_hash(body),
+                                 settings.idempotency_ttl_s, insert):
         return seen
     response.headers["Location"] = f"/swarms/{new.swarm.id}"
     # answer from what was just committed; only the queue position needs the database
@@ -127,18 +73,24 @@ async def list_swarms(
     status: Annotated[SwarmStatus | None, Query(description="only swarms in this status")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
+    retry_of: Annotated[uuid.UUID | None, Query(description="only the retries of this swarm "
+                                                "(POST /swarms/{id}/retry)")] = None,
 ) -> SwarmList:
     """Tenant-scoped, keyset-paged; items omit subtask outputs and results."""
     async with session.begin():
         try:
             rows, next_cursor = await queries.list_swarms(
-                session, tenant, status.value if status else None, limit, cursor)
+                session, tenant, status.value if status else None, limit, cursor,
+                retry_of=str(retry_of) if retry_of else None)
         except ValueError as exc:
             raise RequestInvalid(str(exc), code="invalid_cursor",
                                  details={"field": "cursor"}) from exc
-        subs = await queries.get_subtasks(session, [s.id for s in rows])
+        ids = [s.id for s in rows]
+        subs = await queries.get_subtasks(session, ids)
+        retried_by = await retry_copy.retried_by(session, ids)
     return SwarmList(
-        items=[swarm_read(s, subs[s.id], with_outputs=False) for s in rows],
+        items=[swarm_read(s, subs[s.id], with_outputs=False, retried_by=retried_by.get(s.id))
+               for s in rows],
         next_cursor=next_cursor)
 
 

@@ -59,7 +59,7 @@ SUBTASK_INSERT_COLUMNS = (
     "swarm_id", "name", "position", "kind", "model", "depends_on", "system_prompt", "prompt",
     "max_tokens", "temperature", "weight", "status", "attempts", "output", "error", "truncated",
     "prompt_tokens", "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at",
-    "finished_at",
+    "finished_at", "reused",
 )
 
 
@@ -164,12 +164,15 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 async def list_swarms(
-    session: AsyncSession, tenant: str, status: str | None, limit: int, cursor: str | None
+    session: AsyncSession, tenant: str, status: str | None, limit: int, cursor: str | None,
+    retry_of: str | None = None,
 ) -> tuple[list[Swarm], str | None]:
-    """Newest first, keyset-paged by (created_at, id)."""
+    """Newest first, keyset-paged by (created_at, id); optionally only the retries of a swarm."""
     stmt = select(Swarm).where(Swarm.tenant == tenant)
     if status is not None:
         stmt = stmt.where(Swarm.status == status)
+    if retry_of is not None:
+        stmt = stmt.where(Swarm.retry_of == retry_of)
     if cursor is not None:
         when, last_id = decode_cursor(cursor)
         stmt = stmt.where(

@@ -66,11 +66,15 @@ class Swarm(Base):
     rescues: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     event_seq: Mapped[int] = mapped_column(Integer, default=0)
+    # the swarm this one retries (POST /swarms/{id}/retry); no foreign key: the old swarm
+    # is never touched, and SQLite would have to rebuild the table to add one
+    retry_of: Mapped[str | None] = mapped_column(String(36), default=None)
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_swarms_tenant_idempotency_key"),
         Index("ix_swarms_tenant_created", "tenant", "created_at", "id"),
         Index("ix_swarms_status_lease", "status", "lease_expires_at"),
+        Index("ix_swarms_retry_of", "retry_of"),
     )
 
 
@@ -101,6 +105,8 @@ class Subtask(Base):
     ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # succeeded in the swarm this one retries: copied with its output, never called here
+    reused: Mapped[bool] = mapped_column(Boolean, default=False)
 
     __table_args__ = (
         UniqueConstraint("swarm_id", "name", name="uq_subtasks_swarm_id_name"),

@@ -23,6 +23,6 @@ def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, mode
         max_tokens=max_tokens, temperature=temperature, weight=weight,
         status=SubtaskStatus.pending, attempts=0, output=None, error=None, truncated=False,
         prompt_tokens=0, completion_tokens=0, cost_usd=Decimal(0), latency_ms=None,
-        ready_at=None, started_at=None, finished_at=None,
+        ready_at=None, started_at=None, finished_at=None, reused=False,
     )
 

@@ -163,7 +163,9 @@ class SwarmRunner:
         events: list[Row] = []
         if self.swarm.status == SwarmStatus.queued:
             self.swarm.started_at = now
-            planning = PLANNER in self.subs
+            # a retry keeps the plan of the swarm it retries: its planner is already done
+            planner = self.subs.get(PLANNER)
+            planning = planner is not None and planner.status != SubtaskStatus.succeeded
             events.append(self._set_status(SwarmStatus.planning if planning
                                            else SwarmStatus.running))
         elif self.swarm.started_at is not None:

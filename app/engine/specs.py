@@ -17,7 +17,7 @@ from app.engine.dag import DagError, validate_dag
 from app.engine.layout import PLANNER, SYNTHESIZER, new_subtask
 from app.engine.planner import planner_max_tokens
 from app.errors import RequestInvalid
-from app.schemas import SwarmCreate
+from app.schemas import Limits, SwarmCreate
 from app.states import SubtaskKind, SwarmStatus
 
 
@@ -33,7 +33,7 @@ def request_hash(body: SwarmCreate) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
-def _check_model(settings: Settings, model: str, field: str) -> None:
+def check_model(settings: Settings, model: str, field: str) -> None:
     if model not in settings.prices:
         raise RequestInvalid(
             f"model {model!r} has no price; priced models: {', '.join(settings.prices.names())}",
@@ -56,7 +56,7 @@ def _check_agents(body: SwarmCreate, settings: Settings) -> None:
                                                       "name": a.name})
         seen[a.name] = i
         if a.model is not None:
-            _check_model(settings, a.model, f"agents.{i}.model")
+            check_model(settings, a.model, f"agents.{i}.model")
     try:
         validate_dag({a.name: a.depends_on for a in agents})
     except DagError as exc:
@@ -89,9 +89,9 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
     With `agents`, they are the workers; without, a planner subtask decomposes the task when
     the swarm runs (its workers and synthesizer are added then)."""
     spec = normalise(body, settings)
-    _check_model(settings, spec["model"], "model")
-    _check_model(settings, spec["synthesis"]["model"], "synthesis.model")
-    _check_model(settings, spec["orchestrator"]["model"], "orchestrator.model")
+    check_model(settings, spec["model"], "model")
+    check_model(settings, spec["synthesis"]["model"], "synthesis.model")
+    check_model(settings, spec["orchestrator"]["model"], "orchestrator.model")
     _check_agents(body, settings)
     swarm_id = str(uuid.uuid4())
     if body.agents is None:
@@ -115,13 +115,41 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
                 swarm_id, SYNTHESIZER, len(subtasks), SubtaskKind.synthesizer,
                 spec["synthesis"]["model"], spec["synthesis"]["max_tokens"],
                 depends_on=[a.name for a in body.agents], temperature=body.temperature))
-    swarm = Swarm(
-        id=swarm_id, tenant=tenant, status=SwarmStatus.queued, task=body.task, spec=spec,
-        meta=body.metadata, idempotency_key=idempotency_key,
-        request_hash=request_hash(body) if idempotency_key else None,
-        budget_usd=body.limits.budget_usd, created_at=utcnow(), prompt_tokens=0,
+    swarm = new_swarm_row(swarm_id, tenant, body.task, spec, body.metadata,
+                          body.limits.budget_usd, idempotency_key,
+                          request_hash(body) if idempotency_key else None)
+    return NewSwarm(swarm, subtasks)
+
+
+def new_swarm_row(swarm_id: str, tenant: str, task: str, spec: dict[str, Any],
+                  meta: dict[str, Any], budget_usd: Decimal | None, idempotency_key: str | None,
+                  digest: str | None, retry_of: str | None = None) -> Swarm:
+    """A queued swarm with zeroed totals (not yet inserted)."""
+    return Swarm(
+        id=swarm_id, tenant=tenant, status=SwarmStatus.queued, task=task, spec=spec,
+        meta=meta, idempotency_key=idempotency_key, request_hash=digest,
+        budget_usd=budget_usd, created_at=utcnow(), prompt_tokens=0,
         spent_usd=Decimal(0), reserved_usd=Decimal(0),
         completion_tokens=0, gateway_calls=0, lease_epoch=0, rescues=0,
-        cancel_requested=False, event_seq=0,
+        cancel_requested=False, event_seq=0, retry_of=retry_of,
     )
-    return NewSwarm(swarm, subtasks)
+
+
+def retry_digest(swarm_id: str, limits: dict[str, Any]) -> str:
+    """Stable hash of a retry request (for Idempotency-Key reuse checks)."""
+    canon = json.dumps({"retry_of": swarm_id, "limits": limits}, sort_keys=True,
+                       separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def retry_row(old: Swarm, limits: dict[str, Any], settings: Settings,
+              idempotency_key: str | None, digest: str | None) -> Swarm:
+    """The new swarm of a retry: the old request with `limits` (already validated, as JSON)
+    over its limits; its subtasks are copied from the old swarm's rows."""
+    merged = Limits.model_validate({**old.spec["limits"], **limits})
+    spec = {**old.spec, "limits": {**old.spec["limits"], **limits}}
+    check_model(settings, spec["model"], "model")
+    check_model(settings, spec["synthesis"]["model"], "synthesis.model")
+    check_model(settings, spec["orchestrator"]["model"], "orchestrator.model")
+    return new_swarm_row(str(uuid.uuid4()), old.tenant, old.task, spec, old.meta,
+                         merged.budget_usd, idempotency_key, digest, retry_of=old.id)

@@ -1,0 +1,65 @@
+"""`POST /swarms/{id}/retry` (SPEC §11): a new swarm that reuses what the old one finished."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from fastapi import APIRouter, Response
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import metrics
+from app.api.deps import EngineDep, SessionDep, SettingsDep, TenantDep
+from app.api.errors import error_responses
+from app.api.shared import IdempotencyKey, check_id, insert_once, read_swarm
+from app.db import queries, retry_copy
+from app.engine.specs import check_model, retry_digest, retry_row
+from app.errors import NotRetryable, SwarmNotFound
+from app.schemas import SwarmRead, SwarmRetry
+from app.states import SwarmStatus
+
+router = APIRouter(prefix="/swarms", tags=["swarms"])
+RETRYABLE = (SwarmStatus.failed, SwarmStatus.cancelled)
+
+
+@router.post(
+    "/{swarm_id}/retry", status_code=202, response_model=SwarmRead,
+    responses=error_responses(400, 401, 404, 409, 413, 422),
+    summary="Retry a failed or cancelled swarm",
+)
+async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, tenant: TenantDep,
+                      settings: SettingsDep, engine: EngineDep, body: SwarmRetry | None = None,
+                      idempotency_key: IdempotencyKey = None) -> SwarmRead:
+    """A new swarm (`retry_of` = this one): subtasks that succeeded here are copied with their
+    outputs (`reused`, no call, no cost); the others and the synthesis run again. `limits`
+    override the old run's limits key by key. The old swarm is not changed."""
+    check_id(swarm_id)
+    limits = (body.limits.model_dump(mode="json", exclude_unset=True)
+              if body is not None and body.limits is not None else {})
+    digest = retry_digest(swarm_id, limits)
+    created: list[str] = []
+    reused: list[retry_copy.Reused] = []
+
+    async def insert(s: AsyncSession) -> None:
+        old = await queries.get_swarm(s, swarm_id, tenant)
+        if old is None:
+            raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id})
+        if old.status not in RETRYABLE:
+            raise NotRetryable(
+                f"only failed or cancelled swarms can be retried; this one is {old.status}",
+                details={"status": old.status})
+        new = retry_row(old, limits, settings, idempotency_key,
+                        digest if idempotency_key else None)
+        for model in await retry_copy.rerun_models(s, old.id):
+            check_model(settings, model, "model")  # the price table may have changed since
+        reused[:] = await retry_copy.copy_swarm(s, old.id, new)
+        created[:] = [new.id]
+
+    if seen := await insert_once(session, response, tenant, idempotency_key, digest,
+                                 settings.idempotency_ttl_s, insert):
+        return seen
+    for kind, n in Counter(r.kind for r in reused).items():
+        metrics.subtasks_reused.labels(kind).inc(n)
+    if engine is not None:
+        engine.wake()
+    response.headers["Location"] = f"/swarms/{created[0]}"
+    return await read_swarm(session, created[0], tenant)

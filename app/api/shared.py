@@ -1,0 +1,84 @@
+"""What the routes that create or read swarms share: the id check, reading one swarm, and the
+Idempotency-Key flow (replay a live key, else insert once) of `POST /swarms` and its retry."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Annotated
+
+from fastapi import Header, Response
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.views import swarm_read
+from app.db import queries, retry_copy
+from app.errors import IdempotencyKeyReused, SwarmNotFound
+from app.schemas import SwarmRead
+from app.states import SwarmStatus
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$",
+           description="Same key + same body returns the same swarm (kept at least 24 h)"),
+]
+
+
+def check_id(swarm_id: str) -> None:
+    """Ids are UUIDs: anything else is unknown without asking the database (which may reject
+    it, e.g. PostgreSQL on a NUL byte)."""
+    try:
+        uuid.UUID(swarm_id)
+    except ValueError:
+        raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id}) from None
+
+
+async def read_swarm(session: AsyncSession, swarm_id: str, tenant: str) -> SwarmRead:
+    """The swarm with its subtasks (404 when unknown to this tenant)."""
+    check_id(swarm_id)
+    async with session.begin():
+        swarm = await queries.get_swarm(session, swarm_id, tenant)
+        if swarm is None:
+            raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id})
+        subs = (await queries.get_subtasks(session, [swarm.id]))[swarm.id]
+        position = (await queries.queue_position(session, swarm)
+                    if swarm.status == SwarmStatus.queued else None)
+        retried_by = (await retry_copy.retried_by(session, [swarm.id])).get(swarm.id)
+    return swarm_read(swarm, subs, queue_position=position, retried_by=retried_by)
+
+
+async def replay(session: AsyncSession, response: Response, tenant: str, key: str,
+                 digest: str, ttl_s: float) -> SwarmRead | None:
+    """The swarm a live Idempotency-Key names (only for the same request), or None: key free."""
+    async with session.begin():
+        existing = await queries.find_by_idempotency_key(session, tenant, key, ttl_s)
+    if existing is None:
+        return None
+    if existing.request_hash != digest:
+        raise IdempotencyKeyReused(
+            "this Idempotency-Key was used with a different request body",
+            details={"field": "Idempotency-Key", "swarm_id": existing.id})
+    response.headers["Location"] = f"/swarms/{existing.id}"
+    return await read_swarm(session, existing.id, tenant)
+
+
+async def insert_once(session: AsyncSession, response: Response, tenant: str, key: str | None,
+                      digest: str, ttl_s: float,
+                      insert: Callable[[AsyncSession], Awaitable[None]]) -> SwarmRead | None:
+    """Run `insert` (which stores a swarm carrying `key` and `digest`) in one transaction,
+    unless a live `key` already names a swarm: then answer with that swarm (same request) or
+    422 (another request). None when this call inserted."""
+    if key is not None and (seen := await replay(session, response, tenant, key, digest, ttl_s)):
+        return seen
+    try:
+        async with session.begin():
+            if key is not None:
+                await queries.expire_idempotency_key(session, tenant, key, ttl_s)
+            await insert(session)
+    except IntegrityError:
+        # a concurrent request with the same key won the insert: answer with its swarm
+        if key is None or not (seen := await replay(session, response, tenant, key, digest,
+                                                    ttl_s)):
+            raise
+        return seen
+    return None

@@ -1,0 +1,117 @@
+"""The copy behind `POST /swarms/{id}/retry`: a new swarm whose subtasks are the old swarm's,
+those that succeeded kept (`reused`, with their outputs) and the others reset to `pending`.
+
+One INSERT … SELECT copies every subtask inside the database (outputs never travel through
+Python, no ORM object per row), one executemany writes the new swarm's first events. The old
+swarm's rows are only read."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, cast
+
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    String,
+    Table,
+    case,
+    false,
+    insert,
+    literal,
+    null,
+    select,
+    true,
+)
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db.queries import insert_swarm
+from app.db.tables import Event, Subtask, Swarm
+from app.db.types import Money, UTCDateTime
+from app.states import SubtaskKind, SubtaskStatus
+
+_SUBTASKS = cast(Table, Subtask.__table__)
+_EVENTS = cast(Table, Event.__table__)
+
+
+@dataclass(frozen=True, slots=True)
+class Reused:
+    """A subtask copied as succeeded into the new swarm."""
+
+    name: str
+    kind: str
+
+
+def _reusable(t: Table) -> ColumnElement[bool]:
+    # the synthesis always runs again: the results it merges may differ this time
+    return (t.c.status == SubtaskStatus.succeeded) & (t.c.kind != SubtaskKind.synthesizer)
+
+
+def _copied(t: Table) -> ColumnElement[bool]:
+    # a compressor that did not succeed is left behind: the engine makes one again if needed
+    return (t.c.kind != SubtaskKind.compressor) | (t.c.status == SubtaskStatus.succeeded)
+
+
+async def rerun_models(session: AsyncSession, old_id: str) -> list[str]:
+    """The models of the subtasks a retry of `old_id` would call again."""
+    t = _SUBTASKS
+    rows = await session.execute(
+        select(t.c.model).distinct()
+        .where(t.c.swarm_id == old_id, _copied(t), ~_reusable(t)))
+    return sorted(rows.scalars())
+
+
+async def copy_swarm(session: AsyncSession, old_id: str, new: Swarm) -> list[Reused]:
+    """Insert `new` (queued, `retry_of` set) with a copy of `old_id`'s subtasks and one
+    `subtask.succeeded` event (`reused: true`) per kept subtask, in the caller's transaction."""
+    t = _SUBTASKS
+    ok = _reusable(t)
+    kept = (await session.execute(
+        select(t.c.name, t.c.kind, t.c.truncated)
+        .where(t.c.swarm_id == old_id, ok).order_by(t.c.position))).all()
+    now: datetime = new.created_at
+    new.event_seq = len(kept)
+    await insert_swarm(session, new, [])
+
+    def if_kept(value: ColumnElement[Any], otherwise: ColumnElement[Any]) -> ColumnElement[Any]:
+        return case((ok, value), else_=otherwise)
+
+    columns: dict[str, ColumnElement[Any]] = {
+        "swarm_id": literal(new.id, String(36)),
+        "name": t.c.name, "position": t.c.position, "kind": t.c.kind, "model": t.c.model,
+        "depends_on": t.c.depends_on, "system_prompt": t.c.system_prompt, "prompt": t.c.prompt,
+        "max_tokens": t.c.max_tokens, "temperature": t.c.temperature, "weight": t.c.weight,
+        "status": if_kept(literal(SubtaskStatus.succeeded.value, String(16)),
+                          literal(SubtaskStatus.pending.value, String(16))),
+        "reused": if_kept(true(), false()),
+        "output": if_kept(t.c.output, null()),
+        "truncated": if_kept(t.c.truncated, literal(False, Boolean())),
+        "finished_at": if_kept(literal(now, UTCDateTime()), null()),
+        # no call in this swarm: no attempts, tokens, cost or latency of its own
+        "attempts": literal(0), "error": null(), "prompt_tokens": literal(0),
+        "completion_tokens": literal(0), "cost_usd": literal(Decimal(0), Money()),
+        "latency_ms": null(), "ready_at": null(), "started_at": null(),
+    }
+    await session.execute(
+        insert(t).from_select(
+            list(columns), select(*columns.values()).where(t.c.swarm_id == old_id, _copied(t))))
+    if kept:
+        await session.execute(insert(_EVENTS), [
+            {"swarm_id": new.id, "seq": i, "type": "subtask.succeeded", "created_at": now,
+             "data": {"name": r.name, "kind": r.kind, "latency_ms": None,
+                      "truncated": bool(r.truncated), "reused": True}}
+            for i, r in enumerate(kept, start=1)])
+    return [Reused(r.name, r.kind) for r in kept]
+
+
+async def retried_by(session: AsyncSession, swarm_ids: Sequence[str]) -> dict[str, str]:
+    """{swarm id: its newest retry} for those of `swarm_ids` that were retried."""
+    if not swarm_ids:
+        return {}
+    rows = await session.execute(
+        select(Swarm.retry_of, Swarm.id).where(Swarm.retry_of.in_(list(swarm_ids)))
+        .order_by(Swarm.created_at, Swarm.id))
+    return {old: new for old, new in rows if old is not None}
