@@ -11,11 +11,11 @@ from fastapi import Header, Response
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.views import swarm_read
 from app.db import queries, retry_copy
 from app.errors import IdempotencyKeyReused, SwarmNotFound
 from app.schemas import SwarmRead
 from app.states import SwarmStatus
+from app.views import swarm_read
 
 IdempotencyKey = Annotated[
     str | None,
