@@ -19,6 +19,7 @@ from app.config import Settings
 from app.gateway.client import GatewayClient
 from app.middleware import BodyLimit, HttpMetrics, LoopbackOnly
 from app.runtime import Runtime
+from app.ui.docs import offline_fastapi
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,9 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
             finally:
                 watch.cancel()
 
-    app = FastAPI(title="Swarm API", version="0.1.0", description=DESCRIPTION,
-                  lifespan=lifespan)
+    # /docs and /redoc served offline, operation ids named after the route functions
+    app = offline_fastapi(title="Swarm API", version="0.1.0", description=DESCRIPTION,
+                          lifespan=lifespan)
     app.state.settings = settings
     app.state.died = None
     metrics.set_price_table(settings.prices)

@@ -16,13 +16,13 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get("/healthz", response_model=Health, summary="The process is up")
-async def healthz() -> Health:
+async def check_health() -> Health:
     return Health(status="ok")
 
 
 @router.get("/readyz", response_model=Ready, responses=error_responses(503),
             summary="The database is reachable and migrated")
-async def readyz(request: Request, settings: SettingsDep) -> Response:
+async def check_ready(request: Request, settings: SettingsDep) -> Response:
     engine = request.app.state.db_engine
     try:
         async with engine.connect() as conn:
@@ -45,6 +45,6 @@ async def readyz(request: Request, settings: SettingsDep) -> Response:
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                              "description": "Prometheus text exposition"}})
-async def prometheus_metrics() -> Response:
+async def get_metrics() -> Response:
     body, content_type = metrics.render()
     return Response(body, media_type=content_type)

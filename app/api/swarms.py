@@ -138,7 +138,7 @@ async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
 @router.get("/{swarm_id}/events", response_class=EventSourceResponse, responses={
     200: EVENT_STREAM_RESPONSE, **error_responses(400, 401, 404, 422)},
     summary="Stream a swarm's events")
-async def swarm_events(
+async def stream_swarm_events(
     swarm_id: str, request: Request, session: SessionDep, tenant: TenantDep,
     notifier: NotifierDep,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
