@@ -9,6 +9,7 @@ from types import TracebackType
 
 import httpx
 
+from app import tracing
 from app.config import Settings
 from app.db.migrate import upgrade_head_async
 from app.db.notify import CHANGED
@@ -73,6 +74,8 @@ class Runtime:
         settings, stack = self.settings, self._stack
         await stack.__aenter__()
         try:
+            if tracing.configure():  # only when OTEL_* asks for traces
+                stack.callback(tracing.shutdown)
             if settings.migrate_on_start:
                 await upgrade_head_async(settings.database_url)
             self.db = make_engine(settings.database_url)

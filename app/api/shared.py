@@ -22,6 +22,11 @@ IdempotencyKey = Annotated[
     Header(alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$",
            description="Same key + same body returns the same swarm (kept at least 24 h)"),
 ]
+# Not validated here: a malformed traceparent is ignored (W3C), never refused
+TraceParent = Annotated[
+    str | None,
+    Header(description="W3C trace context: the swarm's trace continues the caller's"),
+]
 
 
 def check_id(swarm_id: str) -> None:

@@ -12,10 +12,11 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy.ext.asyncio import AsyncSession
 from sse_starlette.sse import EventSourceResponse
 
+from app import tracing
 from app.api.deps import EngineDep, NotifierDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import error_responses
 from app.api.follow import follow_events
-from app.api.shared import IdempotencyKey, insert_once
+from app.api.shared import IdempotencyKey, TraceParent, insert_once
 from app.api.shared import check_id as _check_id
 from app.api.shared import read_swarm as _read
 from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
@@ -37,9 +38,11 @@ POLL_S = 0.5  # how often waiters re-read when the change happens in another pro
 )
 async def create_swarm(body: SwarmCreate, response: Response, session: SessionDep,
                        tenant: TenantDep, settings: SettingsDep, engine: EngineDep,
-                       idempotency_key: IdempotencyKey = None) -> SwarmRead:
+                       idempotency_key: IdempotencyKey = None,
+                       traceparent: TraceParent = None) -> SwarmRead:
     """Validate, store the swarm and its subtasks in one transaction, and queue it."""
     new = build_swarm(body, settings, tenant, idempotency_key)
+    new.swarm.trace_parent = tracing.swarm_created(traceparent)
     if body.webhook_url is not None:
         await check_webhook_url(body.webhook_url, settings, tenant)
     local = engine if engine is not None and engine.has_capacity() else None

@@ -69,6 +69,8 @@ class Swarm(Base):
     # the swarm this one retries (POST /swarms/{id}/retry); no foreign key: the old swarm
     # is never touched, and SQLite would have to rebuild the table to add one
     retry_of: Mapped[str | None] = mapped_column(String(36), default=None)
+    # W3C traceparent of the swarm's trace (app/tracing.py), continued by every process
+    trace_parent: Mapped[str | None] = mapped_column(String(55))
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_swarms_tenant_idempotency_key"),

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from app import metrics
+from app import metrics, tracing
 from app.db.tables import Subtask
 from app.db.types import utcnow
 from app.engine.budget import Reservation, SharedCap
@@ -50,7 +51,10 @@ class CallMeter:
     async def before(self, attempt: int) -> None:
         if attempt > 1 and self._last_outcome is not None:
             metrics.gateway_retries.labels(self.label, self._last_outcome).inc()
+        asked = time.monotonic()
         reservation = await self.runner.budget.reserve(self.worst)
+        if (waited := time.monotonic() - asked) > 0.001:
+            tracing.event("budget_wait", seconds=round(waited, 6), reserved_usd=str(self.worst))
         if self._daily is not None:
             try:
                 self._held_daily.append(await self._daily.reserve(self.worst))

@@ -10,7 +10,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app import metrics
+from app import metrics, tracing
 from app.db.tables import Subtask
 from app.db.types import utcnow
 from app.engine import planner as plans
@@ -64,6 +64,13 @@ class SubtaskExecutor:
 
     async def run(self, sub: Subtask) -> SubtaskStatus:
         """Never raises but for cancellation and a lost lease."""
+        with tracing.agent_span(sub.name, sub.kind, sub.model, self.r.swarm.id):
+            status = await self._run(sub)
+            if sub.status == SubtaskStatus.failed and sub.error:
+                tracing.record_error(str(sub.error.get("code")), sub.error.get("message"))
+            return status
+
+    async def _run(self, sub: Subtask) -> SubtaskStatus:
         if sub.kind == SubtaskKind.planner:
             async with self._slots(sub):
                 return await self._plan(sub)
@@ -87,8 +94,9 @@ class SubtaskExecutor:
         started = utcnow()
         sub.status = subtask_transition(SubtaskStatus(sub.status), SubtaskStatus.running)
         sub.started_at, sub.finished_at, sub.error = started, None, None
-        metrics.queue_wait.labels(sub.kind).observe(
-            max((started - (sub.ready_at or started)).total_seconds(), 0.0))
+        waited = max((started - (sub.ready_at or started)).total_seconds(), 0.0)
+        metrics.queue_wait.labels(sub.kind).observe(waited)
+        tracing.event("queue_wait", seconds=waited)
         self.r.commit_soon([sub], events=[self.r.event(
             "subtask.started", {"name": sub.name, "kind": sub.kind, "model": sub.model})])
         return time.monotonic()

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app import metrics
+from app import metrics, tracing
 from app.config import Settings
 from app.db.queries import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite, insert_row
 from app.db.tables import Subtask, Swarm
@@ -134,7 +134,8 @@ class SwarmRunner:
     async def run(self) -> None:
         metrics.runs_in_progress.inc()
         try:
-            await self._run()
+            with tracing.swarm_span(self.swarm.id, self.swarm.trace_parent):
+                await self._run()
         except Drained:
             log.info("swarm %s: drained for shutdown", self.swarm.id)
         finally:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 import httpx
 from tenacity import AsyncRetrying, RetryCallState
 
+from app import tracing
 from app.gateway.redact import Redactor
 
 if TYPE_CHECKING:
@@ -233,6 +234,7 @@ class _Call:
     attempts: list[AttemptRecord] = field(default_factory=list)
     deadline_hit: bool = False
     accept: Callable[[Any], tuple[str, str] | None] = _choice_of
+    request: ChatRequest | None = None  # what `chat` spans describe (None: a forwarded body)
 
     def retry(self, state: RetryCallState) -> bool:
         return state.outcome is not None and isinstance(state.outcome.exception(), _Retryable)
@@ -261,6 +263,11 @@ class _Call:
     ) -> ChatResult:
         """Record an attempt, tell the caller, then return the result or raise for tenacity."""
         self.attempts.append(record)
+        tracing.record_chat(outcome=record.outcome, status_code=record.status_code,
+                            input_tokens=record.usage.prompt_tokens,
+                            output_tokens=record.usage.completion_tokens,
+                            finish_reason=choice[1] if choice else None,
+                            output=choice[0] if choice else None)
         if self.after is not None:
             await self.after(record)
         if choice is not None:
@@ -270,6 +277,21 @@ class _Call:
                 f"gateway rejected the request: {record.error}", tuple(self.attempts)
             )
         raise _Retryable(record.error)
+
+
+def _chat_span(call: _Call, server: str) -> Any:
+    r = call.request
+    if r is not None:
+        return tracing.chat_span(r.model, server, r.messages, r.max_tokens, r.temperature)
+    # a forwarded body (the OpenAI facade's passthrough): read what the span needs from it
+    body = _loads(call.body)
+    body = body if isinstance(body, dict) else {}
+    messages = body.get("messages")
+    temperature = body.get("temperature")
+    return tracing.chat_span(str(body.get("model", "unknown")), server,
+                             messages if isinstance(messages, list) else [],
+                             int(body.get("max_tokens") or 0),
+                             temperature if isinstance(temperature, int | float) else None)
 
 
 class GatewayClient:
@@ -347,6 +369,7 @@ class GatewayClient:
         body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
         call = self.new_call(body, request.idempotency_key, max_attempts, timeout_s, deadline,
                              before_attempt, after_attempt)
+        call.request = request
         return await self._run(call)
 
     async def forward(
@@ -412,6 +435,13 @@ class GatewayClient:
         return result
 
     async def _attempt(self, call: _Call) -> ChatResult:
+        if not tracing.enabled():
+            return await self._send(call, call.headers)
+        # one `chat` span per attempt (retries are siblings); the gateway continues it
+        with _chat_span(call, self._url.host):
+            return await self._send(call, tracing.inject(call.headers))
+
+    async def _send(self, call: _Call, headers: dict[str, str] | None) -> ChatResult:
         number = len(call.attempts) + 1
         if call.before is not None:
             await call.before(number)
@@ -433,7 +463,7 @@ class GatewayClient:
             # ASGITransport ignores httpx timeouts, and httpx's are per read, not per attempt.
             async with asyncio.timeout(timeout):
                 response = await client.post(
-                    self._url, content=call.body, headers=call.headers, timeout=timeouts
+                    self._url, content=call.body, headers=headers, timeout=timeouts
                 )
         except (httpx.TimeoutException, TimeoutError):
             outcome: Outcome = "timeout"
@@ -458,6 +488,8 @@ class GatewayClient:
         body = _loads(response.content)
         usage = _usage_of(body)
         if 200 <= status < 300:
+            if isinstance(body, dict) and isinstance(body.get("model"), str):
+                tracing.attribute("gen_ai.response.model", body["model"])
             choice = call.accept(body)
             if choice is not None:
                 return await call.finish(
