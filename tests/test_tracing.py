@@ -154,6 +154,20 @@ async def test_a_swarm_without_traceparent_gets_its_own_trace(
     assert len({s.context.trace_id for s in got}) == 1
 
 
+async def test_the_facade_continues_the_callers_trace(
+        traced: tuple[httpx.AsyncClient, Recording], spans: InMemorySpanExporter) -> None:
+    client, _ = traced
+    r = await client.post("/v1/chat/completions", headers={"traceparent": CALLER}, json={
+        "model": "kimi-k2.5", "messages": [{"role": "user", "content": "plan and answer"}],
+        "agent_swarm": {"enabled": True, "max_sub_agents": 8}})
+    assert r.status_code == 200, r.text
+    got = spans.get_finished_spans()
+    [create] = by_name(got, "create_swarm")
+    assert parent_of(create) == CALLER_SPAN
+    assert {f"{s.context.trace_id:032x}" for s in got} == {TRACE_ID}
+    assert by_name(got, "invoke_agent @planner")
+
+
 async def test_message_content_only_with_the_capture_switch(sqlite_url: str) -> None:
     exporter = InMemorySpanExporter()
     tracing.configure([SimpleSpanProcessor(exporter)],

@@ -139,7 +139,8 @@ class SwarmCall:
         async with self.sessions() as session:
             view = await swarms.create_swarm(
                 body, Response(), session, self.tenant, self.settings,
-                request.app.state.engine, idempotency_key)
+                request.app.state.engine, idempotency_key,
+                traceparent=request.headers.get("traceparent"))
         self.deadline = time.monotonic() + body.limits.deadline_s + WAIT_GRACE_S
         return view.id
 
