@@ -68,6 +68,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("retry", parents=[common], help="run a failed or cancelled swarm again")
     p.add_argument("id")
     p.add_argument("--wait", action="store_true", help="follow the new swarm live until it ends")
+    p.add_argument("--limits", default=None, metavar="JSON",
+                   help='the new run\'s limits, e.g. \'{"failure_tolerance": 0.5}\' (keys left '
+                   "out keep the old run's values)")
     p = sub.add_parser("usage", parents=[common], help="spend and tokens from the ledger")
     p.add_argument("--from", dest="start", default=None, help="ISO date or datetime (inclusive)")
     p.add_argument("--to", dest="end", default=None, help="ISO date or datetime (exclusive)")
@@ -199,7 +202,15 @@ def _submit(client: SwarmClient, args: argparse.Namespace) -> int:
 
 
 def _retry(client: SwarmClient, args: argparse.Namespace) -> int:
-    swarm = client.retry(args.id)
+    limits = None
+    if args.limits is not None:
+        try:
+            limits = json.loads(args.limits)
+        except ValueError as exc:
+            raise _BadInput(f"--limits is not valid JSON: {exc}") from exc
+        if not isinstance(limits, dict):
+            raise _BadInput('--limits must be a JSON object, e.g. {"budget_usd": 5}')
+    swarm = client.retry(args.id, limits=limits)
     if not args.json:
         print(f"retry of {args.id}: new swarm {swarm.id}", file=sys.stderr)
     return _finish(client, swarm, args)

@@ -81,6 +81,12 @@ def test_failing_swarm_exits_non_zero_with_its_error_code(api_url: str, tmp_path
     assert f"swarm {swarm_id} failed: {swarm.error['code']}" in failed.stderr
     assert swarm_id in cli(api_url, "ls", "--status", "failed").stdout
 
+    retried = cli(api_url, "retry", swarm_id, "--wait", "--limits", '{"failure_tolerance": 0.5}')
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    new_id = retried.stderr.split("new swarm ")[1].split()[0]
+    assert read(api_url, new_id).retry_of == swarm_id
+    assert f"swarm {new_id} succeeded" in retried.stdout
+
 
 def test_json_output_parses(api_url: str, tmp_path: Path) -> None:
     path = body_file(tmp_path, five_agents("cli json"))

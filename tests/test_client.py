@@ -302,8 +302,34 @@ async def test_async_client_methods(api_url: str) -> None:
             await client.get(str(uuid.uuid4()))
 
 
+def test_retry_reuses_what_succeeded(client: SwarmClient) -> None:
+    body = five_agents("retried")
+    # agent_3 is refused every time, once the others have had time to finish
+    body["agents"][2]["system_prompt"] += " [[sim fail=400 latency_ms=1500]]"
+    failed = client.wait(client.create(body).id, timeout=60)
+    assert failed.status == "failed"
+    with pytest.raises(Conflict) as running:
+        client.retry(client.create(five_agents("busy", "[[sim latency_ms=20000]]")).id)
+    assert running.value.code == "not_retryable"
+
+    key = f"retry-{uuid.uuid4()}"
+    again = client.retry(failed.id, limits={"failure_tolerance": 0.5}, idempotency_key=key)
+    assert again.retry_of == failed.id and again.id != failed.id
+    assert client.retry(failed.id, limits={"failure_tolerance": 0.5},
+                        idempotency_key=key).id == again.id, "the same key: the same retry"
+    done = client.wait(again.id, timeout=60)
+    assert done.status == "succeeded", done.error
+    reused = {s.name for s in done.subtasks if s.reused}
+    assert reused == {s.name for s in failed.subtasks if s.status == "succeeded"}
+    assert reused and "agent_3" not in reused
+    assert client.get(failed.id).status == "failed", "the old swarm is not changed"
+    with pytest.raises(Conflict) as succeeded:
+        client.retry(done.id)
+    assert (succeeded.value.code, succeeded.value.status_code) == ("not_retryable", 409)
+
+
 def test_retry_and_tools_speak_the_spec() -> None:
-    """Against a MockTransport (the routes of SPEC §9 and §11 land separately)."""
+    """Against a MockTransport: the request each sends, the answer each parses."""
     original = str(uuid.uuid4())
     seen: list[httpx.Request] = []
 
