@@ -220,3 +220,29 @@ async def test_idempotency_key_replays_the_same_retry(auth: Harness) -> None:
     assert again["id"] != first["id"]
     old = (await c.get(f"/swarms/{failed}", headers=T1)).json()
     assert old["retried_by"] == again["id"]  # the newest retry
+
+
+async def test_compressors_are_reused_and_a_retry_can_be_retried(api: Harness) -> None:
+    flags = api.simulator.state.config.flags
+    flags.add("flaky")
+    body = {"task": "t", "synthesis": {"strategy": "concatenate", "compress": "always"},
+            "agents": [agent("a"), agent("b", FLAKY_400, depends_on=["a"])]}
+    old = await api.run(body)
+    assert old["status"] == "failed"
+    assert by_name(old)["@compress.a"]["status"] == "succeeded"
+
+    first = await api.wait((await retry(api, old["id"]))["id"])  # the fault is still there
+    assert first["status"] == "failed"
+    assert await sim_calls(api, first["id"]) == {"b": 1}  # a and its compression reused
+    assert by_name(first)["@compress.a"]["reused"]
+
+    flags.discard("flaky")
+    second = await api.wait((await retry(api, first["id"]))["id"])
+    assert second["status"] == "succeeded", second["error"]
+    assert second["retry_of"] == first["id"] and first["retry_of"] == old["id"]
+    assert await sim_calls(api, second["id"]) == {"b": 1}
+    sent = (await api.stats())["by_key"][f"{second['id']}:b:1"]["last_messages"][-1]["content"]
+    assert by_name(old)["@compress.a"]["output"] in sent  # the reused compression is the input
+    lineage = [(await api.client.get(f"/swarms/{i}")).json()["retried_by"]
+               for i in (old["id"], first["id"], second["id"])]
+    assert lineage == [first["id"], second["id"], None]
