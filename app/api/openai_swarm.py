@@ -41,6 +41,13 @@ SWARM_PARAMS = frozenset({"stream", "stream_options", "max_tokens", "max_complet
 FAN_IN = {"weighted_vote": "vote", "majority": "vote", "concatenate": "concatenate",
           "synthesize": "synthesize", None: "synthesize"}
 GUIDING_ROLES = ("system", "developer")
+# a SwarmCreate field named in an error -> the request's own name for it
+FIELDS = (("orchestrator.max_subtasks", "agent_swarm.max_sub_agents"),
+          ("limits.failure_tolerance", "agent_swarm.failure_tolerance"),
+          ("synthesis.max_tokens", "max_tokens"),
+          ("max_tokens", "agent_swarm.per_sub_agent_max_tokens"),
+          ("tools", "agent_swarm.tools"), ("task", "messages"),
+          ("orchestrator.system_prompt", "messages"))
 WAIT_GRACE_S = 30.0  # beyond the swarm's deadline: queueing, synthesis, the final commit
 FRAME_END = "[/SUB_AGENT]"
 
@@ -96,8 +103,16 @@ def swarm_request(req: ChatCompletionCreate) -> SwarmCreate:
         return SwarmCreate.model_validate(spec)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
+        field = request_field(".".join(str(p) for p in first["loc"]))
         raise RequestInvalid(f"{field}: {first['msg']}", details={"field": field}) from exc
+
+
+def request_field(field: str) -> str:
+    """The request's name for a SwarmCreate field (`tools.0` -> `agent_swarm.tools.0`)."""
+    for ours, theirs in FIELDS:
+        if field == ours or field.startswith(ours + "."):
+            return theirs + field[len(ours):]
+    return field
 
 
 def _usage(swarm: Swarm) -> CompletionUsage:
@@ -136,11 +151,17 @@ class SwarmCall:
         """The swarm, created by the very code of `POST /swarms` (validation, prices, idempotency,
         local adoption); returns its id."""
         body = swarm_request(self.req)
-        async with self.sessions() as session:
-            view = await swarms.create_swarm(
-                body, Response(), session, self.tenant, self.settings,
-                request.app.state.engine, idempotency_key,
-                traceparent=request.headers.get("traceparent"))
+        try:
+            async with self.sessions() as session:
+                view = await swarms.create_swarm(
+                    body=body, response=Response(), session=session, tenant=self.tenant,
+                    settings=self.settings, engine=request.app.state.engine,
+                    idempotency_key=idempotency_key,
+                    traceparent=request.headers.get("traceparent"))
+        except ApiError as exc:  # name the request's field, not the swarm's
+            if isinstance(exc.details, dict) and isinstance(exc.details.get("field"), str):
+                exc.details = {**exc.details, "field": request_field(exc.details["field"])}
+            raise
         self.deadline = time.monotonic() + body.limits.deadline_s + WAIT_GRACE_S
         return view.id
 
