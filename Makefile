@@ -32,10 +32,13 @@ lint: $(VENV)/.installed-test
 test: lint
 	$(BIN)/pytest
 
-bench: $(VENV)/.installed-test
-	$(BIN)/python -m bench.bench_fanout
-	$(BIN)/python -m bench.bench_planning
-	$(BIN)/python bench/bench_gateway_pool.py
+# the LangGraph peer of bench_table runs in its own virtualenv: never a dependency of the service
+.venv-bench/bin/python:
+	$(PYTHON) -m venv .venv-bench
+	.venv-bench/bin/pip install --quiet 'langgraph==1.2.22' 'httpx>=0.27'
+
+bench: $(VENV)/.installed-test .venv-bench/bin/python
+	$(BIN)/python -m bench.bench_table
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache swarm.db swarm.db-*
+	rm -rf $(VENV) .venv-bench .pytest_cache .mypy_cache .ruff_cache swarm.db swarm.db-*

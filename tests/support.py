@@ -87,14 +87,15 @@ def wait_http(url: str, timeout: float = 30) -> None:
 
 
 @contextlib.contextmanager
-def process(args: list[str], env: dict[str, str], ready_url: str, log: Path) -> Iterator[None]:
+def process(args: list[str], env: dict[str, str], ready_url: str,
+            log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """Run `swarm-api <args>` until the block ends (SIGTERM, then SIGKILL)."""
     with log.open("w") as out:
         proc = subprocess.Popen([CLI, *args], env={**os.environ, **env}, stdout=out,
                                 stderr=subprocess.STDOUT, cwd=log.parent)
         try:
             wait_http(ready_url)
-            yield
+            yield proc
         finally:
             proc.terminate()
             try:

@@ -1,0 +1,258 @@
+"""`make bench`: the performance table of issue 14, each figure beside its peer measured in the
+same run, against one simulator process and one `swarm-api serve` on a throwaway PostgreSQL.
+
+    .venv/bin/python -m bench.bench_table [--runs 5] [--quick]
+
+Rows: fan-out overhead (100 agents + synthesis at 500 ms, over the configured floor 2 x 500 ms,
+beside a bare `asyncio.gather` script and LangGraph `Send`), throughput at 0 ms with 64 in
+flight (over a bare single-pool gather), one 1,000-agent swarm and 50 concurrent 100-agent swarms
+at 200 ms with 256 in flight (over their floors), serve's memory per in-flight call, and
+`POST /swarms` under 200 concurrent clients and from one client. Appends to bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support import free_port, process, throwaway_db
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).with_name("RESULTS.md")
+BENCH_PY = ROOT / ".venv-bench" / "bin" / "python"
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def sim_agent(i: int, latency_ms: float) -> dict[str, Any]:
+    return {"name": f"agent_{i}",
+            "system_prompt": f"You are agent {i}. [[sim latency_ms={latency_ms:g}]]"}
+
+
+def swarm_body(agents: int, latency_ms: float, synthesis: str, concurrency: int
+               ) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "task": "benchmark", "agents": [sim_agent(i, latency_ms) for i in range(agents)],
+        "synthesis": {"strategy": synthesis}, "max_tokens": 200,
+        "limits": {"concurrency": concurrency, "deadline_s": 600}}
+    if synthesis == "synthesize":
+        # the synthesizer's own latency comes from the same directive in the task
+        body["task"] = f"benchmark [[sim latency_ms={latency_ms:g}]]"
+    return body
+
+
+async def run_swarm(client: httpx.AsyncClient, body: dict[str, Any]) -> float:
+    """POST → terminal seen through `?wait=`, as a caller sees it."""
+    t0 = time.perf_counter()
+    r = await client.post("/swarms", json=body)
+    r.raise_for_status()
+    swarm_id = r.json()["id"]
+    while True:
+        data = (await client.get(f"/swarms/{swarm_id}", params={"wait": 30})).json()
+        if data["status"] in TERMINAL:
+            break
+    wall = time.perf_counter() - t0
+    if data["status"] != "succeeded":
+        raise RuntimeError(f"swarm {swarm_id} {data['status']}: {data['error']}")
+    return wall
+
+
+async def bare_gather(sim: str, calls: int, in_flight: int, latency_ms: float,
+                      synthesis: bool) -> float:
+    """The hand-written script: one AsyncClient (one pool), a semaphore, asyncio.gather."""
+    directive = f"[[sim latency_ms={latency_ms:g}]]"
+    limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
+    async with httpx.AsyncClient(limits=limits, timeout=120) as c:
+        gate = asyncio.Semaphore(in_flight)
+
+        async def one(system: str) -> str:
+            async with gate:
+                r = await c.post(f"{sim}/chat/completions", json={
+                    "model": "kimi-k2.5", "max_tokens": 200,
+                    "messages": [{"role": "system", "content": f"{system} {directive}"},
+                                 {"role": "user", "content": "benchmark"}]})
+                r.raise_for_status()
+                return str(r.json()["choices"][0]["message"]["content"])
+
+        await one("warm-up")
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(one(f"You are agent {i}.") for i in range(calls)))
+        if synthesis:
+            await one("merge " + " ".join(outs)[:2000])
+        return time.perf_counter() - t0
+
+
+def langgraph_walls(sim: str, agents: int, latency_ms: float, runs: int) -> list[float] | None:
+    if not BENCH_PY.exists():
+        return None
+    out = subprocess.run([str(BENCH_PY), str(ROOT / "bench" / "peer_langgraph.py"), sim,
+                          str(agents), f"{latency_ms:g}", str(runs)],
+                         capture_output=True, text=True, timeout=600, check=True)
+    walls: list[float] = json.loads(out.stdout.strip().splitlines()[-1])["walls"]
+    return walls
+
+
+class RssSampler:
+    """Peak RSS of a process, sampled every 10 ms from /proc."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def rss(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.rss())
+            time.sleep(0.01)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+async def post_load(api: str, clients: int, each: int) -> dict[str, float]:
+    """`clients` concurrent callers, each POSTing `each` 1-agent swarms in a row."""
+    lat: list[float] = []
+    errors = 0
+    body = swarm_body(1, 0, "none", 1)
+
+    async def caller() -> None:
+        nonlocal errors
+        async with httpx.AsyncClient(base_url=api, timeout=60) as c:
+            for _ in range(each):
+                t0 = time.perf_counter()
+                try:
+                    r = await c.post("/swarms", json=body)
+                    if r.status_code != 202:
+                        errors += 1
+                except httpx.HTTPError:
+                    errors += 1
+                lat.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(clients)))
+    wall = time.perf_counter() - t0
+    lat.sort()
+    return {"per_s": clients * each / wall, "p50": lat[len(lat) // 2],
+            "p99": lat[int(len(lat) * 0.99) - 1], "errors": errors}
+
+
+async def measure(api: str, sim: str, serve_pid: int, runs: int, quick: bool) -> list[str]:
+    rows: list[str] = []
+    async with httpx.AsyncClient(base_url=api, timeout=120) as c:
+        # 1. fan-out overhead at 100 agents
+        body = swarm_body(100, 500, "synthesize", 100)
+        await run_swarm(c, body)  # warm process: connections, caches
+        ours = [await run_swarm(c, body) for _ in range(runs)]
+        bare = [await bare_gather(sim, 100, 100, 500, True) for _ in range(runs)]
+        lg = langgraph_walls(sim, 100, 500, runs)
+        floor = 1.0
+        lg_cell = f"{statistics.median(lg) / floor:.3f}" if lg else "not measured"
+        rows.append(f"| 100-agent fan-out + synthesis at 500 ms, over floor (2 x 500 ms), median "
+                    f"of {runs} | **{statistics.median(ours) / floor:.3f}** | bare gather "
+                    f"{statistics.median(bare) / floor:.3f}; LangGraph `Send` {lg_cell} | "
+                    "<= 1.05 |")
+
+        # 2. throughput at 0 ms, 64 in flight
+        n = 300 if quick else 1000
+        body = swarm_body(n, 0, "none", 64)
+        ours_tp = n / await run_swarm(c, body)
+        bare_tp = n / await bare_gather(sim, n, 64, 0, False)
+        rows.append(f"| throughput at 0 ms, 64 in flight ({n} subtasks): persisted subtasks/s "
+                    f"over bare single-pool gather | **{ours_tp / bare_tp:.2f}x** "
+                    f"({ours_tp:.0f}/s) | bare {bare_tp:.0f}/s | >= 3x |")
+
+        # 3. one 1,000-agent swarm at 200 ms, 256 in flight; memory per in-flight call
+        n = 300 if quick else 1000
+        floor = n / 256 * 0.2
+        idle = RssSampler(serve_pid).rss()
+        with RssSampler(serve_pid) as sampler:
+            wall = await run_swarm(c, swarm_body(n, 200, "none", 256))
+        per_call_kb = (sampler.peak - idle) / 256 / 1024
+        rows.append(f"| one {n}-agent swarm at 200 ms, 256 in flight: wall over floor "
+                    f"({n} / 256 x 0.2 s) | **{wall / floor:.2f}x** ({wall:.2f} s) | - | "
+                    "<= 1.5x |")
+        rows.append(f"| memory of `serve` per in-flight call (peak - idle RSS) over 256 | "
+                    f"**{per_call_kb:.0f} KB** (idle {idle / 2**20:.0f} MB, peak "
+                    f"{sampler.peak / 2**20:.0f} MB) | - | < 50 KB |")
+
+        # 4. 50 concurrent 100-agent swarms at 200 ms
+        swarms = 10 if quick else 50
+        floor = swarms * 100 / 256 * 0.2
+        t0 = time.perf_counter()
+        await asyncio.gather(*(run_swarm(c, swarm_body(100, 200, "none", 100))
+                               for _ in range(swarms)))
+        wall = time.perf_counter() - t0
+        rows.append(f"| {swarms} concurrent 100-agent swarms at 200 ms: wall over floor "
+                    f"({swarms * 100} / 256 x 0.2 s) | **{wall / floor:.2f}x** ({wall:.2f} s) "
+                    "| - | <= 1.5x |")
+
+    # 5. creation under load, and from one client
+    clients, each = (50, 4) if quick else (200, 10)
+    load = await post_load(api, clients, each)
+    rows.append(f"| `POST /swarms` (1-agent), {clients} concurrent clients x {each} | "
+                f"**{load['per_s']:.0f}/s**, p50 {load['p50'] * 1000:.0f} ms, p99 "
+                f"{load['p99'] * 1000:.0f} ms, {load['errors']:.0f} errors | - | >= 500/s, "
+                "p99 <= 0.6 s, 0 errors |")
+    single = await post_load(api, 1, 50 if quick else 200)
+    rows.append(f"| `POST /swarms`, one client | **p50 {single['p50'] * 1000:.1f} ms** "
+                f"({single['per_s']:.0f}/s) | - | p50 <= 3 ms |")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-table-"))
+    sim_port, api_port = free_port(), free_port()
+    sim, api = f"http://127.0.0.1:{sim_port}/v1", f"http://127.0.0.1:{api_port}"
+    with throwaway_db("swarm_bench") as db:
+        env = {"SWARM_DATABASE_URL": db, "SWARM_GATEWAY_URL": sim, "SWARM_MAX_INFLIGHT": "256",
+               "SWARM_MAX_RUNNING_SWARMS": "64"}
+        with process(["simulator", "--port", str(sim_port)], {"SWARM_SIM_LATENCY_MS": "0"},
+                     f"{sim}/models", work / "sim.log"), \
+             process(["serve", "--port", str(api_port)], env, f"{api}/readyz",
+                     work / "api.log") as serve:
+            rows = asyncio.run(measure(api, sim, serve.pid, args.runs, args.quick))
+    load = os.getloadavg()[0]
+    lines = [
+        f"\n## The performance table (issue 14), {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC\n",
+        f"Command: `make bench` (= `.venv/bin/python -m bench.bench_table --runs {args.runs}"
+        f"{' --quick' if args.quick else ''}`): one simulator process (latency per request by "
+        "directive), one `swarm-api serve` on PostgreSQL, and the peers from this process, all "
+        f"on one machine ({os.cpu_count()} cores, {platform.machine()}, Python "
+        f"{platform.python_version()}; 1-min load average at the end {load:.1f}).\n",
+        "| workload | swarm-api | peers, same run | target |",
+        "|---|---|---|---|",
+        *rows,
+    ]
+    with RESULTS.open("a") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
