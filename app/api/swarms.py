@@ -31,9 +31,21 @@ from app.webhooks import check_webhook_url
 router = APIRouter(prefix="/swarms", tags=["swarms"])
 POLL_S = 0.5  # how often waiters re-read when the change happens in another process
 
+def _links(*targets: tuple[str, str, str]) -> dict[str, Any]:
+    """OpenAPI links from a swarm answer to what a client does next with its id (schema-aware
+    clients and schemathesis' stateful phase follow them)."""
+    return {name: {"operationRef": f"#/paths/~1swarms~1{{swarm_id}}{tail}/{method}",
+                   "parameters": {"swarm_id": "$response.body#/id"}}
+            for name, method, tail in targets}
+
+
+SWARM_LINKS = _links(("GetSwarm", "get", ""), ("CancelSwarm", "post", "~1cancel"),
+                     ("StreamSwarmEvents", "get", "~1events"))
+
+
 @router.post(
     "", status_code=202, response_model=SwarmRead,
-    responses=error_responses(400, 401, 413, 422),
+    responses={202: {"links": SWARM_LINKS}, **error_responses(400, 401, 413, 422)},
     summary="Start a swarm",
 )
 async def create_swarm(body: SwarmCreate, response: Response, session: SessionDep,
