@@ -411,6 +411,7 @@ ST_SEED, ST_MAX_EXAMPLES = 1, 10
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.timeout(600)
 async def test_schemathesis_finds_no_failure_against_a_live_server(db_url: str,
                                                                     tmp_path: Path) -> None:
     """Every phase of schemathesis 4 (examples, coverage, fuzzing, stateful) against a real
@@ -430,7 +431,12 @@ async def test_schemathesis_finds_no_failure_against_a_live_server(db_url: str,
             "--max-examples", str(ST_MAX_EXAMPLES), "--request-timeout", "60",
             "--generation-database", "none", "--no-color",
             cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        out, _ = await asyncio.wait_for(st.communicate(), 600)
+        try:
+            out, _ = await asyncio.wait_for(st.communicate(), 540)
+        finally:
+            if st.returncode is None:
+                st.kill()
+                await st.wait()
         report = out.decode(errors="replace")
         assert st.returncode == 0, report[-8000:]
         log = serve.log()  # nothing failed on the server side either

@@ -12,6 +12,7 @@ from app.api.deps import SettingsDep, TenantDep
 from app.api.openai_errors import OpenAIRoute, openai_responses
 from app.api.openai_passthrough import Passthrough
 from app.api.openai_swarm import SwarmCall
+from app.api.sse import json_event_schema
 from app.openai_schemas import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -45,8 +46,8 @@ async def list_models(settings: SettingsDep, tenant: TenantDep) -> ModelList:
     "/chat/completions", response_model=ChatCompletion,
     responses={200: {"description": "A `chat.completion`, or with `stream: true` an event "
                                     "stream. " + _STREAM_DOC,
-                     "content": {"text/event-stream": {"schema": inline_schema(
-                         ChatCompletionChunk)}}},
+                     "content": {"text/event-stream": {"schema": json_event_schema(
+                         inline_schema(ChatCompletionChunk), done_marker="[DONE]")}}},
                **openai_responses(400, 401, 409, 413, 422, 429, 502, 503)},
     summary="Create a chat completion (or, with agent_swarm, run a swarm)",
     operation_id="createChatCompletion",

@@ -15,9 +15,23 @@ _EVENT_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits only: int() also takes "Ù
 EVENT_NAMES = ("swarm.status", "subtask.started", "subtask.succeeded", "subtask.failed",
                "subtask.skipped", "subtask.turn", "swarm.completed")
 
-# One parsed SSE event (OpenAPI 3.0/3.1 tools read `schema` of text/event-stream as the schema
-# of each event; OpenAPI 3.2 calls it `itemSchema`): `data` is JSON text, described by
-# contentSchema; keep-alive pings are comments, not events.
+
+def json_event_schema(data: dict[str, Any], *, done_marker: str | None = None) -> dict[str, Any]:
+    """The schema of one parsed SSE event (`event`, `id`, `data`) whose `data` is the JSON text
+    of a `data` document (OpenAPI 3.0/3.1 tools read the `schema` of text/event-stream as the
+    schema of each event; OpenAPI 3.2 calls it `itemSchema`); `done_marker` is a literal
+    `data` that ends the stream (OpenAI's `[DONE]`)."""
+    text: dict[str, Any] = {"type": "string", "contentMediaType": "application/json",
+                            "contentSchema": data}
+    if done_marker is not None:
+        text["description"] = f"JSON text, or `{done_marker}` as the last event"
+    return {"type": "object", "required": ["data"],
+            "properties": {"data": text, "event": {"type": "string"},
+                           "id": {"type": "string"}, "retry": {"type": "integer"}}}
+
+
+# One event of GET /swarms/{id}/events: `data` is JSON text, described by contentSchema;
+# keep-alive pings are comments, not events.
 EVENT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["id", "event", "data"],
