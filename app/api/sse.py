@@ -23,8 +23,9 @@ def json_event_schema(data: dict[str, Any], *, done_marker: str | None = None) -
     `data` that ends the stream (OpenAI's `[DONE]`)."""
     text: dict[str, Any] = {"type": "string", "contentMediaType": "application/json",
                             "contentSchema": data}
-    if done_marker is not None:
-        text["description"] = f"JSON text, or `{done_marker}` as the last event"
+    if done_marker is not None:  # not JSON: a branch of its own
+        text = {"anyOf": [text, {"type": "string", "const": done_marker}],
+                "description": f"JSON text, or `{done_marker}` as the last event"}
     return {"type": "object", "required": ["data"],
             "properties": {"data": text, "event": {"type": "string"},
                            "id": {"type": "string"}, "retry": {"type": "integer"}}}
