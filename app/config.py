@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     # the in-process simulator (used when no gateway_url is set)
     simulator_latency_ms: float = Field(default=200.0, ge=0)
     simulator_latency_jitter_ms: float = Field(default=100.0, ge=0)
+    # tools (SPEC §9): the mcpServers JSON file, and the cut of each tool result
+    mcp_config: str | None = None
+    tool_result_max_bytes: int = Field(default=16384, ge=256, le=10_000_000)
 
     @field_validator("gateway_url")
     @classmethod

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from app import metrics
 from app.api import errors, openai, ops, retry, swarms, usage
+from app.api import tools as tools_api
 from app.api.openai_errors import openai_responses
 from app.config import Settings
 from app.gateway.client import GatewayClient
@@ -55,6 +56,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
             app.state.engine = runtime.engine
             app.state.gateway = runtime.gateway  # the facade's passthrough calls use both
             app.state.daily = runtime.daily
+            app.state.tools = runtime.tools
             watch = asyncio.create_task(_stop_when_failed(app, runtime), name="side-monitor")
             try:
                 yield
@@ -66,6 +68,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
                           lifespan=lifespan)
     app.state.settings = settings
     app.state.died = None
+    app.state.tools = None
     metrics.set_price_table(settings.prices)
     errors.install(app)
     # routes that read or write the database answer 503 while it is unreachable
@@ -74,6 +77,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     app.include_router(retry.router, responses=errors.error_responses(403, 503))
     app.include_router(usage.router, responses=errors.error_responses(403, 503))
     app.include_router(openai.router, responses=openai_responses(403))  # OpenAI's shape
+    app.include_router(tools_api.router, responses=errors.error_responses(403))
     app.include_router(ops.router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     if not settings.auth_enabled and not settings.allow_open:

@@ -145,3 +145,24 @@ def serve_http(port: int, host: str) -> tuple[WSGIServer, threading.Thread]:
     """`/metrics` on its own port from a daemon thread, for processes without an API
     (`swarm-api worker`); call `.shutdown()` on the server to stop it."""
     return start_http_server(port, addr=host, registry=_registry())
+
+
+# ---- tools (SPEC §9); series appear per configured server and listed tool ----------------
+
+TOOL_OUTCOMES = ("ok", "error", "timeout")
+tool_calls_total = Counter("swarm_tool_calls_total", "Tool calls of sub-agents",
+                           ["server", "tool", "outcome"])
+tool_call_duration = Histogram("swarm_tool_call_duration_seconds",
+                               "One tool call, its slot wait excluded", ["server", "tool"],
+                               buckets=LATENCY_BUCKETS)
+tool_calls_in_flight = Gauge("swarm_tool_calls_in_flight", "Tool calls running", ["server"],
+                             multiprocess_mode="livesum")
+
+
+def init_tool_labels(server: str, tools: list[str]) -> None:
+    """Expose a server's series at zero once its tools are known."""
+    tool_calls_in_flight.labels(server)
+    for t in tools:
+        tool_call_duration.labels(server, t)
+        for o in TOOL_OUTCOMES:
+            tool_calls_total.labels(server, t, o)

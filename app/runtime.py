@@ -20,6 +20,7 @@ from app.engine.scheduler import Engine, process_owner
 from app.engine.wakeup import PgListener
 from app.gateway.client import GatewayClient
 from app.simulator import SimulatorConfig, create_simulator
+from app.tools.registry import ToolRegistry
 from app.webhooks import WebhookDispatcher
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,20 @@ def make_gateway(settings: Settings) -> GatewayClient:
                          transport=httpx.ASGITransport(app=sim))
 
 
+async def start_tools(settings: Settings) -> ToolRegistry | None:
+    """The MCP servers of SWARM_MCP_CONFIG, started (a server that cannot start is logged and
+    stays `down`; an unreadable config file is an error)."""
+    if not settings.mcp_config:
+        return None
+    tools = ToolRegistry.from_file(settings.mcp_config,
+                                   result_max_bytes=settings.tool_result_max_bytes)
+    await tools.start()
+    return tools
+
+
 def make_engine_with_cap(settings: Settings, sessions: SessionFactory, gateway: GatewayClient,
-                         notifier: SwarmNotifier | None = None) -> tuple[Engine, DailyCap | None]:
+                         notifier: SwarmNotifier | None = None,
+                         tools: ToolRegistry | None = None) -> tuple[Engine, DailyCap | None]:
     """The engine of this process, sharing SWARM_DAILY_BUDGET_USD (when set) through the
     database with every other process; close the cap after stopping the engine."""
     owner = process_owner()
@@ -47,7 +60,8 @@ def make_engine_with_cap(settings: Settings, sessions: SessionFactory, gateway: 
     if settings.daily_budget_usd is not None:
         daily = DailyCap(sessions, settings.daily_budget_usd, owner,
                          lease_s=settings.lease_seconds)
-    return Engine(settings, sessions, gateway, notifier, owner=owner, daily=daily), daily
+    return Engine(settings, sessions, gateway, notifier, owner=owner, daily=daily,
+                  tools=tools), daily
 
 
 class Runtime:
@@ -69,6 +83,7 @@ class Runtime:
         self.notifier = SwarmNotifier()
         self.engine: Engine | None = None
         self.daily: DailyCap | None = None  # SWARM_DAILY_BUDGET_USD, shared by engine and API
+        self.tools: ToolRegistry | None = None
 
     async def __aenter__(self) -> Runtime:
         settings, stack = self.settings, self._stack
@@ -84,6 +99,10 @@ class Runtime:
             self.gateway = self._given_gateway or make_gateway(settings)
             if self._given_gateway is None:
                 stack.push_async_callback(self.gateway.aclose)
+            # every process: the engine calls tools, the API lists them and checks requests
+            self.tools = await start_tools(settings)
+            if self.tools is not None:
+                stack.push_async_callback(self.tools.stop)
             if self._run_engine:
                 await self._start_engine()
             elif settings.daily_budget_usd is not None:  # the OpenAI facade's passthrough
@@ -101,7 +120,7 @@ class Runtime:
 
     async def _start_engine(self) -> None:
         engine, daily = make_engine_with_cap(self.settings, self.sessions, self.gateway,
-                                             self.notifier)
+                                             self.notifier, self.tools)
         if daily is not None:
             self._stack.push_async_callback(daily.close)  # after the engine has stopped
         self.daily = daily

@@ -59,6 +59,10 @@ MaxTokens = Annotated[int, Field(ge=1, le=128_000)]
 Temperature = Annotated[float, Field(ge=0, le=2)]
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=64),
                       AfterValidator(_storable)]
+# `server` (all its tools) or `server.tool` (one; MCP tool names are 1-128 of [A-Za-z0-9_.-])
+ToolSelector = Annotated[str, StringConstraints(
+    pattern=r"^[A-Za-z0-9_-]{1,48}(\.[A-Za-z0-9_.\-]{1,128})?$")]
+ToolSelectors = Annotated[list[ToolSelector], Field(min_length=1, max_length=200)]
 
 EXAMPLE_REQUEST: dict[str, Any] = {
     "task": "Review the v1 -> v2 migration of our FastAPI payment service",
@@ -95,6 +99,8 @@ class AgentCreate(Strict):
     temperature: Temperature | None = None
     depends_on: list[AgentName] = Field(default_factory=list, max_length=1000)
     weight: float = Field(default=1.0, gt=0, le=1e6)
+    tools: ToolSelectors | None = None
+    max_turns: int = Field(default=8, ge=1, le=50)
 
 
 class OrchestratorOptions(Strict):
@@ -120,6 +126,7 @@ class Limits(Strict):
     max_attempts: int = Field(default=3, ge=1, le=10)
     subtask_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     deadline_s: float = Field(default=900.0, gt=0, le=86_400)
+    max_tool_calls: int = Field(default=1000, ge=1, le=1_000_000)
 
 
 class SwarmCreate(Strict):
@@ -137,6 +144,7 @@ class SwarmCreate(Strict):
     limits: Limits = Field(default_factory=Limits)
     metadata: dict[str, Any] = Field(default_factory=dict)
     webhook_url: Text | None = Field(default=None, max_length=2048)
+    tools: ToolSelectors | None = None  # what the planner may hand to planned subtasks
 
     @field_validator("task")
     @classmethod
@@ -213,6 +221,16 @@ class SubtaskRead(BaseModel):
     latency_ms: float | None
     started_at: datetime | None
     finished_at: datetime | None
+    turns: int = 0
+    tool_calls: int = 0
+
+
+class SubtaskDetail(SubtaskRead):
+    """One subtask with its tools and the messages of every turn (SPEC §9)."""
+
+    tools: list[str]
+    max_turns: int
+    transcript: list[dict[str, Any]]
 
 
 class LatencyPercentiles(BaseModel):
@@ -269,6 +287,7 @@ class Ready(BaseModel):
     database: str
     revision: str | None
     price_table_version: str
+    tool_servers: dict[str, str] = Field(default_factory=dict)  # server -> starting|up|down
 
 
 # ---- usage (GET /usage) and events (GET /swarms/{id}/events) --------------------------------

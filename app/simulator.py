@@ -20,6 +20,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive
 
+from app import simulator_tools as sim_tools
+
 MODELS = ("kimi-k2.5", "deepseek-v3.2", "gpt-4.1", "claude-sonnet-4.5", "gemini-2.5-flash")
 PLAN_HINTS = ("deepseek-v3.2", "gemini-2.5-flash")
 MAX_KEYS = 20_000  # bound on every per-key table, so a long benchmark cannot grow memory forever
@@ -170,6 +172,8 @@ class _Directives:
     plan: str | None = None
     plan_size: int | None = None
     plan_times: int | None = None
+    turns: int | None = None  # tool-calling turns before the final answer (default 1)
+    extra_tool: str | None = None  # also call this (unoffered) tool on the first turn
 
 
 # name -> converter, read from the annotations above ("int | None" -> int)
@@ -219,6 +223,7 @@ class _ChatRequest:
     json_mode: bool
     stream: bool = False
     include_usage: bool = False
+    tools: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
 def _parse_request(raw: bytes) -> _ChatRequest:
@@ -241,8 +246,9 @@ def _parse_request(raw: bytes) -> _ChatRequest:
     stream = body.get("stream") is True
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    tools = sim_tools.tool_names(body["tools"]) if body.get("tools") else []
     return _ChatRequest(model, messages, [_text_of(m.get("content")) for m in messages],
-                        max_tokens, json_mode, stream, include_usage)
+                        max_tokens, json_mode, stream, include_usage, tools)
 
 
 def _text_of(content: Any) -> str:
@@ -269,7 +275,7 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return Response(body, status_code=status, headers=headers, media_type=_JSON)
 
 
-def _plan(task: str, kind: str | None, size: int | None) -> str:
+def _plan(task: str, kind: str | None, size: int | None, tools: list[str] | None = None) -> str:
     """A plan shaped by the task; `kind` names the flaw a planner test wants."""
     if kind == "not_json":
         return f"Sure! Here is a plan for {task}:\n1. research\n2. write the report"
@@ -288,7 +294,8 @@ def _plan(task: str, kind: str | None, size: int | None) -> str:
     elif kind == "duplicate" and n > 1:
         ids[1] = ids[0]
     subtasks = [{"id": sid, "description": f"{sid.split('_')[0].capitalize()} step {i + 1}: {task}",
-                 "depends_on": dep, "model_hint": PLAN_HINTS[i % 2]}
+                 "depends_on": dep, "model_hint": PLAN_HINTS[i % 2],
+                 **({"tools": tools} if tools else {})}
                 for i, (sid, dep) in enumerate(zip(ids, deps, strict=True))]
     return json.dumps({"subtasks": [] if kind == "empty" else subtasks})
 
@@ -306,6 +313,12 @@ def _generate(model: str, digest: bytes, size: int) -> str:
     size = max(0, min(size, _MAX_CONTENT) - len(head))
     start = _CORPUS.find(" ", int.from_bytes(digest[4:8], "big") % _MAX_CONTENT) + 1
     return head + _CORPUS[start : start + size]
+
+
+def _message(content: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    if calls:
+        return {"role": "assistant", "content": None, "tool_calls": calls}
+    return {"role": "assistant", "content": content}
 
 
 async def _wait(receive: Receive, seconds: float) -> bool:
@@ -441,11 +454,20 @@ class _Simulator:
         limit = req.max_tokens or 4096
         length = length or d.finish == "length"
         tokens: int | None = None  # set when the content was generated to a token count
-        if d.answer is not None:
+        calls: list[dict[str, Any]] = []
+        if req.tools and sim_tools.turns_done(req.messages) < (d.turns or 1):
+            calls = sim_tools.tool_calls(req.tools, _task_of(req),
+                                         sim_tools.turns_done(req.messages) + 1, d.extra_tool)
+            content = ""
+            tokens = min(limit, max(1, len(json.dumps(calls)) // 4))
+        elif req.tools:
+            content = sim_tools.final_answer(req.messages)
+        elif d.answer is not None:
             content = d.answer
         elif req.json_mode:
             flaw = self._bad_plan(d, swarm)
-            content = _plan(_task_of(req), flaw, d.plan_size)
+            content = _plan(_task_of(req), flaw, d.plan_size,
+                            sim_tools.offered_to_planner(req.texts))
             if flaw == "truncated":
                 content, length = content[: len(content) // 2], True
         else:
@@ -465,8 +487,9 @@ class _Simulator:
         return {
             "id": f"chatcmpl-sim{call_id}", "object": "chat.completion",
             "created": int(time.time()), "model": req.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                         "finish_reason": "length" if length else "stop"}],
+            "choices": [{"index": 0, "message": _message(content, calls),
+                         "finish_reason": "length" if length else
+                         ("tool_calls" if calls else "stop")}],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                       "total_tokens": prompt + completion,
                       "prompt_tokens_details": {"cached_tokens": d.cached_tokens or 0}},

@@ -67,6 +67,7 @@ def subtask_read(s: Subtask, with_output: bool) -> SubtaskRead:
         usage=SubtaskUsage(prompt_tokens=s.prompt_tokens, completion_tokens=s.completion_tokens,
                            cost_usd=usd_str(s.cost_usd)),
         latency_ms=s.latency_ms, started_at=s.started_at, finished_at=s.finished_at,
+        turns=s.turns, tool_calls=s.tool_calls,
     )
 
 

@@ -37,6 +37,8 @@ SPEC_ROUTES: dict[tuple[str, str], set[int]] = {
     ("get", "/healthz"): {200},
     ("get", "/readyz"): {200, 503},
     ("get", "/metrics"): {200},
+    ("get", "/tools"): {200, 401},
+    ("get", "/swarms/{swarm_id}/subtasks/{name}"): {200, 401, 404, 503},
 }
 
 
@@ -365,6 +367,13 @@ async def _exercise(h: Harness) -> list[tuple[str, str, httpx.Response]]:
     add("get", "/usage", await c.get("/usage", params={"group_by": "colour"}, headers=KEY))
     add("get", "/usage", await c.get("/usage", params={"from": "yesterday"}, headers=KEY))
     add("get", "/usage", await c.get("/usage"))
+
+    add("get", "/tools", await c.get("/tools", headers=KEY))
+    add("get", "/tools", await c.get("/tools"))
+    one = "/swarms/{swarm_id}/subtasks/{name}"
+    add("get", one, await c.get(f"/swarms/{sid}/subtasks/analyst", headers=KEY))
+    add("get", one, await c.get(f"/swarms/{sid}/subtasks/nobody", headers=KEY))
+    add("get", one, await c.get(f"/swarms/{sid}/subtasks/analyst"))
 
     add("get", "/healthz", await c.get("/healthz"))
     add("get", "/readyz", await c.get("/readyz"))

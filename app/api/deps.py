@@ -13,6 +13,7 @@ from app.config import Settings
 from app.engine.notify import SwarmNotifier
 from app.engine.scheduler import Engine
 from app.errors import Unauthorized
+from app.tools.registry import ToolRegistry
 
 DEFAULT_TENANT = "default"
 
@@ -50,6 +51,11 @@ def get_engine(request: Request) -> Engine | None:
     return engine
 
 
+def get_tools(request: Request) -> ToolRegistry | None:
+    tools: ToolRegistry | None = request.app.state.tools
+    return tools
+
+
 def get_notifier(request: Request) -> SwarmNotifier:
     notifier: SwarmNotifier = request.app.state.notifier
     return notifier
@@ -59,4 +65,5 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[AsyncSession, Depends(get_session)]
 TenantDep = Annotated[str, Depends(get_tenant)]
 EngineDep = Annotated[Engine | None, Depends(get_engine)]
+ToolsDep = Annotated[ToolRegistry | None, Depends(get_tools)]
 NotifierDep = Annotated[SwarmNotifier, Depends(get_notifier)]

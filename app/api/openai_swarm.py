@@ -156,6 +156,7 @@ class SwarmCall:
                 view = await swarms.create_swarm(
                     body=body, response=Response(), session=session, tenant=self.tenant,
                     settings=self.settings, engine=request.app.state.engine,
+                    tools=request.app.state.tools,
                     idempotency_key=idempotency_key,
                     traceparent=request.headers.get("traceparent"))
         except ApiError as exc:  # name the request's field, not the swarm's

@@ -38,8 +38,10 @@ async def check_ready(request: Request, settings: SettingsDep) -> Response:
                                        "message": "database not migrated",
                                        "details": {"revision": revision, "head": head}}},
                             status_code=503)
+    tools = request.app.state.tools
     return JSONResponse(Ready(status="ok", database="ok", revision=revision,
-                              price_table_version=settings.prices.version).model_dump())
+                              price_table_version=settings.prices.version,
+                              tool_servers={} if tools is None else tools.states()).model_dump())
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sse_starlette.sse import EventSourceResponse
 
 from app import tracing
-from app.api.deps import EngineDep, NotifierDep, SessionDep, SettingsDep, TenantDep
+from app.api.deps import EngineDep, NotifierDep, SessionDep, SettingsDep, TenantDep, ToolsDep
 from app.api.errors import error_responses
 from app.api.follow import follow_events
 from app.api.shared import IdempotencyKey, TraceParent, insert_once
@@ -50,10 +50,10 @@ SWARM_LINKS = _links(("GetSwarm", "get", ""), ("CancelSwarm", "post", "~1cancel"
 )
 async def create_swarm(body: SwarmCreate, response: Response, session: SessionDep,
                        tenant: TenantDep, settings: SettingsDep, engine: EngineDep,
-                       idempotency_key: IdempotencyKey = None,
+                       tools: ToolsDep, idempotency_key: IdempotencyKey = None,
                        traceparent: TraceParent = None) -> SwarmRead:
     """Validate, store the swarm and its subtasks in one transaction, and queue it."""
-    new = build_swarm(body, settings, tenant, idempotency_key)
+    new = build_swarm(body, settings, tenant, idempotency_key, tools=tools)
     new.swarm.trace_parent = tracing.swarm_created(traceparent)
     if body.webhook_url is not None:
         await check_webhook_url(body.webhook_url, settings, tenant)

@@ -27,7 +27,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.sql import Executable, Insert
 
 from app.db.notify import CANCEL, CHANGED, QUEUED, notify
-from app.db.tables import Event, GatewayCall, Subtask, Swarm, Webhook
+from app.db.tables import (
+    Event,
+    GatewayCall,
+    Subtask,
+    Swarm,
+    ToolCall,
+    TranscriptMessage,
+    Webhook,
+)
 from app.db.types import utcnow
 from app.states import TERMINAL_SWARM, SubtaskStatus, SwarmStatus
 
@@ -59,7 +67,7 @@ SUBTASK_INSERT_COLUMNS = (
     "swarm_id", "name", "position", "kind", "model", "depends_on", "system_prompt", "prompt",
     "max_tokens", "temperature", "weight", "status", "attempts", "output", "error", "truncated",
     "prompt_tokens", "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at",
-    "finished_at", "reused",
+    "finished_at", "reused", "tools", "max_turns", "turns", "tool_calls",
 )
 
 
@@ -401,6 +409,8 @@ class SwarmWrite:
     events: list[dict[str, Any]] = field(default_factory=list)
     new_subtasks: list[dict[str, Any]] = field(default_factory=list)  # planned, compressors
     webhook: dict[str, Any] | None = None  # the terminal state's delivery, when one is asked
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # the tool ledger
+    transcript: list[dict[str, Any]] = field(default_factory=list)  # appended messages
 
 
 async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[SwarmWrite],
@@ -427,6 +437,8 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
     subtasks: list[dict[str, Any]] = []
     ledger: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
+    tool_calls: list[dict[str, Any]] = []
+    transcript: list[dict[str, Any]] = []
     for w in ok:
         latest[w.swarm_id] = {"id_": w.swarm_id, **w.swarm}
         inserts.extend(w.new_subtasks)
@@ -435,6 +447,8 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
         subtasks.extend({"swarm_id_": w.swarm_id, **row} for row in w.subtasks)
         ledger.extend(w.ledger)
         events.extend(w.events)
+        tool_calls.extend(w.tool_calls)
+        transcript.extend(w.transcript)
     # Core executemany: the ORM's bulk paths cost several times more per row (measured)
     conn = await session.connection()
     await conn.execute(_SWARM_UPDATE, list(latest.values()))
@@ -448,6 +462,10 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
         await conn.execute(_ignoring_duplicates(conn, _EVENT_INSERT), events)
     if hooks:
         await conn.execute(_ignoring_duplicates(conn, _WEBHOOK_INSERT), hooks)
+    if tool_calls:
+        await conn.execute(_ignoring_duplicates(conn, _TOOL_CALL_INSERT), tool_calls)
+    if transcript:
+        await conn.execute(_ignoring_duplicates(conn, _TRANSCRIPT_INSERT), transcript)
     await notify(session, CHANGED, list(latest))
     return fenced
 
@@ -474,7 +492,7 @@ SWARM_STATE_COLUMNS = (
 )
 SUBTASK_STATE_COLUMNS = (
     "status", "attempts", "output", "error", "truncated", "prompt_tokens", "completion_tokens",
-    "cost_usd", "latency_ms", "ready_at", "started_at", "finished_at",
+    "cost_usd", "latency_ms", "ready_at", "started_at", "finished_at", "turns", "tool_calls",
 )
 _SWARM_UPDATE = _update_by_key(cast(Table, Swarm.__table__), ["id"], SWARM_STATE_COLUMNS)
 _SUBTASK_UPDATE = _update_by_key(
@@ -483,3 +501,29 @@ _SUBTASK_INSERT = insert(cast(Table, Subtask.__table__))
 _LEDGER_INSERT = insert(cast(Table, GatewayCall.__table__))
 _EVENT_INSERT = insert(cast(Table, Event.__table__))
 _WEBHOOK_INSERT = insert(cast(Table, Webhook.__table__))
+_TOOL_CALL_INSERT = insert(cast(Table, ToolCall.__table__))
+_TRANSCRIPT_INSERT = insert(cast(Table, TranscriptMessage.__table__))
+
+
+# ---- tools -----------------------------------------------------------------------------------
+
+
+async def get_transcript(session: AsyncSession, swarm_id: str,
+                         subtask_name: str) -> list[TranscriptMessage]:
+    """The committed messages of one subtask, in order."""
+    stmt = (select(TranscriptMessage)
+            .where(TranscriptMessage.swarm_id == swarm_id,
+                   TranscriptMessage.subtask_name == subtask_name)
+            .order_by(TranscriptMessage.seq))
+    return list((await session.execute(stmt)).scalars())
+
+
+async def get_subtask(session: AsyncSession, swarm_id: str, name: str) -> Subtask | None:
+    stmt = select(Subtask).where(Subtask.swarm_id == swarm_id, Subtask.name == name)
+    return (await session.execute(stmt)).scalar_one_or_none()
+
+
+async def get_tool_calls(session: AsyncSession, swarm_id: str) -> list[ToolCall]:
+    """The tool ledger of a swarm, in commit order."""
+    stmt = select(ToolCall).where(ToolCall.swarm_id == swarm_id).order_by(ToolCall.id)
+    return list((await session.execute(stmt)).scalars())

@@ -84,6 +84,7 @@ async def copy_swarm(session: AsyncSession, old_id: str, new: Swarm) -> list[Reu
         "name": t.c.name, "position": t.c.position, "kind": t.c.kind, "model": t.c.model,
         "depends_on": t.c.depends_on, "system_prompt": t.c.system_prompt, "prompt": t.c.prompt,
         "max_tokens": t.c.max_tokens, "temperature": t.c.temperature, "weight": t.c.weight,
+        "tools": t.c.tools, "max_turns": t.c.max_turns,  # turns and tool_calls start at 0
         "status": if_kept(literal(SubtaskStatus.succeeded.value, String(16)),
                           literal(SubtaskStatus.pending.value, String(16))),
         "reused": if_kept(true(), false()),

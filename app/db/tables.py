@@ -109,6 +109,11 @@ class Subtask(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # succeeded in the swarm this one retries: copied with its output, never called here
     reused: Mapped[bool] = mapped_column(Boolean, default=False)
+    # tools (SPEC §9): the agent's selectors, its turn limit, what it has done so far
+    tools: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    max_turns: Mapped[int] = mapped_column(Integer, default=8)
+    turns: Mapped[int] = mapped_column(Integer, default=0)
+    tool_calls: Mapped[int] = mapped_column(Integer, default=0)
 
     __table_args__ = (
         UniqueConstraint("swarm_id", "name", name="uq_subtasks_swarm_id_name"),
@@ -216,3 +221,42 @@ class WebhookAttempt(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     __table_args__ = (Index("ix_webhook_attempts_swarm", "swarm_id", "attempt"),)
+
+
+class ToolCall(Base):
+    """The tool ledger: one row per tool call of a tool-using subtask."""
+
+    __tablename__ = "tool_calls"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    swarm_id: Mapped[str] = mapped_column(ForeignKey("swarms.id", ondelete="CASCADE"))
+    subtask_name: Mapped[str] = mapped_column(String(64))
+    turn: Mapped[int] = mapped_column(Integer)
+    call_id: Mapped[str] = mapped_column(String(128))
+    server: Mapped[str] = mapped_column(String(64))
+    tool: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16))  # ok | error | timeout
+    latency_ms: Mapped[float] = mapped_column(Float)
+    result_bytes: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (
+        # a result committed twice (a retried group commit) is still one row
+        UniqueConstraint("swarm_id", "subtask_name", "turn", "call_id",
+                         name="uq_tool_calls_call"),
+    )
+
+
+class TranscriptMessage(Base):
+    """One message of a tool-using subtask's conversation, appended once, in order."""
+
+    __tablename__ = "transcript_messages"
+
+    swarm_id: Mapped[str] = mapped_column(
+        ForeignKey("swarms.id", ondelete="CASCADE"), primary_key=True
+    )
+    subtask_name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    turn: Mapped[int] = mapped_column(Integer)
+    message: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 # Upper bound on tokens per message beyond its text (role markers, separators)
 MESSAGE_OVERHEAD_TOKENS = 8
@@ -30,6 +32,14 @@ def estimate_prompt_tokens(messages: Sequence[dict[str, str]]) -> int:
     return MESSAGE_OVERHEAD_TOKENS + sum(
         len(m["content"].encode()) + MESSAGE_OVERHEAD_TOKENS for m in messages
     )
+
+
+def estimate_request_tokens(messages: Sequence[Mapping[str, Any]],
+                            tools: Sequence[Mapping[str, Any]]) -> int:
+    """The same bound for a call with tools: the JSON bytes of the messages (tool calls and
+    tool results included) and of the tool definitions cover whatever the gateway tokenizes."""
+    raw = json.dumps([*messages, *tools], ensure_ascii=False, separators=(",", ":"))
+    return MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1) + len(raw.encode())
 
 
 def truncate_marked(text: str, max_chars: int) -> str:

@@ -88,3 +88,16 @@ def critical_path(deps: Mapping[str, Sequence[str]], weight: Mapping[str, float]
     for name in topological_order(deps, deps):
         best[name] = weight.get(name, 0.0) + max((best[d] for d in deps[name]), default=0.0)
     return max(best.values(), default=0.0)
+
+
+def chain_below(deps: Mapping[str, Sequence[str]]) -> dict[str, int]:
+    """For each node, the number of nodes on the longest chain from it through its dependents
+    (1 for a node nothing depends on): how much work still waits behind it."""
+    children: dict[str, list[str]] = {n: [] for n in deps}
+    for n, ds in deps.items():
+        for d in ds:
+            children.setdefault(d, []).append(n)
+    below: dict[str, int] = {}
+    for name in reversed(topological_order(deps, deps)):
+        below[name] = 1 + max((below[c] for c in children.get(name, [])), default=0)
+    return below

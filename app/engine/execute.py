@@ -19,6 +19,7 @@ from app.engine.calls import CallMeter, Row, idempotency_key
 from app.engine.context import (
     approx_tokens,
     estimate_prompt_tokens,
+    estimate_request_tokens,
     fair_shares,
     fit_chars,
     with_dependencies,
@@ -26,6 +27,7 @@ from app.engine.context import (
 from app.engine.faults import crash_point
 from app.engine.layout import COMPRESSOR_PREFIX, SYNTHESIZER, new_subtask
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
+from app.engine.turns import TurnLoop
 from app.gateway.client import ChatRequest, ChatResult, GatewayRejected, GatewayUnavailable
 from app.pricing import metric_model_label
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, subtask_transition
@@ -61,6 +63,7 @@ class SubtaskExecutor:
     def __init__(self, runner: SwarmRunner) -> None:
         self.r = runner
         self._compressions: dict[str, asyncio.Task[str | None]] = {}
+        self.turns = TurnLoop(self)
 
     async def run(self, sub: Subtask) -> SubtaskStatus:
         """Never raises but for cancellation and a lost lease."""
@@ -75,6 +78,8 @@ class SubtaskExecutor:
             async with self._slots(sub):
                 return await self._plan(sub)
         inputs = await self._inputs(sub)  # compressors take their own slots
+        if sub.tools:  # the turn loop takes a slot per turn, never while tools run
+            return await self.turns.run(sub, self._messages(sub, inputs))
         async with self._slots(sub):
             return await self._call(sub, self._messages(sub, inputs))
 
@@ -101,21 +106,22 @@ class SubtaskExecutor:
             "subtask.started", {"name": sub.name, "kind": sub.kind, "model": sub.model})])
         return time.monotonic()
 
-    async def _gateway(self, sub: Subtask, messages: list[dict[str, str]], call_no: int,
-                       response_format: dict[str, str] | None = None) -> tuple[ChatResult,
-                                                                                list[Row]]:
+    async def _gateway(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
+                       response_format: dict[str, str] | None = None,
+                       tools: list[dict[str, Any]] | None = None) -> tuple[ChatResult, list[Row]]:
         """One logical call with retries; raises the client's errors or BudgetExceeded."""
         key = idempotency_key(self.r.swarm.id, sub.name, call_no)
         label = metric_model_label(sub.model, self.r.ctx.prices)
-        worst = self.r.ctx.prices[sub.model].worst_case(estimate_prompt_tokens(messages),
-                                                        sub.max_tokens)
+        bound = (estimate_prompt_tokens(messages) if tools is None
+                 else estimate_request_tokens(messages, tools))
+        worst = self.r.ctx.prices[sub.model].worst_case(bound, sub.max_tokens)
         meter = CallMeter(self.r, sub, worst, key, label)
         metrics.subtasks_in_flight.labels(label).inc()
         try:
             result = await self.r.ctx.gateway.complete(
                 ChatRequest(model=sub.model, messages=messages, max_tokens=sub.max_tokens,
                             temperature=sub.temperature, response_format=response_format,
-                            idempotency_key=key),
+                            idempotency_key=key, tools=tools),
                 max_attempts=int(self.r.limits["max_attempts"]),
                 timeout_s=float(self.r.limits["subtask_timeout_s"]),
                 deadline=self.r.deadline, before_attempt=meter.before, after_attempt=meter.after)
@@ -191,9 +197,10 @@ class SubtaskExecutor:
         """The orchestrator call; an invalid or truncated plan gets exactly one repair call."""
         spec = self.r.spec
         limits = spec["orchestrator"]
+        offered = spec.get("tools") or []
         first = plans.planner_messages(self.r.swarm.task, limits["max_subtasks"],
                                        limits["max_depth"], self.r.ctx.prices.names(),
-                                       sub.system_prompt)
+                                       sub.system_prompt, offered)
         t0 = self._begin(sub)
         rows: list[Row] = []
         try:
@@ -201,7 +208,7 @@ class SubtaskExecutor:
             rows += ok
             try:
                 plan = plans.parse_plan(result.content, result.finish_reason,
-                                        limits["max_subtasks"], limits["max_depth"])
+                                        limits["max_subtasks"], limits["max_depth"], offered)
             except plans.PlanInvalid as bad:
                 self.r.commit_soon([sub], ledger=rows)  # the first call is billed either way
                 rows = []
@@ -209,7 +216,7 @@ class SubtaskExecutor:
                 result, ok = await self._gateway(sub, repair, 2, plans.JSON_OBJECT)
                 rows += ok
                 plan = plans.parse_plan(result.content, result.finish_reason,
-                                        limits["max_subtasks"], limits["max_depth"])
+                                        limits["max_subtasks"], limits["max_depth"], offered)
         except plans.PlanInvalid as still:
             err = error("plan_invalid", f"the plan is invalid after one repair: {still}",
                         **still.details)
@@ -221,7 +228,7 @@ class SubtaskExecutor:
         new = self._lay_out(plan)
         output = json.dumps({"subtasks": [
             {"id": p.id, "description": p.description, "depends_on": list(p.depends_on),
-             "model_hint": p.model_hint} for p in plan]})
+             "model_hint": p.model_hint, "tools": list(p.tools)} for p in plan]})
         return await self._succeed(sub, t0, output, rows, new)
 
     def _lay_out(self, plan: list[plans.PlannedSubtask]) -> list[Subtask]:
@@ -235,7 +242,8 @@ class SubtaskExecutor:
                         else str(spec["model"]),
                         spec["max_tokens"], depends_on=list(p.depends_on),
                         system_prompt=plans.worker_system_prompt(self.r.swarm.task),
-                        prompt=p.description, temperature=spec.get("temperature"))
+                        prompt=p.description, temperature=spec.get("temperature"),
+                        tools=list(p.tools))
             for i, p in enumerate(plan)
         ]
         if spec["synthesis"]["strategy"] == "synthesize":

@@ -15,7 +15,8 @@ COMPRESSOR_PREFIX = "@compress."  # '@' never starts an agent name: no collision
 def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, model: str,
                 max_tokens: int, *, depends_on: list[str] | None = None, system_prompt: str = "",
                 prompt: str = "", temperature: float | None = None,
-                weight: float = 1.0) -> Subtask:
+                weight: float = 1.0, tools: list[str] | None = None,
+                max_turns: int = 8) -> Subtask:
     """A pending subtask with zeroed usage (every column set: it is inserted with Core)."""
     return Subtask(
         swarm_id=swarm_id, name=name, position=position, kind=kind, model=model,
@@ -24,5 +25,6 @@ def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, mode
         status=SubtaskStatus.pending, attempts=0, output=None, error=None, truncated=False,
         prompt_tokens=0, completion_tokens=0, cost_usd=Decimal(0), latency_ms=None,
         ready_at=None, started_at=None, finished_at=None, reused=False,
+        tools=list(tools or []), max_turns=max_turns, turns=0, tool_calls=0,
     )
 

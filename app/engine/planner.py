@@ -21,11 +21,12 @@ class PlannedSubtask:
     description: str
     depends_on: tuple[str, ...]
     model_hint: str | None
+    tools: tuple[str, ...] = ()
 
 
 class PlanInvalid(ValueError):
     """Why a plan cannot run: `reason` is one of truncated, not_json, wrong_shape, empty,
-    bad_id, duplicate_id, unknown_dependency, cycle, too_many, too_deep."""
+    bad_id, duplicate_id, unknown_dependency, cycle, too_many, too_deep, unknown_tool."""
 
     def __init__(self, reason: str, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -38,9 +39,13 @@ def planner_max_tokens(max_subtasks: int) -> int:
     return min(max(1000, 150 * max_subtasks), 128_000)
 
 
-def planner_messages(task: str, max_subtasks: int, max_depth: int,
-                     models: Sequence[str], guidance: str = "") -> list[dict[str, str]]:
-    """The orchestrator's request; `guidance` (orchestrator.system_prompt) follows our rules."""
+TOOLS_LINE = "Tools you may give a subtask (its optional \"tools\" list): "
+
+
+def planner_messages(task: str, max_subtasks: int, max_depth: int, models: Sequence[str],
+                     guidance: str = "", tools: Sequence[str] = ()) -> list[dict[str, str]]:
+    """The orchestrator's request; `guidance` (orchestrator.system_prompt) follows our rules;
+    `tools` are the ones it may hand to subtasks."""
     system = (
         "You are the orchestrator of a team of sub-agents. Split the user's task into "
         "independent subtasks that sub-agents can work on in parallel; add dependencies only "
@@ -53,6 +58,9 @@ def planner_messages(task: str, max_subtasks: int, max_depth: int,
         f"dependency chain has at most {max_depth} subtasks; model_hint is optional and one of: "
         + ", ".join(models) + "."
     )
+    if tools:
+        system += ("\n" + TOOLS_LINE + ", ".join(tools) + ". A subtask that must look things "
+                   'up or act gets "tools": [...] naming some of them; others get none.')
     if guidance.strip():
         system += f"\n\nGuidance from the caller:\n{guidance}"
     return [{"role": "system", "content": system}, {"role": "user", "content": task}]
@@ -66,7 +74,26 @@ def repair_messages(first: Sequence[dict[str, str]], faulty: str,
                                         "corrected JSON object only."}]
 
 
-def _item(raw: Any, index: int) -> PlannedSubtask:
+def tool_allowed(selector: str, allowed: Sequence[str]) -> bool:
+    """`server.tool` is allowed by itself or by its server; `server` only by itself."""
+    return selector in allowed or ("." in selector and selector.partition(".")[0] in allowed)
+
+
+def _tools(raw: Any, sid: str, allowed: Sequence[str]) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(t, str) for t in raw):
+        raise PlanInvalid("wrong_shape", f"subtask {sid!r}: tools must be a list of names",
+                          id=sid)
+    for t in raw:
+        if not tool_allowed(t, allowed):
+            raise PlanInvalid("unknown_tool", f"subtask {sid!r} names tool {t!r}, which is not "
+                              f"among the tools offered ({', '.join(allowed) or 'none'})",
+                              id=sid, tool=t)
+    return tuple(dict.fromkeys(raw))
+
+
+def _item(raw: Any, index: int, allowed: Sequence[str] = ()) -> PlannedSubtask:
     if not isinstance(raw, dict):
         raise PlanInvalid("wrong_shape", f"subtasks[{index}] is not an object", index=index)
     sid, desc = raw.get("id"), raw.get("description")
@@ -83,11 +110,12 @@ def _item(raw: Any, index: int) -> PlannedSubtask:
                           id=sid)
     if hint is not None and not isinstance(hint, str):
         hint = None
-    return PlannedSubtask(sid, desc.strip(), tuple(dict.fromkeys(deps)), hint)
+    return PlannedSubtask(sid, desc.strip(), tuple(dict.fromkeys(deps)), hint,
+                          _tools(raw.get("tools"), sid, allowed))
 
 
 def parse_plan(content: str, finish_reason: str, max_subtasks: int,
-               max_depth: int) -> list[PlannedSubtask]:
+               max_depth: int, tools: Sequence[str] = ()) -> list[PlannedSubtask]:
     """The plan in `content`, or PlanInvalid naming exactly what is wrong."""
     if finish_reason == "length":
         raise PlanInvalid("truncated", "the plan was cut off (finish_reason: length)")
@@ -103,7 +131,7 @@ def parse_plan(content: str, finish_reason: str, max_subtasks: int,
     if len(items) > max_subtasks:
         raise PlanInvalid("too_many", f"{len(items)} subtasks; at most {max_subtasks} allowed",
                           count=len(items), limit=max_subtasks)
-    plan = [_item(raw, i) for i, raw in enumerate(items)]
+    plan = [_item(raw, i, tools) for i, raw in enumerate(items)]
     seen: set[str] = set()
     for p in plan:
         if p.id in seen:

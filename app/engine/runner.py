@@ -27,8 +27,10 @@ from app.engine.writer import StateWriter, consume
 from app.gateway.client import GatewayClient
 from app.pricing import PriceTable
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, subtask_transition, swarm_transition
+from app.tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
+ToolRows = tuple[list[Row], list[Row]]  # (tool ledger rows, transcript rows)
 
 
 @dataclass
@@ -43,6 +45,7 @@ class EngineContext:
     inflight: asyncio.Semaphore
     model_slots: dict[str, asyncio.Semaphore]
     daily: SharedCap | None = None
+    tools: ToolRegistry | None = None
 
 
 class Drained(Exception):
@@ -105,25 +108,27 @@ class SwarmRunner:
                 "data": data, "created_at": utcnow()}
 
     def _write(self, subs: Sequence[Subtask], ledger: Sequence[Row], events: Sequence[Row],
-               new: Sequence[Subtask], webhook: Row | None = None) -> asyncio.Future[None]:
+               new: Sequence[Subtask], webhook: Row | None = None, tools: ToolRows | None = None
+               ) -> asyncio.Future[None]:
         s = self.swarm
         s.spent_usd, s.reserved_usd = self.budget.spent, self.budget.reserved
         return self.ctx.writer.submit(SwarmWrite(
             s.id, self.epoch, {c: getattr(s, c) for c in SWARM_STATE_COLUMNS},
             [{"name_": sub.name, **{c: getattr(sub, c) for c in SUBTASK_STATE_COLUMNS}}
              for sub in subs],
-            list(ledger), list(events), [insert_row(n) for n in new], webhook))
+            list(ledger), list(events), [insert_row(n) for n in new], webhook,
+            *(tools or ([], []))))
 
     async def commit(self, subs: Sequence[Subtask] = (), ledger: Sequence[Row] = (),
                      events: Sequence[Row] = (), new: Sequence[Subtask] = (),
-                     webhook: Row | None = None) -> None:
+                     webhook: Row | None = None, tools: ToolRows | None = None) -> None:
         """Write and wait until durable (raises LeaseLost when fenced out)."""
-        await self._write(subs, ledger, events, new, webhook)
+        await self._write(subs, ledger, events, new, webhook, tools)
 
     def commit_soon(self, subs: Sequence[Subtask] = (), ledger: Sequence[Row] = (),
-                    events: Sequence[Row] = ()) -> None:
+                    events: Sequence[Row] = (), tools: ToolRows | None = None) -> None:
         """Queue a write nobody waits for (a later awaited write of this swarm commits after it)."""
-        self._write(subs, ledger, events, ()).add_done_callback(consume)
+        self._write(subs, ledger, events, (), tools=tools).add_done_callback(consume)
 
     def _set_status(self, new: SwarmStatus) -> Row:
         self.swarm.status = swarm_transition(SwarmStatus(self.swarm.status), new)

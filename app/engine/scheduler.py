@@ -23,6 +23,7 @@ from app.engine.runner import EngineContext, SwarmRunner
 from app.engine.wakeup import PgListener
 from app.engine.writer import StateWriter
 from app.gateway.client import GatewayClient
+from app.tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class Engine:
 
     def __init__(self, settings: Settings, sessions: SessionFactory, gateway: GatewayClient,
                  notifier: SwarmNotifier | None = None, owner: str | None = None,
-                 daily: SharedCap | None = None) -> None:
+                 daily: SharedCap | None = None, tools: ToolRegistry | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
         self.owner = owner or process_owner()
@@ -54,7 +55,7 @@ class Engine:
             model_slots={n: asyncio.Semaphore(settings.prices[n].concurrency or 1)
                          for n in settings.prices.names()
                          if settings.prices[n].concurrency},
-            daily=daily,
+            daily=daily, tools=tools,
         )
         self.runners: dict[str, tuple[SwarmRunner, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()

@@ -19,6 +19,7 @@ from app.engine.planner import planner_max_tokens
 from app.errors import RequestInvalid
 from app.schemas import Limits, SwarmCreate
 from app.states import SubtaskKind, SwarmStatus
+from app.tools.registry import ToolRegistry, ToolSelectionError
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,22 @@ def _check_agents(body: SwarmCreate, settings: Settings) -> None:
         raise RequestInvalid(str(exc), code=exc.code, details=details) from exc
 
 
+def _check_tools(body: SwarmCreate, tools: ToolRegistry | None) -> None:
+    """Every tool selector names a configured server that is up (and a tool it lists)."""
+    given = [(f"tools.{j}", sel) for j, sel in enumerate(body.tools or [])]
+    for i, a in enumerate(body.agents or []):
+        given += [(f"agents.{i}.tools.{j}", sel) for j, sel in enumerate(a.tools or [])]
+    for field, selector in given:
+        if tools is None:
+            raise RequestInvalid("no tool servers are configured (SWARM_MCP_CONFIG)",
+                                 code="unknown_tool", details={"field": field, "tool": selector})
+        try:
+            tools.check(selector)
+        except ToolSelectionError as exc:
+            raise RequestInvalid(str(exc), code=exc.code,
+                                 details={"field": field, "tool": selector}) from exc
+
+
 def normalise(body: SwarmCreate, settings: Settings) -> dict[str, Any]:
     """The request with every default resolved: what the swarm will run with."""
     spec = body.model_dump(mode="json")
@@ -83,7 +100,8 @@ def normalise(body: SwarmCreate, settings: Settings) -> dict[str, Any]:
 
 
 def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
-                idempotency_key: str | None = None) -> NewSwarm:
+                idempotency_key: str | None = None, *,
+                tools: ToolRegistry | None = None) -> NewSwarm:
     """Validate what the schema cannot and lay out the swarm's rows (not yet inserted).
 
     With `agents`, they are the workers; without, a planner subtask decomposes the task when
@@ -93,6 +111,7 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
     check_model(settings, spec["synthesis"]["model"], "synthesis.model")
     check_model(settings, spec["orchestrator"]["model"], "orchestrator.model")
     _check_agents(body, settings)
+    _check_tools(body, tools)
     swarm_id = str(uuid.uuid4())
     if body.agents is None:
         subtasks = [new_subtask(
@@ -107,7 +126,7 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
                 system_prompt=a.system_prompt,
                 prompt=a.prompt if a.prompt is not None else body.task,
                 temperature=a.temperature if a.temperature is not None else body.temperature,
-                weight=a.weight)
+                weight=a.weight, tools=list(a.tools or []), max_turns=a.max_turns)
             for i, a in enumerate(body.agents)
         ]
         if body.synthesis.strategy == "synthesize":

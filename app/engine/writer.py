@@ -34,6 +34,11 @@ class StateWriter:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
+    @property
+    def sessions(self) -> SessionFactory:
+        """For the engine's few reads (a transcript after a takeover)."""
+        return self._sessions
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="state-writer")
 

@@ -57,11 +57,12 @@ class ChatRequest:
     """One logical chat completion; idempotency_key is sent unchanged on every retry."""
 
     model: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     max_tokens: int
     temperature: float | None = None
     response_format: dict[str, str] | None = None
     idempotency_key: str | None = None
+    tools: list[dict[str, Any]] | None = None  # OpenAI `tools` (function definitions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,16 @@ class ChatResult:
     usage: Usage
     attempts: tuple[AttemptRecord, ...]
     body: Any = None  # the parsed answer, for callers that forward it unchanged
+    tool_calls: tuple[ToolCallRequest, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRequest:
+    """One function call the model asked for; `arguments` is the model's JSON text, unparsed."""
+
+    id: str
+    name: str
+    arguments: str
 
 
 class GatewayError(Exception):
@@ -116,6 +127,7 @@ class GatewayUnavailable(GatewayError):
         self.deadline_hit = deadline_hit
 
 
+_Choice = tuple[str, str, tuple[ToolCallRequest, ...]]
 BeforeAttempt = Callable[[int], Awaitable[None]]
 AfterAttempt = Callable[[AttemptRecord], Awaitable[None]]
 
@@ -158,7 +170,7 @@ def _usage_of(body: Any) -> Usage:
     )
 
 
-def _any_choice(body: Any) -> tuple[str, str] | None:
+def _any_choice(body: Any) -> _Choice | None:
     """A forwarded answer only needs a non-empty `choices` list (tool calls, several choices
     and null content are the caller's business)."""
     choices = body.get("choices") if isinstance(body, dict) else None
@@ -168,11 +180,11 @@ def _any_choice(body: Any) -> tuple[str, str] | None:
     content = message.get("content") if isinstance(message, dict) else None
     finish = choices[0].get("finish_reason")
     return (content if isinstance(content, str) else "",
-            finish if isinstance(finish, str) else "")
+            finish if isinstance(finish, str) else "", ())
 
 
-def _choice_of(body: Any) -> tuple[str, str] | None:
-    """(content, finish_reason) of the first choice, or None when the body has the wrong shape."""
+def _choice_of(body: Any) -> _Choice | None:
+    """(content, finish_reason, tool calls) of the first choice, or None for a wrong shape."""
     choices = body.get("choices") if isinstance(body, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return None
@@ -182,8 +194,29 @@ def _choice_of(body: Any) -> tuple[str, str] | None:
     content = message["content"]
     if content is not None and not isinstance(content, str):
         return None
+    calls = _tool_calls_of(message.get("tool_calls"))
+    if calls is None:
+        return None
     finish = choices[0].get("finish_reason")
-    return content or "", finish if isinstance(finish, str) else ""
+    return content or "", finish if isinstance(finish, str) else "", calls
+
+
+def _tool_calls_of(raw: Any) -> tuple[ToolCallRequest, ...] | None:
+    """The message's `tool_calls` (absent: none), or None when malformed."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        return None
+    out: list[ToolCallRequest] = []
+    for call in raw:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            return None
+        cid, name, args = call.get("id"), fn.get("name"), fn.get("arguments", "")
+        if not (isinstance(cid, str) and cid and isinstance(name, str) and isinstance(args, str)):
+            return None
+        out.append(ToolCallRequest(cid, name, args))
+    return tuple(out)
 
 
 def _retry_after(headers: httpx.Headers) -> float | None:
@@ -233,7 +266,7 @@ class _Call:
     after: AfterAttempt | None
     attempts: list[AttemptRecord] = field(default_factory=list)
     deadline_hit: bool = False
-    accept: Callable[[Any], tuple[str, str] | None] = _choice_of
+    accept: Callable[[Any], _Choice | None] = _choice_of
     request: ChatRequest | None = None  # what `chat` spans describe (None: a forwarded body)
 
     def retry(self, state: RetryCallState) -> bool:
@@ -259,7 +292,7 @@ class _Call:
         raise GatewayUnavailable(message, tuple(self.attempts), deadline_hit=self.deadline_hit)
 
     async def finish(
-        self, record: AttemptRecord, choice: tuple[str, str] | None = None, body: Any = None
+        self, record: AttemptRecord, choice: _Choice | None = None, body: Any = None
     ) -> ChatResult:
         """Record an attempt, tell the caller, then return the result or raise for tenacity."""
         self.attempts.append(record)
@@ -271,7 +304,8 @@ class _Call:
         if self.after is not None:
             await self.after(record)
         if choice is not None:
-            return ChatResult(choice[0], choice[1], record.usage, tuple(self.attempts), body)
+            return ChatResult(choice[0], choice[1], record.usage, tuple(self.attempts), body,
+                              choice[2])
         if record.outcome == "client_error" and record.status_code != 409:
             raise GatewayRejected(
                 f"gateway rejected the request: {record.error}", tuple(self.attempts)
@@ -366,6 +400,8 @@ class GatewayClient:
             payload["temperature"] = request.temperature
         if request.response_format is not None:
             payload["response_format"] = request.response_format
+        if request.tools:
+            payload["tools"] = request.tools
         body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
         call = self.new_call(body, request.idempotency_key, max_attempts, timeout_s, deadline,
                              before_attempt, after_attempt)

@@ -1,0 +1,46 @@
+"""Routes of SPEC §9: the tools the servers offer, one subtask with its transcript."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter
+
+from app.api.deps import SessionDep, TenantDep, ToolsDep
+from app.api.errors import error_responses
+from app.db import queries
+from app.errors import SwarmNotFound
+from app.schemas import SubtaskDetail, ToolList, ToolRead
+from app.views import subtask_read
+
+router = APIRouter(tags=["tools"])
+
+
+@router.get("/tools", response_model=ToolList, responses=error_responses(401, 422),
+            summary="List the tools of the MCP servers that are up")
+async def list_tools(tools: ToolsDep, _tenant: TenantDep) -> ToolList:
+    """Every tool of every configured server that is up, by server then name."""
+    items = [] if tools is None else tools.catalogue()
+    return ToolList(items=[ToolRead(server=t.server, name=t.name, description=t.description,
+                                    input_schema=t.input_schema) for t in items])
+
+
+@router.get("/swarms/{swarm_id}/subtasks/{name}", response_model=SubtaskDetail,
+            responses=error_responses(401, 404, 422, 503),
+            summary="One subtask with the messages of every turn")
+async def get_subtask(swarm_id: str, name: str, session: SessionDep,
+                      tenant: TenantDep) -> SubtaskDetail:
+    """The subtask as in the swarm, plus its tools and `transcript` (tool-using subtasks)."""
+    try:
+        uuid.UUID(swarm_id)  # ids are UUIDs: anything else is unknown without a query
+    except ValueError:
+        raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id}) from None
+    async with session.begin():
+        swarm = await queries.get_swarm(session, swarm_id, tenant)
+        sub = None if swarm is None else await queries.get_subtask(session, swarm_id, name)
+        if swarm is None or sub is None:
+            raise SwarmNotFound(f"no subtask {name!r} in swarm {swarm_id}",
+                                details={"id": swarm_id, "name": name})
+        messages = await queries.get_transcript(session, swarm_id, name)
+    return SubtaskDetail(**subtask_read(sub, True).model_dump(), tools=list(sub.tools),
+                         max_turns=sub.max_turns, transcript=[m.message for m in messages])

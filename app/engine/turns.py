@@ -1,0 +1,191 @@
+"""The turn loop of a tool-using subtask (SPEC §9).
+
+Each turn is one gateway call (its own slot, reservation sized on the grown conversation,
+retries and ledger rows) carrying the agent's tools as OpenAI functions `<server>__<tool>`.
+The tool calls it asks for run in parallel through the process's ToolRegistry (per-server and
+per-tool slots, critical path first); no gateway slot or reservation is held meanwhile.
+
+Durability: the conversation is appended to `transcript_messages` once, message by message
+(`seq` = position in the conversation): the assistant message with its calls as soon as it
+arrives, each tool result as soon as it is back, and the turn's end is awaited before the next
+turn. A takeover reloads the transcript, runs only the calls of the last turn that have no
+committed result, and goes on from there (a call in flight at a crash may run twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+from app.db.queries import get_transcript
+from app.db.tables import Subtask
+from app.db.types import utcnow
+from app.engine import dag
+from app.engine.budget import BudgetExceeded
+from app.engine.faults import crash_point
+from app.gateway.client import GatewayRejected, GatewayUnavailable, ToolCallRequest
+from app.states import SubtaskStatus, SwarmStatus
+from app.tools.model import ToolInfo, ToolOutcome
+
+if TYPE_CHECKING:
+    from app.engine.execute import SubtaskExecutor
+
+Message = dict[str, Any]
+SEPARATOR = "__"  # <server>__<tool>
+
+
+def function_name(tool: ToolInfo) -> str:
+    return f"{tool.server}{SEPARATOR}{tool.name}"
+
+
+def openai_tools(tools: list[ToolInfo]) -> list[dict[str, Any]]:
+    """The agent's tools in the OpenAI `tools` format, input schema as `parameters`."""
+    return [{"type": "function", "function": {
+        "name": function_name(t), "description": t.description,
+        "parameters": t.input_schema or {"type": "object", "properties": {}}}} for t in tools]
+
+
+def assistant_message(content: str, calls: tuple[ToolCallRequest, ...]) -> Message:
+    if not calls:
+        return {"role": "assistant", "content": content}
+    return {"role": "assistant", "content": content or None, "tool_calls": [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in calls]}
+
+
+def _calls_of(message: Message) -> list[ToolCallRequest]:
+    return [ToolCallRequest(c["id"], c["function"]["name"], c["function"]["arguments"])
+            for c in message.get("tool_calls") or []]
+
+
+def _error(code: str, message: str, **details: Any) -> dict[str, Any]:
+    return {"code": code, "message": message, "details": details or None}
+
+
+class TurnLoop:
+    """Runs the tool-using subtasks of one swarm; counts the swarm's tool calls."""
+
+    def __init__(self, executor: SubtaskExecutor) -> None:
+        self.ex = executor
+        self.r = executor.r
+        self.used = sum(s.tool_calls for s in self.r.subs.values())
+
+    async def run(self, sub: Subtask, first: list[Message]) -> SubtaskStatus:
+        """Never raises but for cancellation and a lost lease."""
+        ex, r = self.ex, self.r
+        registry = r.ctx.tools
+        tools = registry.expand(sub.tools) if registry is not None else []
+        offered = {function_name(t): t for t in tools}
+        spec = openai_tools(tools)
+        priority = dag.chain_below(r.deps).get(sub.name, 1)
+        t0 = ex._begin(sub)
+        convo = await self._history(sub, first)
+        asked = max((k for k, m in convo.items() if m["role"] == "assistant"), default=None)
+        if sub.turns and asked is not None:  # taken over after turn `sub.turns` began
+            last = convo[asked]
+            if not last.get("tool_calls"):  # the answer was committed, the success was not
+                return await ex._succeed(sub, t0, last.get("content") or "", [])
+            # only the calls without a committed result run again
+            answered = {m.get("tool_call_id") for m in convo.values() if m["role"] == "tool"}
+            pending = [(asked + 1 + i, c) for i, c in enumerate(_calls_of(last))
+                       if c.id not in answered]
+            await self._end_turn(sub, convo, await self._run_calls(
+                sub, sub.turns, pending, offered, priority), sub.turns)
+        while True:
+            turn = sub.turns + 1
+            messages = [convo[k] for k in sorted(convo)]
+            try:
+                async with ex._slots(sub):
+                    result, rows = await ex._gateway(sub, messages, turn, tools=spec or None)
+            except (BudgetExceeded, GatewayRejected, GatewayUnavailable) as exc:
+                return await ex._failed_call(sub, t0, exc)
+            sub.turns = turn
+            seq = max(convo) + 1
+            reply = assistant_message(result.content, result.tool_calls)
+            # new transcript rows: the opening messages go with the first turn's answer
+            rows_t = [self._row(sub, k, 0, convo[k]) for k in sorted(convo)] if turn == 1 else []
+            rows_t.append(self._row(sub, seq, turn, reply))
+            convo[seq] = reply
+            if not result.tool_calls:
+                sub.truncated = result.finish_reason == "length"
+                r.commit_soon([sub], ledger=rows, tools=([], rows_t),
+                              events=[self._event(sub, turn, [])])
+                return await ex._succeed(sub, t0, result.content, [])
+            if turn >= sub.max_turns:
+                r.commit_soon([sub], ledger=rows, tools=([], rows_t))
+                return await ex._fail(sub, t0, _error(
+                    "max_turns_exceeded", f"still calling tools after {turn} turns "
+                    f"(max_turns {sub.max_turns})", max_turns=sub.max_turns))
+            limit = int(r.limits.get("max_tool_calls", 1000))
+            if self.used + len(result.tool_calls) > limit:
+                r.commit_soon([sub], ledger=rows, tools=([], rows_t))
+                err = _error("tool_budget_exceeded", f"the swarm reached max_tool_calls "
+                             f"({limit})", max_tool_calls=limit)
+                sub.error = err
+                r.stop_with(SwarmStatus.failed, err)
+                return SubtaskStatus.running  # the swarm stops; finishing cancels this subtask
+            self.used += len(result.tool_calls)
+            r.commit_soon([sub], ledger=rows, tools=([], rows_t))
+            pending = [(seq + 1 + i, c) for i, c in enumerate(result.tool_calls)]
+            await self._end_turn(sub, convo, await self._run_calls(
+                sub, turn, pending, offered, priority), turn)
+            crash_point("between_turns", sub.name)
+
+    async def _history(self, sub: Subtask, first: list[Message]) -> dict[int, Message]:
+        """seq -> message: the committed transcript after a takeover, else the opening."""
+        if sub.turns:
+            async with self.r.ctx.writer.sessions() as session, session.begin():
+                rows = await get_transcript(session, sub.swarm_id, sub.name)
+            if rows:
+                return {m.seq: m.message for m in rows}
+            sub.turns = 0  # counted but nothing durable: start over
+        return dict(enumerate(first))
+
+    async def _end_turn(self, sub: Subtask, convo: dict[int, Message],
+                        done: list[tuple[int, Message, dict[str, str]]], turn: int) -> None:
+        for seq, message, _ in done:
+            convo[seq] = message
+        await self.r.commit([sub], events=[self._event(sub, turn, [d for *_, d in done])])
+
+    async def _run_calls(self, sub: Subtask, turn: int, pending: list[tuple[int, ToolCallRequest]],
+                         offered: dict[str, ToolInfo], priority: int,
+                         ) -> list[tuple[int, Message, dict[str, str]]]:
+        """Every call in parallel; each result committed (soon) as it comes back."""
+
+        async def one(seq: int, call: ToolCallRequest) -> tuple[int, Message, dict[str, str]]:
+            tool = offered.get(call.name)
+            server, _, name = call.name.partition(SEPARATOR)
+            if tool is None:
+                outcome = ToolOutcome("error", f"error: unknown tool {call.name!r}", 0.0, 0)
+            else:
+                server, name = tool.server, tool.name
+                outcome = await self._call(tool, call.arguments, priority)
+            message = {"role": "tool", "tool_call_id": call.id, "content": outcome.text}
+            sub.tool_calls += 1
+            ledger = {"swarm_id": sub.swarm_id, "subtask_name": sub.name, "turn": turn,
+                      "call_id": call.id[:128], "server": server[:64], "tool": name[:128],
+                      "status": outcome.status, "latency_ms": round(outcome.latency_s * 1000, 3),
+                      "result_bytes": outcome.result_bytes, "created_at": utcnow()}
+            self.r.commit_soon([sub], tools=([ledger], [self._row(sub, seq, turn, message)]))
+            return seq, message, {"name": call.name, "status": outcome.status}
+
+        return list(await asyncio.gather(*(one(seq, c) for seq, c in pending)))
+
+    async def _call(self, tool: ToolInfo, arguments: str, priority: int) -> ToolOutcome:
+        try:
+            args = json.loads(arguments or "{}")
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            return ToolOutcome("error", "error: the arguments are not a JSON object", 0.0, 0)
+        registry = self.r.ctx.tools
+        assert registry is not None  # offered tools come from it
+        return await registry.call(tool.server, tool.name, args, priority)
+
+    def _row(self, sub: Subtask, seq: int, turn: int, message: Message) -> dict[str, Any]:
+        return {"swarm_id": sub.swarm_id, "subtask_name": sub.name, "seq": seq, "turn": turn,
+                "message": message, "created_at": utcnow()}
+
+    def _event(self, sub: Subtask, turn: int, calls: list[dict[str, str]]) -> dict[str, Any]:
+        return self.r.event("subtask.turn", {"name": sub.name, "turn": turn, "tools": calls})

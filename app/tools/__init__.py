@@ -1,0 +1,1 @@
+"""Tools for sub-agents over MCP (SPEC §9): servers, sessions, limits and the call."""

@@ -1,0 +1,169 @@
+"""One MCP server per process: connect (stdio or streamable HTTP), list its tools, keep it up.
+
+Each `ServerConnection` owns a supervisor task that enters the SDK's transport and
+`ClientSession` context managers (anyio wants them entered and left in one task), pings the
+server, re-lists its tools when it says they changed, and reconnects with backoff when it dies
+(a stdio server is started again). A server that cannot start is logged and `down`; nothing
+else fails with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import AsyncExitStack, suppress
+
+import mcp_types as types
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.session import IncomingMessage
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from app.tools.config import ServerConfig
+from app.tools.model import ServerUnavailable, ToolInfo
+
+log = logging.getLogger(__name__)
+
+PING_INTERVAL_S = 1.0
+PING_TIMEOUT_S = 10.0  # a dead process fails at once; this bounds a hung one
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MAX_S = 5.0
+
+
+class ServerConnection:
+    """The session with one server, restarted whenever it dies; `state` is starting|up|down."""
+
+    def __init__(self, name: str, config: ServerConfig) -> None:
+        self.name = name
+        self.config = config
+        self.state = "starting"
+        self.error: str | None = None
+        self.restarts = 0
+        self.tools: dict[str, ToolInfo] = {}  # the last listing, kept while down
+        self._session: ClientSession | None = None
+        self._up = asyncio.Event()
+        self._tried = asyncio.Event()  # the first connection attempt ended (either way)
+        self._poke = asyncio.Event()  # re-list tools or check the connection now
+        self._relist = False
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._supervise(), name=f"mcp-{self.name}")
+
+    async def first_attempt(self, timeout_s: float) -> None:
+        with suppress(TimeoutError):
+            await asyncio.wait_for(self._tried.wait(), timeout_s)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        self._poke.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, 10)
+            except (TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+
+    async def session(self, wait_s: float) -> ClientSession:
+        """The live session, waiting up to `wait_s` for a (re)start."""
+        if self._session is None:
+            try:
+                await asyncio.wait_for(self._up.wait(), wait_s)
+            except TimeoutError:
+                raise ServerUnavailable(f"server {self.name} is {self.state}"
+                                        + (f": {self.error}" if self.error else "")) from None
+        if self._session is None:  # woke for a session that died at once
+            raise ServerUnavailable(f"server {self.name} is {self.state}")
+        return self._session
+
+    def suspect(self) -> None:
+        """A call failed below the protocol: check the connection now, not at the next ping."""
+        self._poke.set()
+
+    # ---- the supervisor ------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        delay = BACKOFF_FIRST_S
+        while not self._stop.is_set():
+            try:
+                await self._serve()
+                delay = BACKOFF_FIRST_S
+            except Exception as exc:  # any failure of the server: logged, retried
+                self.error = _describe(exc)
+                log.warning("MCP server %s is down: %s", self.name, self.error)
+            finally:
+                self._session = None
+                self._up.clear()
+                self.state = "down"
+                self._tried.set()
+            if self._stop.is_set():
+                break
+            self.restarts += 1
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+    async def _serve(self) -> None:
+        cfg = self.config
+        async with AsyncExitStack() as stack:
+            if cfg.command is not None:
+                params = StdioServerParameters(command=cfg.command, args=cfg.args,
+                                               env=cfg.env or None, cwd=cfg.cwd)
+                read, write = await stack.enter_async_context(stdio_client(params))
+            else:
+                assert cfg.url is not None
+                http = await stack.enter_async_context(
+                    create_mcp_http_client(headers=cfg.headers or None))
+                read, write = await stack.enter_async_context(
+                    streamable_http_client(cfg.url, http_client=http))
+            session = await stack.enter_async_context(
+                ClientSession(read, write, message_handler=self._on_message))
+            await asyncio.wait_for(session.initialize(), cfg.timeout_s)
+            await self._list_tools(session)
+            self._session, self.state, self.error = session, "up", None
+            self._up.set()
+            self._tried.set()
+            log.info("MCP server %s is up with %d tools", self.name, len(self.tools))
+            await self._watch(session)
+
+    async def _watch(self, session: ClientSession) -> None:
+        """Until stopped: ping (a dead server raises here) and re-list tools on change."""
+        while not self._stop.is_set():
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), PING_INTERVAL_S)
+            self._poke.clear()
+            if self._stop.is_set():
+                return
+            await asyncio.wait_for(session.send_ping(), PING_TIMEOUT_S)
+            if self._relist:
+                self._relist = False
+                await self._list_tools(session)
+
+    async def _list_tools(self, session: ClientSession) -> None:
+        tools: dict[str, ToolInfo] = {}
+        cursor: str | None = None
+        while True:
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await asyncio.wait_for(session.list_tools(params=params),
+                                          self.config.timeout_s)
+            for t in page.tools:
+                tools[t.name] = ToolInfo(self.name, t.name, t.description or "",
+                                         dict(t.input_schema))
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        self.tools = tools
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self._relist = True
+        self._poke.set()  # a transport exception too: ping now
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for a failure, unwrapping the exception groups of anyio task groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:300]

@@ -1,0 +1,81 @@
+"""The example MCP server (examples/mcp/server.py) as real processes for the tool tests, and
+readers of its call log (the server's own view: calls in flight, calls per argument)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER = ROOT / "examples" / "mcp" / "server.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class HttpServer:
+    """`server.py --http PORT` as a subprocess, logging its calls to `log`."""
+
+    def __init__(self, log: Path, delay_ms: float = 0) -> None:
+        self.log = log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        env = {**os.environ, "EXAMPLE_MCP_LOG": str(log), "EXAMPLE_MCP_DELAY_MS": str(delay_ms)}
+        self._out = (log.parent / "http-server.out").open("wb")
+        self.popen = subprocess.Popen([sys.executable, str(SERVER), "--http", str(self.port)],
+                                      env=env, stdout=self._out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60  # importing the SDK is slow on a loaded machine
+        while time.monotonic() < deadline:
+            assert self.popen.poll() is None, "the MCP HTTP server exited"
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(self.url, timeout=0.5)  # any answer means it listens
+                return
+            time.sleep(0.1)
+        raise AssertionError("the MCP HTTP server did not start")
+
+    def close(self) -> None:
+        self.popen.kill()
+        self.popen.wait()
+        self._out.close()
+
+
+def stdio_server(log: Path, delay_ms: float = 0, **limits: Any) -> dict[str, Any]:
+    return {"command": sys.executable, "args": [str(SERVER)],
+            "env": {"EXAMPLE_MCP_LOG": str(log), "EXAMPLE_MCP_DELAY_MS": str(delay_ms)},
+            **limits}
+
+
+def write_config(path: Path, servers: dict[str, dict[str, Any]]) -> str:
+    path.write_text(json.dumps({"mcpServers": servers}))
+    return str(path)
+
+
+def calls(log: Path, event: str = "start") -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    lines = log.read_text(encoding="utf-8").splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == event]
+
+
+def max_in_flight(log: Path, tool: str | None = None) -> int:
+    """The most calls the server saw at once (of one tool, or of all)."""
+    key = "in_flight" if tool is None else "tool_in_flight"
+    return max((e[key] for e in calls(log) if tool is None or e["tool"] == tool), default=0)
+
+
+def counts(log: Path) -> Counter[str]:
+    """How often each (tool, arguments) was started."""
+    return Counter(f"{e['tool']}:{json.dumps(e['args'], sort_keys=True)}" for e in calls(log))
