@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return client_cli.run(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per gateway call is noise
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # the MCP SDK's client: the same
 
     if args.command == "simulator":
         from app.simulator import run_simulator

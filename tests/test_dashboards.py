@@ -27,7 +27,9 @@ BIN = Path(sys.executable).parent
 VARIABLES = {"$__rate_interval": "1m", "${__rate_interval}": "1m", "$__interval": "15s",
              "${__interval}": "15s", "$__range": "5m", "${__range}": "5m"}
 MAIN_PANELS = ("Swarms per second by status", "Swarm duration p50 / p95 / p99",
-               "Tokens per hour by model", "USD per hour by model")
+               "Tokens per hour by model", "USD per hour by model", "Tool calls by outcome",
+               "Tool call p95 by tool")
+MCP_SERVER = ROOT / "examples" / "mcp" / "server.py"
 
 
 def dashboard() -> dict[str, Any]:
@@ -87,7 +89,8 @@ def test_dashboard_covers_the_issue_and_uses_only_spec_metrics() -> None:
                    "Gateway calls in flight", "Budget denials"):
         assert wanted in titles, wanted
     spec = (ROOT.parent / "shared" / "SPEC.md")  # beside the clone in CI and here
-    names = set(re.findall(r"`(swarm_[a-z_]+)`", spec.read_text())) if spec.exists() else set()
+    # SPEC §5 names metrics alone (`name`), §9 with their labels (`name{labels}`)
+    names = set(re.findall(r"`(swarm_[a-z_]+)[`{]", spec.read_text())) if spec.exists() else set()
     if names:
         names.add("swarm_price_table_info")  # the issue's addition to SPEC §5
         names.add("swarm_subtasks_reused_total")  # issue 13 (retry), beside SPEC §11
@@ -129,13 +132,16 @@ def api_server(tmp_path: Path) -> Iterator[str]:
     port = _free_port()
     env = {**os.environ, "SWARM_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/api.db",
            "SWARM_SIMULATOR_LATENCY_MS": "5", "SWARM_SIMULATOR_LATENCY_JITTER_MS": "0",
-           "SWARM_POLL_INTERVAL_S": "0.2", "SWARM_SHUTDOWN_GRACE_S": "0"}
+           "SWARM_POLL_INTERVAL_S": "0.2", "SWARM_SHUTDOWN_GRACE_S": "0",
+           "SWARM_MCP_CONFIG": str(tmp_path / "mcp.json")}
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": {"files": {
+        "command": sys.executable, "args": [str(MCP_SERVER)]}}}))
     for key in ("SWARM_GATEWAY_URL", "SWARM_API_KEYS", "PROMETHEUS_MULTIPROC_DIR"):
         env.pop(key, None)
     log = tmp_path / "api.log"
     proc = _spawn([str(BIN / "swarm-api"), "serve", "--port", str(port)], env, log, tmp_path)
     try:
-        _wait_http(f"http://127.0.0.1:{port}/readyz", proc, log)
+        _wait_http(f"http://127.0.0.1:{port}/readyz", proc, log, timeout=90)  # + an MCP server
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
@@ -149,6 +155,8 @@ def run_swarms(base: str, n: int) -> None:
          else "You are a."}, {"name": "b", "model": "deepseek-v3.2"}]}
         for i, m in enumerate(("kimi-k2.5", "gpt-4.1", "gemini-2.5-flash")[:n])]
     bodies.append({"task": "over budget", "limits": {"budget_usd": "0.000001"}})
+    bodies.append({"task": "tools", "agents": [{"name": "t", "tools": ["files.lookup"],
+                                                "prompt": "moon"}]})
     with httpx.Client(base_url=base, timeout=30) as c:
         ids = [c.post("/swarms", json=b).json()["id"] for b in bodies]
         for i in ids:
