@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 PING_INTERVAL_S = 1.0
 PING_TIMEOUT_S = 10.0  # a dead process fails at once; this bounds a hung one
+# a stdio server may spend many seconds importing before it answers (the Python SDK alone
+# takes seconds of CPU): starting is not bounded by the tool-call timeout
+START_TIMEOUT_S = 120.0
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 5.0
 
@@ -119,7 +122,7 @@ class ServerConnection:
                     streamable_http_client(cfg.url, http_client=http))
             session = await stack.enter_async_context(
                 ClientSession(read, write, message_handler=self._on_message))
-            await asyncio.wait_for(session.initialize(), cfg.timeout_s)
+            await asyncio.wait_for(session.initialize(), max(cfg.timeout_s, START_TIMEOUT_S))
             await self._list_tools(session)
             self._session, self.state, self.error = session, "up", None
             self._up.set()
