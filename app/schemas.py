@@ -322,7 +322,8 @@ class SwarmEvent(BaseModel):
 
     id: int = Field(description="the per-swarm sequence number (consecutive from 1)")
     event: str = Field(description="swarm.status, subtask.started, subtask.succeeded, "
-                       "subtask.failed, subtask.skipped or swarm.completed (the last one)")
+                       "subtask.failed, subtask.skipped, subtask.turn (a tool-using subtask's "
+                       "turn: its tools and their statuses) or swarm.completed (the last one)")
     data: dict[str, Any] = Field(description="the event's JSON body: seq, swarm_id and fields")
 
 
