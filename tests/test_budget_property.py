@@ -89,7 +89,8 @@ async def test_spend_never_exceeds_budget_and_matches_ledger(api: Harness,
 async def custom_prices(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
     path = tmp_path / "models.toml"
     path.write_text(MODELS_TOML)
-    h, close = await start_harness(make_settings(sqlite_url, models_file=str(path)))
+    h, close = await start_harness(make_settings(sqlite_url, models_file=str(path),
+                                                 default_model="m-cheap"))
     yield h
     await close()
 
