@@ -17,6 +17,7 @@ from sqlalchemy import text
 from app.runtime import Runtime
 from tests.conftest import BACKENDS, make_settings
 from tests.facade.conftest import KEY, Facade, start_facade
+from tests.mcp_servers import HttpServer, calls, write_config
 
 SEED = Path(__file__).parent / "seed_001"
 
@@ -190,3 +191,25 @@ async def test_stream_from_a_replica_while_another_process_runs_the_swarm(
         workers = {s["name"]: s["output"].strip() for s in swarm["subtasks"]
                    if s["kind"] == "worker"}
         assert {r["agent"]: r["result"] for r in sub_results} == workers
+
+
+async def test_agent_swarm_tools_reach_the_planned_sub_agents(sqlite_url: str,
+                                                             tmp_path: Path) -> None:
+    """`agent_swarm.tools` is the swarm's `tools` (SPEC §9): the planner hands them to its
+    sub-agents, which call them over MCP."""
+    server = HttpServer(tmp_path / "mcp.log")
+    try:
+        config = write_config(tmp_path / "mcp.json", {"docs": {"url": server.url}})
+        async with start_facade(sqlite_url, mcp_config=config) as facade:
+            completion = await facade.sdk().chat.completions.create(
+                model="kimi-k2.5", messages=[{"role": "user", "content": "Look it up"}],
+                extra_body={"agent_swarm": {"enabled": True, "tools": ["docs.lookup"],
+                                            "fan_in_strategy": "concatenate"}})
+            swarm = await facade.swarm(completion.model_extra["swarm_id"])  # type: ignore[index]
+    finally:
+        server.close()
+    assert swarm["status"] == "succeeded", swarm["error"]
+    assert swarm["spec"]["tools"] == ["docs.lookup"]
+    workers = [s for s in swarm["subtasks"] if s["kind"] == "worker"]
+    assert workers and all(s["tool_calls"] == 1 for s in workers)
+    assert len(calls(tmp_path / "mcp.log")) == len(workers)
