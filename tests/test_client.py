@@ -35,6 +35,7 @@ from swarm_api_client import (
     WaitTimeout,
 )
 from tests.client_support import API_KEY, SERVICE_ENV, CuttingProxy, five_agents
+from tests.mcp_servers import HttpServer, write_config
 from tests.procs import live_service
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -43,8 +44,14 @@ FAST = RetryPolicy(max_retries=3, backoff_s=0.05, max_backoff_s=0.2)
 
 @pytest.fixture(scope="module")
 def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with live_service(tmp_path_factory.mktemp("client"), **SERVICE_ENV) as url:
-        yield url
+    workdir = tmp_path_factory.mktemp("client")
+    mcp = HttpServer(workdir / "mcp.log")  # one real MCP server (streamable HTTP) for GET /tools
+    try:
+        config = write_config(workdir / "mcp.json", {"docs": {"url": mcp.url}})
+        with live_service(workdir, SWARM_MCP_CONFIG=config, **SERVICE_ENV) as url:
+            yield url
+    finally:
+        mcp.close()
 
 
 @pytest.fixture
@@ -328,34 +335,16 @@ def test_retry_reuses_what_succeeded(client: SwarmClient) -> None:
     assert (succeeded.value.code, succeeded.value.status_code) == ("not_retryable", 409)
 
 
-def test_retry_and_tools_speak_the_spec() -> None:
-    """Against a MockTransport: the request each sends, the answer each parses."""
-    original = str(uuid.uuid4())
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        if request.url.path == "/tools":
-            return httpx.Response(200, json={"items": [
-                {"server": "search", "name": "web_search", "description": "Search the web",
-                 "input_schema": {"type": "object"}}]})
-        if json.loads(request.content) == {}:
-            return httpx.Response(409, json={"error": {
-                "code": "not_retryable", "message": "swarm succeeded", "details": None}})
-        return httpx.Response(202, json=_swarm_json(original))
-
-    with _mock_client(handler) as c:
-        tools = c.tools()
-        assert isinstance(tools, ToolList) and tools.items[0].name == "web_search"
-        new = c.retry(original, limits={"budget_usd": "2"}, idempotency_key="again")
-        assert new.id != original
-        with pytest.raises(Conflict) as info:
-            c.retry(original)
-    assert info.value.code == "not_retryable"
-    post = seen[1]
-    assert (post.method, post.url.path) == ("POST", f"/swarms/{original}/retry")
-    assert json.loads(post.content) == {"limits": {"budget_usd": "2"}}
-    assert post.headers["Idempotency-Key"] == "again" and seen[2].headers["Idempotency-Key"]
+async def test_tools_lists_what_the_mcp_servers_offer(api_url: str) -> None:
+    with SwarmClient(api_url, api_key=API_KEY, retry=FAST) as client:
+        tools = client.tools()
+    assert isinstance(tools, ToolList)
+    assert [(t.server, t.name) for t in tools.items] == [
+        ("docs", "fail"), ("docs", "lookup"), ("docs", "read_file"), ("docs", "sleep")]
+    lookup = next(t for t in tools.items if t.name == "lookup")
+    assert lookup.input_schema["required"] == ["query"] and lookup.description
+    async with AsyncSwarmClient(api_url, api_key=API_KEY, retry=FAST) as aclient:
+        assert await aclient.tools() == tools
 
 
 def _swarm_json(retry_of: str) -> dict[str, Any]:
