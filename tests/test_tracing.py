@@ -24,7 +24,8 @@ from app import tracing
 from app.gateway.client import GatewayClient
 from app.main import create_app
 from app.simulator import SimulatorConfig, create_simulator
-from tests.conftest import make_settings
+from tests.conftest import make_settings, start_harness
+from tests.mcp_servers import stdio_server, write_config
 from tests.procs import agent, cluster, until, wait_terminal
 from tests.support import free_port
 
@@ -187,6 +188,30 @@ async def test_message_content_only_with_the_capture_switch(sqlite_url: str) -> 
     assert chat.attributes is not None
     assert "capture this task" in str(chat.attributes["gen_ai.input.messages"])
     assert json.loads(str(chat.attributes["gen_ai.output.messages"]))[0]["role"] == "assistant"
+
+
+async def test_tool_calls_are_execute_tool_spans_under_their_agent(
+        sqlite_url: str, tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    config = write_config(tmp_path / "mcp.json",
+                          {"docs": stdio_server(tmp_path / "docs.log")})
+    h, close = await start_harness(make_settings(sqlite_url, mcp_config=config))
+    try:
+        done = await h.run({"task": "look it up", "synthesis": {"strategy": "none"},
+                            "agents": [{"name": "reader", "tools": ["docs.lookup"],
+                                        "prompt": "swarm [[sim latency_ms=0]]"}]}, timeout=60)
+    finally:
+        await close()
+    assert done["status"] == "succeeded", done["error"]
+    got = spans.get_finished_spans()
+    [reader] = by_name(got, "invoke_agent reader")
+    [tool] = by_name(got, "execute_tool lookup")
+    assert parent_of(tool) == span_id(reader)
+    assert tool.attributes is not None
+    assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
+    assert tool.attributes["gen_ai.tool.name"] == "lookup"
+    assert tool.attributes["mcp.server.name"] == "docs"
+    # two turns: the call that asked for the tool and the one that answered with its result
+    assert len([c for c in by_name(got, "chat kimi-k2.5") if parent_of(c) == span_id(reader)]) == 2
 
 
 def test_nothing_is_configured_without_the_variables() -> None:

@@ -18,6 +18,7 @@ import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
+from app import tracing
 from app.db.queries import get_transcript
 from app.db.tables import Subtask
 from app.db.types import utcnow
@@ -156,11 +157,15 @@ class TurnLoop:
         async def one(seq: int, call: ToolCallRequest) -> tuple[int, Message, dict[str, str]]:
             tool = offered.get(call.name)
             server, _, name = call.name.partition(SEPARATOR)
-            if tool is None:
-                outcome = ToolOutcome("error", f"error: unknown tool {call.name!r}", 0.0, 0)
-            else:
-                server, name = tool.server, tool.name
-                outcome = await self._call(tool, call.arguments, priority)
+            # the MCP SDK sends this span's traceparent in the request's _meta (SEP-414)
+            with tracing.tool_span(server[:64], name[:128], call.id[:128]):
+                if tool is None:
+                    outcome = ToolOutcome("error", f"error: unknown tool {call.name!r}", 0.0, 0)
+                else:
+                    server, name = tool.server, tool.name
+                    outcome = await self._call(tool, call.arguments, priority)
+                if outcome.status != "ok":
+                    tracing.record_error(outcome.status)
             message = {"role": "tool", "tool_call_id": call.id, "content": outcome.text}
             sub.tool_calls += 1
             ledger = {"swarm_id": sub.swarm_id, "subtask_name": sub.name, "turn": turn,
@@ -175,7 +180,7 @@ class TurnLoop:
     async def _call(self, tool: ToolInfo, arguments: str, priority: int) -> ToolOutcome:
         try:
             args = json.loads(arguments or "{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # the model's arguments are outside bytes too
             args = None
         if not isinstance(args, dict):
             return ToolOutcome("error", "error: the arguments are not a JSON object", 0.0, 0)
