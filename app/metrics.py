@@ -43,7 +43,7 @@ SWARM_TERMINAL = ("succeeded", "failed", "cancelled")
 SUBTASK_KINDS = ("planner", "worker", "compressor", "synthesizer")
 SUBTASK_TERMINAL = ("succeeded", "failed", "skipped", "cancelled")
 OUTCOMES = ("ok", "rate_limited", "server_error", "timeout", "invalid_response", "client_error",
-            "connection_error")
+            "connection_error", "unknown")  # unknown: the answer was lost (a crash, a cancel)
 RETRY_REASONS = ("rate_limited", "server_error", "timeout", "invalid_response", "client_error",
                  "connection_error")
 FINISH_REASONS = ("stop", "length", "content_filter", "other")
@@ -60,6 +60,9 @@ gateway_requests = Counter("swarm_gateway_requests_total", "Gateway attempts",
                            ["model", "outcome"])
 tokens_total = Counter("swarm_tokens_total", "Tokens reported by the gateway", ["model", "type"])
 spend_total = Counter("swarm_spend_usd_total", "USD recorded in the ledger", ["model"])
+spend_unresolved = Counter("swarm_spend_unresolved_usd_total",
+                           "USD recorded at reservations: attempts whose answer was lost",
+                           ["model"])
 runs_in_progress = Gauge("swarm_runs_in_progress", "Swarms being driven by this process",
                          multiprocess_mode="livesum")
 subtasks_in_flight = Gauge("swarm_subtasks_in_flight", "Gateway calls in flight", ["model"],
@@ -99,6 +102,7 @@ def _init_models(models: tuple[str, ...] | list[str]) -> None:
     for m in models:
         subtasks_in_flight.labels(m)
         spend_total.labels(m)
+        spend_unresolved.labels(m)
         for t in ("prompt", "completion"):
             tokens_total.labels(m, t)
         for o in OUTCOMES:

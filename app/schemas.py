@@ -203,6 +203,9 @@ class SubtaskUsage(BaseModel):
 
 class SwarmUsage(SubtaskUsage):
     gateway_calls: int
+    unresolved_usd: str = Field(
+        default="0", description="the part of cost_usd recorded at reservations: attempts "
+        "whose answer a crash lost (what the gateway billed for them is at most this)")
 
 
 class SubtaskRead(BaseModel):
@@ -216,6 +219,8 @@ class SubtaskRead(BaseModel):
     truncated: bool = False
     reused: bool = Field(default=False, description="succeeded in the swarm this one retries: "
                          "its output was copied, no gateway call was made")
+    sanitized: bool = Field(default=False, description="the gateway's answer held characters "
+                            "no database stores (NUL, lone surrogates): replaced by U+FFFD")
     error: dict[str, Any] | None
     usage: SubtaskUsage
     latency_ms: float | None
@@ -299,7 +304,13 @@ class UsageFigures(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = Field(description="part of prompt_tokens, billed at the cached price")
-    cost_usd: str = Field(description="exact decimal USD", examples=["0.0020872"])
+    cost_usd: str = Field(description="exact decimal USD: settled + unresolved",
+                          examples=["0.0020872"])
+    settled_usd: str = Field(description="the part of cost_usd the gateway's answers reported",
+                             examples=["0.0020872"])
+    unresolved_usd: str = Field(description="the part of cost_usd recorded at reservations: "
+                                "attempts whose answer a crash lost (an upper bound)",
+                                examples=["0"])
     gateway_calls: int = Field(description="ledger rows: every attempt, retries included")
 
 

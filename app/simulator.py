@@ -123,13 +123,25 @@ class SimulatorStats:
     by_model: dict[str, int] = field(default_factory=dict)
     swarm_in_flight: dict[str, int] = field(default_factory=dict)
     plan_calls: dict[str, int] = field(default_factory=dict)
+    # what a real gateway would bill: swarm -> model -> [prompt, completion, cached tokens,
+    # answers] over every complete 200 answer sent (whether or not its client was still there)
+    answered: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
     def reset(self) -> None:
         """Forget everything except the requests still in flight."""
         self.calls = self.ok = 0
         self.max_in_flight = self.in_flight
-        for table in (self.by_key, self.max_in_flight_by_swarm, self.by_model, self.plan_calls):
+        for table in (self.by_key, self.max_in_flight_by_swarm, self.by_model, self.plan_calls,
+                      self.answered):
             table.clear()
+
+    def bill(self, swarm: str | None, model: str, usage: tuple[int, int, int]) -> None:
+        per_model = self.answered.get(swarm or "")
+        if per_model is None:
+            per_model = _bounded_put(self.answered, swarm or "", {})
+        tally = per_model.setdefault(model, [0, 0, 0, 0])
+        for i, n in enumerate((*usage, 1)):
+            tally[i] += n
 
     def record(self, key: str, model: str, messages: list[Any]) -> int:
         """Count one attempt of a logical call and return its attempt number (1-based)."""
@@ -145,7 +157,8 @@ class SimulatorStats:
         """The public counters (without the internal bookkeeping tables)."""
         return {"calls": self.calls, "ok": self.ok, "in_flight": self.in_flight,
                 "max_in_flight": self.max_in_flight, "by_key": self.by_key,
-                "max_in_flight_by_swarm": self.max_in_flight_by_swarm, "by_model": self.by_model}
+                "max_in_flight_by_swarm": self.max_in_flight_by_swarm, "by_model": self.by_model,
+                "answered": self.answered}
 
 
 def _bounded_put(table: dict[str, Any], key: str, value: Any) -> Any:
@@ -174,6 +187,7 @@ class _Directives:
     plan_times: int | None = None
     turns: int | None = None  # tool-calling turns before the final answer (default 1)
     extra_tool: str | None = None  # also call this (unoffered) tool on the first turn
+    poison: int = 0  # 1: answers and error bodies carry a NUL and a lone surrogate
 
 
 # name -> converter, read from the annotations above ("int | None" -> int)
@@ -265,12 +279,21 @@ def _unit(*parts: object) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+_POISON = "\x00 nul \udfff lone surrogate"  # what no database column can store
+
+
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    # ASCII escapes only when needed: a lone surrogate has no UTF-8 form, its escape does
+    try:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+def _error(status: int, message: str, headers: dict[str, str] | None = None,
+           poison: bool = False) -> Response:
     err_type = _ERROR_TYPES.get(status, "server_error")
+    message = f"{message} {_POISON}" if poison else message
     body = _dumps({"error": {"message": message, "type": err_type, "code": status}})
     return Response(body, status_code=status, headers=headers, media_type=_JSON)
 
@@ -298,6 +321,20 @@ def _plan(task: str, kind: str | None, size: int | None, tools: list[str] | None
                  **({"tools": tools} if tools else {})}
                 for i, (sid, dep) in enumerate(zip(ids, deps, strict=True))]
     return json.dumps({"subtasks": [] if kind == "empty" else subtasks})
+
+
+def _poisoned(content: str, json_mode: bool) -> str:
+    """The content with a NUL and a lone surrogate; in a plan, inside every description (as
+    JSON escapes, so that the plan still parses)."""
+    if json_mode:
+        try:
+            doc = json.loads(content)
+            for item in doc["subtasks"]:
+                item["description"] += " " + _POISON
+            return json.dumps(doc)
+        except (ValueError, KeyError, TypeError):
+            pass
+    return f"{content} {_POISON}"
 
 
 def _task_of(req: _ChatRequest) -> str:
@@ -391,23 +428,28 @@ class _Simulator:
             headers = self._retry_headers("502", d)
             return Response(_HTML_502, status_code=502, headers=headers, media_type="text/html")
         if fault is not None and fault.isdigit():
-            return _error(int(fault), f"simulated {fault} error", self._retry_headers(fault, d))
+            return _error(int(fault), f"simulated {fault} error", self._retry_headers(fault, d),
+                          poison=bool(d.poison))
         completion = self._completion(req, d, key, attempt, fault == "length", swarm)
         if req.stream:
             events = _stream_events(completion, req.include_usage)
             if fault == "truncated":  # the stream breaks off: no finish, no usage, no [DONE]
                 events = events[: max(1, len(events) // 3)]
             else:
-                self._count_ok(key)
+                self._count_ok(key, swarm, completion)
             return StreamingResponse(iter(events), media_type="text/event-stream")
         body = _dumps(completion)
         if fault == "truncated":
             return Response(body[: len(body) // 2], media_type=_JSON)
-        self._count_ok(key)
+        self._count_ok(key, swarm, completion)
         return Response(body, media_type=_JSON)
 
-    def _count_ok(self, key: str) -> None:
+    def _count_ok(self, key: str, swarm: str | None, completion: dict[str, Any]) -> None:
         self.stats.ok += 1
+        u = completion["usage"]
+        cached = u["prompt_tokens_details"]["cached_tokens"]
+        self.stats.bill(swarm, completion["model"],
+                        (u["prompt_tokens"], u["completion_tokens"], cached))
         if key in self.stats.by_key:  # it may have been evicted while this call waited
             self.stats.by_key[key]["ok"] += 1
 
@@ -476,6 +518,8 @@ class _Simulator:
             tokens = d.completion_tokens if d.completion_tokens is not None else tokens
             tokens = limit if length else tokens
             content = _generate(req.model, digest, tokens * 4)
+        if d.poison:
+            content = _poisoned(content, req.json_mode)
         if length:
             completion = limit
         elif d.completion_tokens is not None:

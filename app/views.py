@@ -63,7 +63,7 @@ def subtask_read(s: Subtask, with_output: bool) -> SubtaskRead:
     return SubtaskRead(
         name=s.name, kind=s.kind, status=s.status, model=s.model, depends_on=list(s.depends_on),
         attempts=s.attempts, output=s.output if with_output else None, truncated=s.truncated,
-        reused=bool(s.reused), error=s.error,
+        reused=bool(s.reused), sanitized=bool(s.sanitized), error=s.error,
         usage=SubtaskUsage(prompt_tokens=s.prompt_tokens, completion_tokens=s.completion_tokens,
                            cost_usd=usd_str(s.cost_usd)),
         latency_ms=s.latency_ms, started_at=s.started_at, finished_at=s.finished_at,
@@ -81,11 +81,14 @@ def swarm_read(swarm: Swarm, subtasks: Sequence[Subtask], *, with_outputs: bool 
     return SwarmRead(
         id=swarm.id, status=swarm.status, created_at=swarm.created_at,
         started_at=swarm.started_at, finished_at=swarm.finished_at, task=swarm.task,
-        metadata=swarm.meta, spec=swarm.spec, progress=progress,
+        metadata=swarm.meta,
+        spec={"task": swarm.task, **swarm.spec},  # the task is stored once, beside the spec
+        progress=progress,
         subtasks=[subtask_read(s, with_outputs) for s in subtasks],
         usage=SwarmUsage(prompt_tokens=swarm.prompt_tokens,
                          completion_tokens=swarm.completion_tokens,
-                         cost_usd=usd_str(swarm.spent_usd), gateway_calls=swarm.gateway_calls),
+                         cost_usd=usd_str(swarm.spent_usd), gateway_calls=swarm.gateway_calls,
+                         unresolved_usd=usd_str(swarm.unresolved_usd)),
         timing=timing(swarm, subtasks),
         queue_position=queue_position,
         result=swarm.result if (with_outputs if with_result is None else with_result) else None,

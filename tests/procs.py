@@ -24,6 +24,7 @@ import asyncpg
 import httpx
 
 from app.db.session import asyncpg_dsn
+from app.pricing import PriceTable
 from tests.support import CLI, free_port, throwaway_db
 
 T = TypeVar("T")
@@ -141,9 +142,9 @@ class Cluster:
         return url
 
     async def worker(self, name: str, **env: str) -> Proc:
-        """A worker, returned once its engine runs."""
+        """A worker, returned once its engine runs (a loaded machine may take a while)."""
         proc = self.spawn(name, ["worker"], **env)
-        await proc.wait_log(" running")
+        await proc.wait_log(" running", timeout=60)
         return proc
 
     def close(self) -> None:
@@ -284,6 +285,17 @@ async def sim_stats(sim_url: str) -> dict[str, Any]:
     return data
 
 
+def answered_usd(stats: dict[str, Any], swarm_id: str | None = None) -> Decimal:
+    """What the simulator answered (a real gateway would bill), for one swarm or all."""
+    prices = PriceTable.builtin()
+    per_swarm = stats["answered"]
+    total = Decimal(0)
+    for sid in [swarm_id] if swarm_id is not None else list(per_swarm):
+        for model, (prompt, completion, cached, _n) in per_swarm.get(sid, {}).items():
+            total += prices[model].cost(prompt, completion, cached)
+    return total
+
+
 def agent(name: str, directives: str = "", **kw: Any) -> dict[str, Any]:
     """An agent; `directives` (e.g. `[[sim latency_ms=1500]]`) go into its system prompt."""
     return {"name": name, "system_prompt": f"You are {name}. {directives}".strip(), **kw}
@@ -313,11 +325,18 @@ async def assert_durable_outcome(db: Db, api: str, sim_url: str, swarm_id: str,
         "SELECT idempotency_key, attempt, count(*) FROM gateway_calls WHERE swarm_id = $1 "
         "GROUP BY idempotency_key, attempt HAVING count(*) > 1", swarm_id)
     assert not dups, f"duplicate ledger rows: {dups}"
-    ledger = await db.ledger(swarm_id)
+    rows = await db.ledger(swarm_id)
+    assert not [r for r in rows if r["outcome"] == "in_flight"], "an attempt left unsettled"
+    ledger = [r for r in rows if r["outcome"] != "cancelled"]  # never sent: no gateway call
     ok_rows = [r for r in ledger if r["outcome"] == "ok"]
     assert sorted(r["subtask_name"] for r in ok_rows) == sorted(subs), "one ok row per subtask"
     total = sum((r["cost_usd"] for r in ledger), Decimal(0))
     assert Decimal(data["usage"]["cost_usd"]) == total
+    unresolved = sum((r["cost_usd"] for r in ledger if r["outcome"] == "unknown"), Decimal(0))
+    assert Decimal(data["usage"]["unresolved_usd"]) == unresolved
+    # what the gateway answered is never more than recorded, and never less than settled
+    answered = answered_usd(await sim_stats(sim_url), swarm_id)
+    assert total - unresolved <= answered <= total, (total, unresolved, answered)
     assert data["usage"]["gateway_calls"] == len(ledger)
     assert data["usage"]["prompt_tokens"] == sum(r["prompt_tokens"] for r in ledger)
     assert data["usage"]["completion_tokens"] == sum(r["completion_tokens"] for r in ledger)

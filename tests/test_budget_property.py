@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
+from app.db.spend import NOT_BILLED
 from app.db.tables import GatewayCall
 from tests.conftest import Harness, make_settings, start_harness
 
@@ -70,9 +71,13 @@ async def check(h: Harness, body: dict[str, Any]) -> None:
     async with h.app.state.sessions() as s:
         ledger, calls = (await s.execute(
             select(func.sum(GatewayCall.cost_usd), func.count())
-            .where(GatewayCall.swarm_id == data["id"]))).one()
+            .where(GatewayCall.swarm_id == data["id"],
+                   GatewayCall.outcome.not_in(NOT_BILLED)))).one()
+        open_rows = (await s.execute(select(func.count()).where(
+            GatewayCall.swarm_id == data["id"], GatewayCall.outcome == "in_flight"))).scalar()
     assert (ledger or Decimal(0)) == spent  # exactly: Decimal sums on both sides
     assert calls == data["usage"]["gateway_calls"]
+    assert open_rows == 0  # every attempt written ahead was settled before the end
     assert sum(Decimal(s["usage"]["cost_usd"]) for s in data["subtasks"]) == spent
 
 

@@ -169,7 +169,11 @@ async def test_paused_worker_is_fenced_after_takeover(db_url: str, tmp_path: Pat
         await assert_durable_outcome(db, api, sim, swarm_id)
         ledger = [(r["subtask_name"], r["attempt"], r["outcome"])
                   for r in await db.ledger(swarm_id)]
-        assert sorted(ledger) == [(n, 1, "ok") for n in ("@synthesizer", "late", "s1", "s2")]
+        # A's attempts were written ahead; B settled them as unknown (A's answers never
+        # counted) and sent its own as the next attempt, under the same Idempotency-Key
+        assert sorted(ledger) == [("@synthesizer", 1, "ok"), ("late", 1, "ok"),
+                                  ("s1", 1, "unknown"), ("s1", 2, "ok"),
+                                  ("s2", 1, "unknown"), ("s2", 2, "ok")]
         stats = (await sim_stats(sim))["by_key"]
         assert [stats[f"{swarm_id}:{n}:1"]["calls"] for n in ("s1", "s2")] == [2, 2]
 

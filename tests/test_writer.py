@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from decimal import Decimal
 from typing import Any
@@ -10,12 +11,12 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db import queries
-from app.db.tables import Event, GatewayCall, Subtask, Webhook
+from app.db.tables import Event, GatewayCall, Subtask, Swarm, Webhook
 from app.db.types import utcnow
 from app.db.webhooks import new_delivery
 from app.engine.layout import new_subtask
 from app.engine.specs import build_swarm
-from app.engine.writer import StateWriter
+from app.engine.writer import StateWriter, WriteRejected
 from app.schemas import SwarmCreate
 from app.states import SubtaskKind
 from tests.conftest import Harness, make_settings, start_harness
@@ -35,6 +36,7 @@ async def _claimed_swarm(h: Harness) -> tuple[str, int]:
 def _write(swarm_id: str, epoch: int, **overrides: Any) -> queries.SwarmWrite:
     now = utcnow()
     swarm = {"status": "running", "spent_usd": Decimal("0.01"), "reserved_usd": Decimal(0),
+             "unresolved_usd": Decimal(0),
              "prompt_tokens": 10, "completion_tokens": 5, "gateway_calls": 1, "result": None,
              "error": None, "started_at": now, "finished_at": None, "event_seq": 1}
     ledger = {"swarm_id": swarm_id, "tenant": "default", "subtask_name": "a",
@@ -98,3 +100,34 @@ async def test_a_broken_batch_fails_at_once_instead_of_retrying(idle: Harness) -
     await writer.submit(_write(swarm_id, epoch))  # the writer still works
     await writer.close()
     assert await _count(idle, GatewayCall) == 1
+
+
+async def test_one_swarms_unstorable_write_fails_alone_and_keeps_its_spend(idle: Harness
+                                                                            ) -> None:
+    """Text no database stores (a lone surrogate) in one swarm's write: the batch is retried
+    per swarm, the other swarm's write commits, the refused one keeps only its money."""
+    good, good_epoch = await _claimed_swarm(idle)
+    bad, bad_epoch = await _claimed_swarm(idle)
+    sub = new_subtask(bad, "a", 0, SubtaskKind.worker, "kimi-k2.5", 100)
+    state = {c: getattr(sub, c) for c in queries.SUBTASK_STATE_COLUMNS}
+    poisoned = _write(bad, bad_epoch, subtasks=[{"name_": "a", **state, "status": "succeeded",
+                                                 "output": "answer \udfff"}],
+                      new_subtasks=[], webhook=None)
+    writer = StateWriter(idle.app.state.sessions, OWNER, retry_for_s=10)
+    writer.start()
+    # submitted together: one batch, one transaction, until the database refuses it
+    results = await asyncio.gather(writer.submit(_write(good, good_epoch)),
+                                   writer.submit(poisoned), return_exceptions=True)
+    await writer.close()
+    assert results[0] is None
+    assert isinstance(results[1], WriteRejected), results[1]
+    async with idle.app.state.sessions() as s:
+        ledger = {r.swarm_id: r for r in (await s.execute(select(GatewayCall))).scalars()}
+        swarms = {r.id: r for r in (await s.execute(select(Swarm))).scalars()}
+        subs = {(r.swarm_id, r.name): r for r in (await s.execute(select(Subtask))).scalars()}
+        events = list((await s.execute(select(Event.swarm_id))).scalars())
+    assert set(ledger) == {good, bad}  # the refused write's spend is recorded all the same
+    assert swarms[bad].spent_usd == Decimal("0.01") and swarms[bad].gateway_calls == 1
+    assert subs[(bad, "a")].status == "pending" and subs[(bad, "a")].output is None
+    assert events == [good]  # nothing else of the refused write
+    assert (good, "@compress.a") in subs and swarms[good].status == "running"

@@ -46,10 +46,13 @@ Instant = Annotated[datetime | None, BeforeValidator(_instant)]
 
 def _figures(rows: list[UsageRow]) -> dict[str, Any]:
     # Decimal addition of the per-group SQL sums: exact, so items always add up to the total
+    cost = sum((r.cost_usd for r in rows), Decimal(0))
+    unresolved = sum((r.unresolved_usd for r in rows), Decimal(0))
     return {"prompt_tokens": sum(r.prompt_tokens for r in rows),
             "completion_tokens": sum(r.completion_tokens for r in rows),
             "cached_tokens": sum(r.cached_tokens for r in rows),
-            "cost_usd": usd_str(sum((r.cost_usd for r in rows), Decimal(0))),
+            "cost_usd": usd_str(cost), "settled_usd": usd_str(cost - unresolved),
+            "unresolved_usd": usd_str(unresolved),
             "gateway_calls": sum(r.gateway_calls for r in rows)}
 
 

@@ -24,6 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import defer
 from sqlalchemy.sql import Executable, Insert
 
 from app.db.notify import CANCEL, CHANGED, QUEUED, notify
@@ -68,6 +69,7 @@ SUBTASK_INSERT_COLUMNS = (
     "max_tokens", "temperature", "weight", "status", "attempts", "output", "error", "truncated",
     "prompt_tokens", "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at",
     "finished_at", "reused", "tools", "max_turns", "turns", "tool_calls",
+    "sanitized",
 )
 
 
@@ -120,15 +122,22 @@ async def get_status(session: AsyncSession, swarm_id: str, tenant: str | None) -
     return (await session.execute(stmt)).scalar_one_or_none()
 
 
-async def get_subtasks(session: AsyncSession, swarm_ids: Sequence[str]) -> dict[str, list[Subtask]]:
-    """Subtasks of each swarm in creation order."""
+async def get_subtasks(session: AsyncSession, swarm_ids: Sequence[str], *,
+                       prompts: bool = False, outputs: bool = True
+                       ) -> dict[str, list[Subtask]]:
+    """Subtasks of each swarm in creation order. Prompts are loaded only for running them
+    (no view shows them) and outputs only when asked: a list of 1,000-agent swarms must not
+    read every prompt and output back (reading a column left out raises)."""
     out: dict[str, list[Subtask]] = {i: [] for i in swarm_ids}
     if not swarm_ids:
         return out
+    left_out = ([] if prompts else [Subtask.system_prompt, Subtask.prompt]) + (
+        [] if outputs else [Subtask.output])
     stmt = (
         select(Subtask)
         .where(Subtask.swarm_id.in_(swarm_ids))
         .order_by(Subtask.swarm_id, Subtask.position)
+        .options(*(defer(c, raiseload=True) for c in left_out))
     )
     for sub in (await session.execute(stmt)).scalars():
         out[sub.swarm_id].append(sub)
@@ -390,7 +399,7 @@ async def load_swarms_for_run(session: AsyncSession, swarm_ids: Sequence[str]
     if not swarm_ids:
         return {}
     swarms = (await session.execute(select(Swarm).where(Swarm.id.in_(list(swarm_ids))))).scalars()
-    subs = await get_subtasks(session, swarm_ids)
+    subs = await get_subtasks(session, swarm_ids, prompts=True)
     return {s.id: (s, subs[s.id]) for s in swarms}
 
 
@@ -413,20 +422,26 @@ class SwarmWrite:
     transcript: list[dict[str, Any]] = field(default_factory=list)  # appended messages
 
 
-async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[SwarmWrite],
-                       lease_s: float | None = None) -> set[str]:
-    """Write many runners' changes in one transaction; returns the swarm ids fenced out
-    (another process holds their lease now), whose writes were dropped. With `lease_s`, a
-    pause of this process inside the transaction cannot hold the rows locked for longer."""
-    ids = list({w.swarm_id for w in writes})
+async def lock_leases(session: AsyncSession, swarm_ids: Sequence[str],
+                      lease_s: float | None = None) -> dict[str, tuple[int, str | None]]:
+    """Lock the swarms' rows (`SELECT … FOR UPDATE`: holds off a concurrent claim until this
+    transaction ends) and return {id: (lease_epoch, lease_owner)}. With `lease_s`, a pause of
+    this process inside the transaction cannot hold the rows locked for longer."""
     lock = (
         select(Swarm.id, Swarm.lease_epoch, Swarm.lease_owner)
-        .where(Swarm.id.in_(ids))
-        .with_for_update()  # holds off a concurrent claim until this commits
+        .where(Swarm.id.in_(list(swarm_ids)))
+        .with_for_update()
     )
     if lease_s is not None and _is_pg(session):
         lock = lock.add_columns(_idle_limit(lease_s))  # in the same round trip as the lock
-    held = {r[0]: (r[1], r[2]) for r in await session.execute(lock)}
+    return {r[0]: (r[1], r[2]) for r in await session.execute(lock)}
+
+
+async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[SwarmWrite],
+                       lease_s: float | None = None) -> set[str]:
+    """Write many runners' changes in one transaction; returns the swarm ids fenced out
+    (another process holds their lease now), whose writes were dropped."""
+    held = await lock_leases(session, list({w.swarm_id for w in writes}), lease_s)
     ok = [w for w in writes if held.get(w.swarm_id) == (w.epoch, owner)]
     fenced = {w.swarm_id for w in writes} - {w.swarm_id for w in ok}
     if not ok:
@@ -435,7 +450,7 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
     inserts: list[dict[str, Any]] = []
     hooks: list[dict[str, Any]] = []
     subtasks: list[dict[str, Any]] = []
-    ledger: list[dict[str, Any]] = []
+    ledger: dict[tuple[str, int], dict[str, Any]] = {}
     events: list[dict[str, Any]] = []
     tool_calls: list[dict[str, Any]] = []
     transcript: list[dict[str, Any]] = []
@@ -445,7 +460,8 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
         if w.webhook is not None:
             hooks.append(w.webhook)
         subtasks.extend({"swarm_id_": w.swarm_id, **row} for row in w.subtasks)
-        ledger.extend(w.ledger)
+        for row in w.ledger:  # an attempt written ahead and settled in one batch: one row
+            ledger[(row["idempotency_key"], row["attempt"])] = row
         events.extend(w.events)
         tool_calls.extend(w.tool_calls)
         transcript.extend(w.transcript)
@@ -457,7 +473,7 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
     if subtasks:
         await conn.execute(_SUBTASK_UPDATE, subtasks)
     if ledger:
-        await conn.execute(_ignoring_duplicates(conn, _LEDGER_INSERT), ledger)
+        await conn.execute(_settling(conn), list(ledger.values()))
     if events:
         await conn.execute(_ignoring_duplicates(conn, _EVENT_INSERT), events)
     if hooks:
@@ -470,11 +486,50 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
     return fenced
 
 
+SWARM_TOTAL_COLUMNS = ("spent_usd", "reserved_usd", "unresolved_usd", "prompt_tokens",
+                       "completion_tokens", "gateway_calls")
+
+
+async def apply_spend_only(session: AsyncSession, owner: str, write: SwarmWrite,
+                           lease_s: float | None = None) -> bool:
+    """The money of a write that cannot be stored whole (its text is refused): only its
+    ledger rows and the swarm's totals, which hold nothing but our own names and numbers.
+    False when fenced out."""
+    held = await lock_leases(session, [write.swarm_id], lease_s)
+    if held.get(write.swarm_id) != (write.epoch, owner):
+        return False
+    await session.execute(update(Swarm).where(Swarm.id == write.swarm_id).values(
+        {c: write.swarm[c] for c in SWARM_TOTAL_COLUMNS if c in write.swarm}))
+    if write.ledger:
+        conn = await session.connection()
+        rows = {(r["idempotency_key"], r["attempt"]): r for r in write.ledger}
+        await conn.execute(_settling(conn), list(rows.values()))
+    return True
+
+
 def _ignoring_duplicates(conn: AsyncConnection, stmt: Insert) -> Executable:
     """INSERT … ON CONFLICT DO NOTHING: a batch retried after a lost COMMIT outcome inserts
-    nothing twice (ledger rows are unique by (idempotency_key, attempt), events by seq)."""
+    nothing twice (events are unique by seq)."""
     dialect = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
     return dialect(stmt.table).on_conflict_do_nothing()
+
+
+_LEDGER_SETTLED = ("http_status", "outcome", "prompt_tokens", "completion_tokens",
+                   "cached_tokens", "cost_usd", "latency_ms")
+
+
+def _settling(conn: AsyncConnection) -> Executable:
+    """Ledger rows by (idempotency_key, attempt): a new row is inserted (an attempt written
+    ahead as `in_flight`), an `in_flight` one is settled by its answer, a settled one is never
+    touched again (so a batch retried after a lost COMMIT outcome changes nothing, and a
+    write-ahead never un-settles a row)."""
+    table = cast(Table, GatewayCall.__table__)
+    stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(table)
+    return stmt.on_conflict_do_update(
+        index_elements=["idempotency_key", "attempt"],
+        set_={c: stmt.excluded[c] for c in _LEDGER_SETTLED},
+        where=table.c.outcome == "in_flight",
+    )
 
 
 def _update_by_key(table: Table, key: Sequence[str], columns: Sequence[str]) -> Update:
@@ -487,18 +542,17 @@ def _update_by_key(table: Table, key: Sequence[str], columns: Sequence[str]) -> 
 
 
 SWARM_STATE_COLUMNS = (
-    "status", "spent_usd", "reserved_usd", "prompt_tokens", "completion_tokens",
-    "gateway_calls", "result", "error", "started_at", "finished_at", "event_seq",
+    *SWARM_TOTAL_COLUMNS, "status", "result", "error", "started_at", "finished_at",
+    "event_seq",
 )
 SUBTASK_STATE_COLUMNS = (
-    "status", "attempts", "output", "error", "truncated", "prompt_tokens", "completion_tokens",
+    "status", "attempts", "output", "error", "truncated", "sanitized", "prompt_tokens", "completion_tokens",
     "cost_usd", "latency_ms", "ready_at", "started_at", "finished_at", "turns", "tool_calls",
 )
 _SWARM_UPDATE = _update_by_key(cast(Table, Swarm.__table__), ["id"], SWARM_STATE_COLUMNS)
 _SUBTASK_UPDATE = _update_by_key(
     cast(Table, Subtask.__table__), ["swarm_id", "name"], SUBTASK_STATE_COLUMNS)
 _SUBTASK_INSERT = insert(cast(Table, Subtask.__table__))
-_LEDGER_INSERT = insert(cast(Table, GatewayCall.__table__))
 _EVENT_INSERT = insert(cast(Table, Event.__table__))
 _WEBHOOK_INSERT = insert(cast(Table, Webhook.__table__))
 _TOOL_CALL_INSERT = insert(cast(Table, ToolCall.__table__))

@@ -5,6 +5,7 @@ Repository functions: they take a session and never commit; the caller owns the 
 
 from __future__ import annotations
 
+import typing
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,13 +13,31 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import ColumnElement, Date, cast, delete, func, literal_column, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Date,
+    Table,
+    bindparam,
+    case,
+    cast,
+    delete,
+    func,
+    literal_column,
+    select,
+    type_coerce,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.queries import db_now
-from app.db.tables import DailyReservation, DailySpend, GatewayCall
+from app.db.queries import db_now, lock_leases
+from app.db.tables import DailyReservation, DailySpend, GatewayCall, Subtask, Swarm
+from app.db.types import Money
 from app.schemas import GroupBy
+
+
+def cast_table(model: type[Any]) -> Table:
+    return typing.cast(Table, model.__table__)
 
 
 def _is_pg(session: AsyncSession) -> bool:
@@ -118,6 +137,89 @@ async def daily_spent(session: AsyncSession, day: date) -> Decimal:
     return value or Decimal(0)
 
 
+# ---- attempts a crash left unsettled --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LostAttempt:
+    """An attempt written ahead by an owner that died before its answer was committed: now
+    `unknown`, billed at its reservation (prompt-token bound, completion at max_tokens)."""
+
+    subtask_name: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: Decimal
+
+
+@dataclass(frozen=True)
+class Takeover:
+    lost: list[LostAttempt]
+    attempts: dict[str, int]  # subtask -> the highest attempt number in its ledger rows
+
+
+async def settle_lost_attempts(session: AsyncSession, swarm_id: str, epoch: int, owner: str,
+                               lease_s: float | None = None) -> Takeover | None:
+    """At a takeover: settle the dead epochs' `in_flight` rows of the swarm as `unknown`,
+    each at its reservation, and add them to the swarm's and subtasks' totals and to the daily
+    cap's day of the attempt, in one transaction with the lease checked (None: fenced out).
+
+    A gateway may have billed those attempts, so recorded spend stays an upper bound on real
+    spend and every cap holds in real money. Also returns each subtask's highest attempt
+    number, so a re-sent attempt takes a new ledger key."""
+    held = await lock_leases(session, [swarm_id], lease_s)
+    if held.get(swarm_id) != (epoch, owner):
+        return None
+    rows = (await session.execute(
+        select(GatewayCall.subtask_name, GatewayCall.model, GatewayCall.prompt_tokens,
+               GatewayCall.completion_tokens, GatewayCall.reserved_usd, GatewayCall.created_at)
+        .where(GatewayCall.swarm_id == swarm_id, GatewayCall.outcome == "in_flight"))).all()
+    attempts = {str(name): int(n) for name, n in (await session.execute(
+        select(GatewayCall.subtask_name, func.max(GatewayCall.attempt))
+        .where(GatewayCall.swarm_id == swarm_id).group_by(GatewayCall.subtask_name))).all()}
+    lost = [LostAttempt(str(name), model, p, c, reserved)
+            for name, model, p, c, reserved, _ in rows]
+    if lost:
+        await session.execute(
+            update(GatewayCall)
+            .where(GatewayCall.swarm_id == swarm_id, GatewayCall.outcome == "in_flight")
+            .values(outcome="unknown", cost_usd=GatewayCall.reserved_usd))
+        total = sum((a.cost_usd for a in lost), Decimal(0))
+        await session.execute(update(Swarm).where(Swarm.id == swarm_id).values(
+            spent_usd=Swarm.spent_usd + total, unresolved_usd=Swarm.unresolved_usd + total,
+            prompt_tokens=Swarm.prompt_tokens + sum(a.prompt_tokens for a in lost),
+            completion_tokens=Swarm.completion_tokens + sum(a.completion_tokens for a in lost),
+            gateway_calls=Swarm.gateway_calls + len(lost)))
+        per_sub: dict[str, list[LostAttempt]] = {}
+        for a in lost:
+            per_sub.setdefault(a.subtask_name, []).append(a)
+        for name, items in per_sub.items():
+            await session.execute(update(Subtask).where(
+                Subtask.swarm_id == swarm_id, Subtask.name == name).values(
+                cost_usd=Subtask.cost_usd + sum((a.cost_usd for a in items), Decimal(0)),
+                prompt_tokens=Subtask.prompt_tokens + sum(a.prompt_tokens for a in items),
+                completion_tokens=Subtask.completion_tokens
+                + sum(a.completion_tokens for a in items)))
+        # the daily cap counts it on the day it was reserved (its row exists while a cap is on)
+        per_day: dict[date, Decimal] = {}
+        for (*_, reserved, created) in rows:
+            day = created.astimezone(UTC).date()
+            per_day[day] = per_day.get(day, Decimal(0)) + reserved
+        for day, amount in per_day.items():
+            await session.execute(update(DailySpend).where(DailySpend.day == day)
+                                  .values(spent_usd=DailySpend.spent_usd + amount))
+    if attempts:  # written-ahead attempts were counted only in the dead owner's memory
+        subs = cast_table(Subtask)
+        conn = await session.connection()
+        await conn.execute(
+            update(subs)
+            .where(subs.c.swarm_id == swarm_id, subs.c.name == bindparam("name_"),
+                   subs.c.attempts < bindparam("n_"))
+            .values(attempts=bindparam("n_")),
+            [{"name_": k, "n_": v} for k, v in attempts.items()])
+    return Takeover(lost, attempts)
+
+
 # ---- the usage report -----------------------------------------------------------------------
 
 
@@ -129,6 +231,11 @@ class UsageRow:
     cached_tokens: int
     cost_usd: Decimal
     gateway_calls: int
+    unresolved_usd: Decimal = Decimal(0)  # the part of cost_usd billed at reservations
+
+
+# rows that are no gateway call (yet): written ahead and not settled, or never sent
+NOT_BILLED = ("in_flight", "cancelled")
 
 
 def _group_key(session: AsyncSession, group_by: GroupBy) -> ColumnElement[Any]:
@@ -147,9 +254,13 @@ async def usage(session: AsyncSession, tenant: str, start: datetime | None,
     """Tokens and exact spend of a tenant's ledger rows in [start, end), grouped and sorted."""
     key = _group_key(session, group_by)
     # SUM over Money stays Money: integer pico-dollars on SQLite, NUMERIC on Postgres, both exact
+    unresolved = type_coerce(func.sum(case((GatewayCall.outcome == "unknown",
+                                            GatewayCall.cost_usd))), Money)
     q = (select(key, func.sum(GatewayCall.prompt_tokens), func.sum(GatewayCall.completion_tokens),
-                func.sum(GatewayCall.cached_tokens), func.sum(GatewayCall.cost_usd), func.count())
-         .where(GatewayCall.tenant == tenant).group_by(key).order_by(key))
+                func.sum(GatewayCall.cached_tokens), func.sum(GatewayCall.cost_usd), func.count(),
+                unresolved)
+         .where(GatewayCall.tenant == tenant, GatewayCall.outcome.not_in(NOT_BILLED))
+         .group_by(key).order_by(key))
     if start is not None:
         q = q.where(GatewayCall.created_at >= start)
     if end is not None:
@@ -158,5 +269,5 @@ async def usage(session: AsyncSession, tenant: str, start: datetime | None,
     return [UsageRow(key=k.isoformat() if isinstance(k, date) else str(k),
                      prompt_tokens=int(p or 0), completion_tokens=int(c or 0),
                      cached_tokens=int(ca or 0), cost_usd=Decimal(cost or 0),
-                     gateway_calls=int(n))
-            for k, p, c, ca, cost, n in rows]
+                     gateway_calls=int(n), unresolved_usd=Decimal(lost or 0))
+            for k, p, c, ca, cost, n, lost in rows]

@@ -52,6 +52,8 @@ class Swarm(Base):
     budget_usd: Mapped[Decimal | None] = mapped_column(Money)
     spent_usd: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
     reserved_usd: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
+    # the part of spent_usd billed at reservations: attempts whose outcome a crash lost
+    unresolved_usd: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     gateway_calls: Mapped[int] = mapped_column(Integer, default=0)
@@ -90,8 +92,10 @@ class Subtask(Base):
     kind: Mapped[str] = mapped_column(String(16))
     model: Mapped[str] = mapped_column(String(64))
     depends_on: Mapped[list[str]] = mapped_column(JSONType, default=list)
-    system_prompt: Mapped[str] = mapped_column(Text, default="")
-    prompt: Mapped[str] = mapped_column(Text, default="")
+    # NULL: the default, resolved when the call is made (the prompt: the swarm's task; a
+    # planned worker's system prompt: built from the task), so the task is stored once
+    system_prompt: Mapped[str | None] = mapped_column(Text)
+    prompt: Mapped[str | None] = mapped_column(Text)
     max_tokens: Mapped[int] = mapped_column(Integer)
     temperature: Mapped[float | None] = mapped_column(Float)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
@@ -100,6 +104,8 @@ class Subtask(Base):
     output: Mapped[str | None] = mapped_column(Text)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     truncated: Mapped[bool] = mapped_column(Boolean, default=False)
+    # the output had characters no database stores (NUL, lone surrogates), replaced by U+FFFD
+    sanitized: Mapped[bool] = mapped_column(Boolean, default=False)
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cost_usd: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
@@ -123,7 +129,11 @@ class Subtask(Base):
 
 class GatewayCall(Base):
     """The ledger: one row per gateway attempt, the truth for spend. A passthrough call of the
-    OpenAI facade belongs to no swarm: its swarm_id and subtask_name are NULL."""
+    OpenAI facade belongs to no swarm: its swarm_id and subtask_name are NULL.
+
+    Written ahead: the row exists (outcome `in_flight`, `reserved_usd` its worst case, tokens
+    the worst case's) before the attempt is sent, and its answer settles it. A takeover settles
+    a dead owner's `in_flight` rows as `unknown`, billed at `reserved_usd`."""
 
     __tablename__ = "gateway_calls"
 
@@ -140,6 +150,7 @@ class GatewayCall(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cost_usd: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
+    reserved_usd: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
     latency_ms: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

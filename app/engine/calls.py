@@ -1,4 +1,5 @@
-"""One logical gateway call of a subtask: reserve before each attempt, bill after it."""
+"""One logical gateway call of a subtask: reserve and write ahead before each attempt, settle
+after it."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ from app import metrics, tracing
 from app.db.tables import Subtask
 from app.db.types import utcnow
 from app.engine.budget import Reservation, SharedCap
-from app.gateway.client import AttemptRecord
+from app.gateway.client import AttemptRecord, Usage
 
 if TYPE_CHECKING:
     from app.engine.runner import SwarmRunner
 
 Row = dict[str, Any]
+
+IN_FLIGHT = "in_flight"  # written ahead: sent (or about to be), no answer settled yet
+UNKNOWN = "unknown"  # the answer was lost (crash, cancel mid-call): billed at its reservation
+CANCELLED = "cancelled"  # written ahead but never sent: costs nothing
 
 
 def idempotency_key(swarm_id: str, name: str, call_no: int) -> str:
@@ -27,11 +32,15 @@ def idempotency_key(swarm_id: str, name: str, call_no: int) -> str:
 
 @dataclass
 class CallMeter:
-    """Budget reservations, ledger rows, totals and metrics for one logical call.
+    """Budget reservations, write-ahead ledger rows, totals and metrics for one logical call.
 
-    `before`/`after` are the gateway client's attempt hooks; `release` frees whatever an
-    abandoned attempt still holds. Rows of the successful attempt are kept in `ok_rows` so the
-    caller commits them together with the subtask's result.
+    `before`/`after` are the gateway client's attempt hooks. Before an attempt is sent its
+    ledger row is committed as `in_flight` with the reserved worst case (group-committed with
+    the other writes of the tick), so money a gateway may bill is never in no row: if this
+    process dies before the answer is committed, the next owner settles the row as `unknown`
+    at that worst case. `after` settles the same row to the real usage; `release` settles an
+    attempt abandoned mid-call as `unknown` and frees whatever else is held. Rows of the
+    successful attempt are kept in `ok_rows` so the caller commits them with the result.
     """
 
     runner: SwarmRunner
@@ -39,10 +48,12 @@ class CallMeter:
     worst: Decimal
     key: str
     label: str
+    prompt_bound: int  # the prompt-token bound the worst case was priced on
     ok_rows: list[Row] = field(default_factory=list)
     _held: list[Reservation] = field(default_factory=list)
     _held_daily: list[Reservation] = field(default_factory=list)
     _last_outcome: str | None = None
+    _open: bool = False  # an attempt is on the wire: its row is written ahead, unsettled
 
     @property
     def _daily(self) -> SharedCap | None:
@@ -63,16 +74,29 @@ class CallMeter:
                 raise
         self._held.append(reservation)
         self.sub.attempts += 1
+        row = self._row(IN_FLIGHT, None, Usage(self.prompt_bound, self.sub.max_tokens),
+                        Decimal(0), 0.0)
+        try:
+            await self.runner.commit(ledger=[row])  # durable before a byte is sent
+        except BaseException:
+            # not sent: if the row was (or will be) written anyway, it settles as cancelled
+            # (no cost, and no gateway call in any count)
+            self.runner.commit_soon(ledger=[self._row(CANCELLED, None, Usage(), Decimal(0),
+                                                      0.0)])
+            await self.release()
+            raise
+        self._open = True
 
     async def after(self, rec: AttemptRecord) -> None:
         u = rec.usage
         cost = self.runner.ctx.prices[self.sub.model].cost(u.prompt_tokens, u.completion_tokens,
                                                            u.cached_tokens)
+        self._open = False
         if self._daily is not None and self._held_daily:
             # the awaited write comes first: once the swarm's totals include this cost, no
             # other commit may run before its ledger row is queued, or totals and ledger differ
             await self._daily.settle(self._held_daily.pop(), cost)
-        row = self._bill(rec, cost)
+        row = self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s)
         self._last_outcome = rec.outcome
         if rec.outcome == "ok":
             self.ok_rows.append(row)
@@ -80,18 +104,43 @@ class CallMeter:
             self.runner.commit_soon([self.sub], ledger=[row])
 
     async def release(self) -> None:
+        """Free what an abandoned call still holds; an attempt cut off after it was sent may
+        have been billed, so it is recorded as `unknown` at its reservation."""
+        lost = Decimal(0)
+        if self._open:
+            self._open = False
+            row = self._bill(UNKNOWN, None, Usage(self.prompt_bound, self.sub.max_tokens),
+                             self.worst, 0.0)
+            self.runner.commit_soon([self.sub], ledger=[row])
+            lost = self.worst
         for r in self._held:
             self.runner.budget.settle(r, Decimal(0))
         self._held.clear()
         if self._daily is not None and self._held_daily:
-            # free the daily share of an abandoned attempt even while being cancelled
-            await asyncio.shield(_settle_zero(self._daily, list(self._held_daily)))
-            self._held_daily.clear()
+            # attempts are sequential: at most one daily reservation is held, the open one's;
+            # settled even while being cancelled
+            held, self._held_daily = self._held_daily, []
+            await asyncio.shield(_settle_all(self._daily, held, lost))
 
-    def _bill(self, rec: AttemptRecord, cost: Decimal) -> Row:
-        """Settle the swarm budget, add to subtask and swarm totals, and make the ledger row
-        (synchronous: nothing can commit between the totals and the row's queueing)."""
-        runner, sub, u = self.runner, self.sub, rec.usage
+    def _row(self, outcome: str, status: int | None, u: Usage, cost: Decimal,
+             latency_s: float) -> Row:
+        swarm, sub = self.runner.swarm, self.sub
+        return {  # attempts of one subtask are sequential: sub.attempts numbers the open one
+            "swarm_id": swarm.id, "tenant": swarm.tenant, "subtask_name": sub.name,
+            "model": sub.model, "idempotency_key": self.key, "attempt": sub.attempts,
+            "http_status": status, "outcome": outcome,
+            "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "cached_tokens": u.cached_tokens, "cost_usd": cost, "reserved_usd": self.worst,
+            "latency_ms": round(latency_s * 1000, 3), "created_at": utcnow(),
+        }
+
+    def _bill(self, outcome: str, status: int | None, u: Usage, cost: Decimal,
+              latency_s: float) -> Row:
+        """Settle the swarm budget, add to subtask and swarm totals, and make the settled
+        ledger row (synchronous: nothing can commit between the totals and the row's
+        queueing)."""
+        runner, sub = self.runner, self.sub
+        row = self._row(outcome, status, u, cost, latency_s)
         if self._held:
             runner.budget.settle(self._held.pop(), cost)
         else:
@@ -103,21 +152,19 @@ class CallMeter:
         swarm.prompt_tokens += u.prompt_tokens
         swarm.completion_tokens += u.completion_tokens
         swarm.gateway_calls += 1
-        metrics.gateway_requests.labels(self.label, rec.outcome).inc()
-        metrics.gateway_duration.labels(self.label, rec.outcome).observe(rec.latency_s)
+        if outcome == UNKNOWN:
+            swarm.unresolved_usd += cost
+            metrics.spend_unresolved.labels(self.label).inc(float(cost))
+        else:  # an unknown attempt has no latency to speak of
+            metrics.gateway_duration.labels(self.label, outcome).observe(latency_s)
+        metrics.gateway_requests.labels(self.label, outcome).inc()
         metrics.tokens_total.labels(self.label, "prompt").inc(u.prompt_tokens)
         metrics.tokens_total.labels(self.label, "completion").inc(u.completion_tokens)
         metrics.spend_total.labels(self.label).inc(float(cost))
-        return {
-            "swarm_id": swarm.id, "tenant": swarm.tenant, "subtask_name": sub.name,
-            "model": sub.model, "idempotency_key": self.key, "attempt": sub.attempts,
-            "http_status": rec.status_code, "outcome": rec.outcome,
-            "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "cached_tokens": u.cached_tokens, "cost_usd": cost,
-            "latency_ms": round(rec.latency_s * 1000, 3), "created_at": utcnow(),
-        }
+        return row
 
 
-async def _settle_zero(cap: SharedCap, reservations: list[Reservation]) -> None:
-    for r in reservations:
-        await cap.settle(r, Decimal(0))
+async def _settle_all(cap: SharedCap, held: list[Reservation], lost: Decimal) -> None:
+    for reservation in held:
+        await cap.settle(reservation, lost)
+        lost = Decimal(0)

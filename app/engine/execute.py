@@ -28,6 +28,7 @@ from app.engine.faults import crash_point
 from app.engine.layout import COMPRESSOR_PREFIX, SYNTHESIZER, new_subtask
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.engine.turns import TurnLoop
+from app.engine.writer import WriteRejected
 from app.gateway.client import ChatRequest, ChatResult, GatewayRejected, GatewayUnavailable
 from app.pricing import metric_model_label
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, subtask_transition
@@ -55,6 +56,11 @@ class Input:
 
 def error(code: str, message: str, **details: Any) -> dict[str, Any]:
     return {"code": code, "message": message, "details": details or None}
+
+
+def unstorable(exc: WriteRejected) -> dict[str, Any]:
+    return error("output_unstorable", "the database refused to store this subtask's result; "
+                 "its spend is recorded", refused_by=str(exc))
 
 
 class SubtaskExecutor:
@@ -115,7 +121,7 @@ class SubtaskExecutor:
         bound = (estimate_prompt_tokens(messages) if tools is None
                  else estimate_request_tokens(messages, tools))
         worst = self.r.ctx.prices[sub.model].worst_case(bound, sub.max_tokens)
-        meter = CallMeter(self.r, sub, worst, key, label)
+        meter = CallMeter(self.r, sub, worst, key, label, bound)
         metrics.subtasks_in_flight.labels(label).inc()
         try:
             result = await self.r.ctx.gateway.complete(
@@ -136,10 +142,11 @@ class SubtaskExecutor:
         crash_point("before_call", sub.name)
         try:
             result, rows = await self._gateway(sub, messages, 1)
-        except (BudgetExceeded, GatewayRejected, GatewayUnavailable) as exc:
+        except (BudgetExceeded, GatewayRejected, GatewayUnavailable, WriteRejected) as exc:
             return await self._failed_call(sub, t0, exc)
         crash_point("after_response", sub.name)
         sub.truncated = result.finish_reason == "length"
+        sub.sanitized = result.sanitized
         status = await self._succeed(sub, t0, result.content, rows)
         crash_point("after_commit", sub.name)
         return status
@@ -155,6 +162,8 @@ class SubtaskExecutor:
         if isinstance(exc, GatewayUnavailable) and exc.deadline_hit:
             self.r.stop_with(SwarmStatus.failed, self.r.deadline_error())
             return SubtaskStatus.running
+        if isinstance(exc, WriteRejected):
+            return await self._fail(sub, t0, unstorable(exc))
         if isinstance(exc, GatewayRejected):
             err = error("gateway_rejected", str(exc), status=exc.status_code)
             if exc.status_code in (401, 403):
@@ -167,12 +176,19 @@ class SubtaskExecutor:
 
     async def _succeed(self, sub: Subtask, t0: float, output: str, rows: list[Row],
                        new: list[Subtask] | None = None) -> SubtaskStatus:
-        sub.status = subtask_transition(SubtaskStatus(sub.status), SubtaskStatus.succeeded)
+        running = SubtaskStatus(sub.status)
+        sub.status = subtask_transition(running, SubtaskStatus.succeeded)
         sub.output = output
         self._finished(sub, t0)
-        await self.r.commit([sub], rows, [self.r.event("subtask.succeeded", {
-            "name": sub.name, "kind": sub.kind, "latency_ms": sub.latency_ms,
-            "truncated": sub.truncated})], new=new or [])
+        try:
+            await self.r.commit([sub], rows, [self.r.event("subtask.succeeded", {
+                "name": sub.name, "kind": sub.kind, "latency_ms": sub.latency_ms,
+                "truncated": sub.truncated, "sanitized": sub.sanitized})], new=new or [])
+        except WriteRejected as exc:
+            # nothing of that write is stored but its ledger rows: this subtask fails alone
+            sub.status, sub.output = running, None
+            self.r.forget_subtasks(new or [])
+            return await self._fail(sub, t0, unstorable(exc))
         return SubtaskStatus.succeeded
 
     async def _fail(self, sub: Subtask, t0: float, err: dict[str, Any],
@@ -200,7 +216,7 @@ class SubtaskExecutor:
         offered = spec.get("tools") or []
         first = plans.planner_messages(self.r.swarm.task, limits["max_subtasks"],
                                        limits["max_depth"], self.r.ctx.prices.names(),
-                                       sub.system_prompt, offered)
+                                       sub.system_prompt or "", offered)
         t0 = self._begin(sub)
         rows: list[Row] = []
         try:
@@ -221,10 +237,11 @@ class SubtaskExecutor:
             err = error("plan_invalid", f"the plan is invalid after one repair: {still}",
                         **still.details)
             return await self._fail(sub, t0, err, rows)
-        except (BudgetExceeded, GatewayRejected, GatewayUnavailable) as exc:
+        except (BudgetExceeded, GatewayRejected, GatewayUnavailable, WriteRejected) as exc:
             if rows:
                 self.r.commit_soon([sub], ledger=rows)
             return await self._failed_call(sub, t0, exc)
+        sub.sanitized = result.sanitized
         new = self._lay_out(plan)
         output = json.dumps({"subtasks": [
             {"id": p.id, "description": p.description, "depends_on": list(p.depends_on),
@@ -241,7 +258,7 @@ class SubtaskExecutor:
                         p.model_hint if p.model_hint and p.model_hint in prices
                         else str(spec["model"]),
                         spec["max_tokens"], depends_on=list(p.depends_on),
-                        system_prompt=plans.worker_system_prompt(self.r.swarm.task),
+                        system_prompt=None,  # worker_system_prompt(task), when called
                         prompt=p.description, temperature=spec.get("temperature"),
                         tools=list(p.tools))
             for i, p in enumerate(plan)
@@ -266,15 +283,28 @@ class SubtaskExecutor:
             user = synthesis_prompt(self.r.swarm.task, fitted, missing, room)
             system = sub.system_prompt or SYNTHESIZER_SYSTEM
         else:
-            user = with_dependencies(sub.prompt, [(i.label, i.text) for i in inputs], room)
-            system = sub.system_prompt
+            user = with_dependencies(self._prompt(sub), [(i.label, i.text) for i in inputs],
+                                     room)
+            system = self._system(sub)
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": user})
         return messages
 
+    def _prompt(self, sub: Subtask) -> str:
+        """The subtask's own prompt, or the task (stored once, on the swarm)."""
+        return self.r.swarm.task if sub.prompt is None else sub.prompt
+
+    def _system(self, sub: Subtask) -> str:
+        """The subtask's system prompt; a planned worker's (None) is built from the task."""
+        if sub.system_prompt is not None:
+            return sub.system_prompt
+        if sub.kind == SubtaskKind.worker:
+            return plans.worker_system_prompt(self.r.swarm.task)
+        return ""
+
     def _room_tokens(self, sub: Subtask) -> int:
         window = self.r.ctx.prices[sub.model].context_window
-        frame = approx_tokens(sub.system_prompt) + approx_tokens(sub.prompt or self.r.swarm.task)
+        frame = approx_tokens(self._system(sub)) + approx_tokens(self._prompt(sub))
         return max(window - sub.max_tokens - frame - CONTEXT_MARGIN_TOKENS, 0)
 
     async def _inputs(self, sub: Subtask) -> list[Input]:
@@ -324,7 +354,7 @@ class SubtaskExecutor:
         if sub.status == SubtaskStatus.pending:
             sub.ready_at = utcnow()
             async with self._slots(sub):
-                await self._call(sub, [{"role": "system", "content": sub.system_prompt},
-                                       {"role": "user", "content": sub.prompt}])
+                await self._call(sub, [{"role": "system", "content": self._system(sub)},
+                                       {"role": "user", "content": self._prompt(sub)}])
         return sub.output if sub.status == SubtaskStatus.succeeded else None
 

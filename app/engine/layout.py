@@ -13,16 +13,21 @@ COMPRESSOR_PREFIX = "@compress."  # '@' never starts an agent name: no collision
 
 
 def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, model: str,
-                max_tokens: int, *, depends_on: list[str] | None = None, system_prompt: str = "",
-                prompt: str = "", temperature: float | None = None,
-                weight: float = 1.0, tools: list[str] | None = None,
-                max_turns: int = 8) -> Subtask:
-    """A pending subtask with zeroed usage (every column set: it is inserted with Core)."""
+                max_tokens: int, *, depends_on: list[str] | None = None,
+                system_prompt: str | None = "", prompt: str | None = None,
+                temperature: float | None = None, weight: float = 1.0,
+                tools: list[str] | None = None, max_turns: int = 8) -> Subtask:
+    """A pending subtask with zeroed usage (every column set: it is inserted with Core).
+
+    `prompt` None is the swarm's task, and a worker's `system_prompt` None the planned
+    workers' one (built from the task): resolved when the call is made, so the task is never
+    copied into a subtask."""
     return Subtask(
         swarm_id=swarm_id, name=name, position=position, kind=kind, model=model,
         depends_on=list(depends_on or []), system_prompt=system_prompt, prompt=prompt,
         max_tokens=max_tokens, temperature=temperature, weight=weight,
         status=SubtaskStatus.pending, attempts=0, output=None, error=None, truncated=False,
+        sanitized=False,
         prompt_tokens=0, completion_tokens=0, cost_usd=Decimal(0), latency_ms=None,
         ready_at=None, started_at=None, finished_at=None, reused=False,
         tools=list(tools or []), max_turns=max_turns, turns=0, tool_calls=0,

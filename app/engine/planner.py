@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine import dag
+from app.text import storable
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 JSON_OBJECT = {"type": "json_object"}
@@ -110,7 +111,11 @@ def _item(raw: Any, index: int, allowed: Sequence[str] = ()) -> PlannedSubtask:
                           id=sid)
     if hint is not None and not isinstance(hint, str):
         hint = None
-    return PlannedSubtask(sid, desc.strip(), tuple(dict.fromkeys(deps)), hint,
+    # JSON escapes can spell what no database stores (\u0000, lone surrogates): the
+    # description becomes a prompt, dependencies may be echoed in an error
+    deps = [storable(d)[0] for d in deps]
+    return PlannedSubtask(sid, storable(desc.strip())[0], tuple(dict.fromkeys(deps)),
+                          None if hint is None else storable(hint)[0],
                           _tools(raw.get("tools"), sid, allowed))
 
 
@@ -121,8 +126,9 @@ def parse_plan(content: str, finish_reason: str, max_subtasks: int,
         raise PlanInvalid("truncated", "the plan was cut off (finish_reason: length)")
     try:
         doc = json.loads(content)
-    except ValueError as exc:
-        raise PlanInvalid("not_json", f"the answer is not JSON ({exc.args[0]})") from exc
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to decode
+        reason = exc.args[0] if isinstance(exc, ValueError) else "nested too deeply"
+        raise PlanInvalid("not_json", f"the answer is not JSON ({reason})") from exc
     items = doc.get("subtasks") if isinstance(doc, dict) else None
     if not isinstance(items, list):
         raise PlanInvalid("wrong_shape", 'expected an object with a "subtasks" list')

@@ -9,11 +9,19 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from app import metrics, tracing
 from app.config import Settings
-from app.db.queries import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite, insert_row
+from app.db import spend
+from app.db.queries import (
+    SUBTASK_STATE_COLUMNS,
+    SWARM_STATE_COLUMNS,
+    LeaseLost,
+    SwarmWrite,
+    insert_row,
+)
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.db.webhooks import new_delivery
@@ -23,9 +31,9 @@ from app.engine.calls import Row
 from app.engine.execute import SubtaskExecutor, error
 from app.engine.layout import PLANNER
 from app.engine.synthesis import WorkerResult, concatenate, vote
-from app.engine.writer import StateWriter, consume
+from app.engine.writer import StateWriter, WriteRejected, consume
 from app.gateway.client import GatewayClient
-from app.pricing import PriceTable
+from app.pricing import PriceTable, metric_model_label
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, subtask_transition, swarm_transition
 from app.tools.registry import ToolRegistry
 
@@ -67,7 +75,10 @@ class SwarmRunner:
         self.subs: dict[str, Subtask] = {}
         self.deps: dict[str, list[str]] = {}
         self.add_subtasks(subtasks)
+        if swarm.unresolved_usd is None:  # a row built in memory without every default
+            swarm.unresolved_usd = Decimal(0)
         # reservations die with the process that made them; spent is what the ledger settled
+        # (a dead owner's attempts in flight included, at their reservations: see _start)
         self.budget = SwarmBudget(limit=swarm.budget_usd, spent=swarm.spent_usd)
         self.deadline = time.monotonic() + float(self.limits["deadline_s"])
         self.executor = SubtaskExecutor(self)
@@ -81,6 +92,12 @@ class SwarmRunner:
         for s in subs:
             self.subs[s.name] = s
             self.deps[s.name] = list(s.depends_on)
+
+    def forget_subtasks(self, subs: Sequence[Subtask]) -> None:
+        """Drop subtasks whose insert was refused (they never existed)."""
+        for s in subs:
+            self.subs.pop(s.name, None)
+            self.deps.pop(s.name, None)
 
     # ---- control ------------------------------------------------------------------------
 
@@ -147,6 +164,8 @@ class SwarmRunner:
             metrics.runs_in_progress.dec()
 
     async def _run(self) -> None:
+        if self.swarm.status != SwarmStatus.queued:  # queued: nothing was ever sent
+            await self._settle_lost()
         if self.rescues > self.ctx.settings.max_rescues:
             await self._finish(SwarmStatus.failed, error(
                 "internal", f"taken over {self.rescues} times: crash loop", rescues=self.rescues))
@@ -163,6 +182,39 @@ class SwarmRunner:
             await self._finish(self._stop_status, self._stop_error)
         else:
             await self._finish(SwarmStatus.succeeded, None)
+
+    async def _settle_lost(self) -> None:
+        """A takeover: the dead owner's attempts in flight become `unknown`, billed at their
+        reservations (one transaction, lease checked), and this runner's totals follow."""
+        s = self.swarm
+        took = await self.ctx.writer.transact(lambda session: spend.settle_lost_attempts(
+            session, s.id, self.epoch, self.ctx.owner, self.ctx.settings.lease_seconds))
+        if took is None:
+            raise LeaseLost(s.id)
+        for a in took.lost:
+            s.spent_usd += a.cost_usd
+            s.unresolved_usd += a.cost_usd
+            s.prompt_tokens += a.prompt_tokens
+            s.completion_tokens += a.completion_tokens
+            s.gateway_calls += 1
+            self.budget.record(a.cost_usd)
+            sub = self.subs.get(a.subtask_name)
+            if sub is not None:
+                sub.cost_usd += a.cost_usd
+                sub.prompt_tokens += a.prompt_tokens
+                sub.completion_tokens += a.completion_tokens
+            label = metric_model_label(a.model, self.ctx.prices)
+            metrics.gateway_requests.labels(label, "unknown").inc()
+            metrics.spend_total.labels(label).inc(float(a.cost_usd))
+            metrics.spend_unresolved.labels(label).inc(float(a.cost_usd))
+            metrics.tokens_total.labels(label, "prompt").inc(a.prompt_tokens)
+            metrics.tokens_total.labels(label, "completion").inc(a.completion_tokens)
+        for name, n in took.attempts.items():
+            if name in self.subs:
+                self.subs[name].attempts = max(self.subs[name].attempts, n)
+        if took.lost:
+            log.warning("swarm %s: %d attempts of a dead owner settled as unknown (%s USD)",
+                        s.id, len(took.lost), sum((a.cost_usd for a in took.lost), Decimal(0)))
 
     async def _start(self) -> None:
         now = utcnow()
@@ -263,8 +315,15 @@ class SwarmRunner:
             "cancelled": [s.name for s in changed if s.status == SubtaskStatus.cancelled],
         }))
         url = self.spec.get("webhook_url")
-        await self.commit(changed, events=events,
-                          webhook=new_delivery(self.swarm.id, url, now) if url else None)
+        hook = new_delivery(self.swarm.id, url, now) if url else None
+        try:
+            await self.commit(changed, events=events, webhook=hook)
+        except WriteRejected as exc:  # the result, say: end failed without it, not in a loop
+            self.swarm.status, self.swarm.result = SwarmStatus.failed, None
+            self.swarm.error = err = error("internal", f"the final state was refused: {exc}")
+            events[-1]["data"] = {**events[-1]["data"], "status": "failed", "error": err}
+            await self.commit(changed, events=events, webhook=hook)
+            status = SwarmStatus.failed
         self.finished = True
         started = self.swarm.started_at or self.swarm.created_at
         metrics.runs_total.labels(status.value).inc()

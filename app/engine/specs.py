@@ -113,18 +113,20 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
     _check_agents(body, settings)
     _check_tools(body, tools)
     swarm_id = str(uuid.uuid4())
+    # the task is stored once, in its own column: not in the spec, and a prompt that is the
+    # task is NULL (resolved when the call is made)
+    del spec["task"]
     if body.agents is None:
         subtasks = [new_subtask(
             swarm_id, PLANNER, 0, SubtaskKind.planner, spec["orchestrator"]["model"],
-            planner_max_tokens(body.orchestrator.max_subtasks), prompt=body.task,
+            planner_max_tokens(body.orchestrator.max_subtasks),
             system_prompt=body.orchestrator.system_prompt, temperature=body.temperature)]
     else:
         subtasks = [
             new_subtask(
                 swarm_id, a.name, i, SubtaskKind.worker, a.model or spec["model"],
                 a.max_tokens or body.max_tokens, depends_on=list(a.depends_on),
-                system_prompt=a.system_prompt,
-                prompt=a.prompt if a.prompt is not None else body.task,
+                system_prompt=a.system_prompt, prompt=a.prompt,
                 temperature=a.temperature if a.temperature is not None else body.temperature,
                 weight=a.weight, tools=list(a.tools or []), max_turns=a.max_turns)
             for i, a in enumerate(body.agents)
@@ -148,7 +150,7 @@ def new_swarm_row(swarm_id: str, tenant: str, task: str, spec: dict[str, Any],
         id=swarm_id, tenant=tenant, status=SwarmStatus.queued, task=task, spec=spec,
         meta=meta, idempotency_key=idempotency_key, request_hash=digest,
         budget_usd=budget_usd, created_at=utcnow(), prompt_tokens=0,
-        spent_usd=Decimal(0), reserved_usd=Decimal(0),
+        spent_usd=Decimal(0), reserved_usd=Decimal(0), unresolved_usd=Decimal(0),
         completion_tokens=0, gateway_calls=0, lease_epoch=0, rescues=0,
         cancel_requested=False, event_seq=0, retry_of=retry_of,
     )

@@ -25,6 +25,7 @@ from app.db.types import utcnow
 from app.engine import dag
 from app.engine.budget import BudgetExceeded
 from app.engine.faults import crash_point
+from app.engine.writer import WriteRejected
 from app.gateway.client import GatewayRejected, GatewayUnavailable, ToolCallRequest
 from app.states import SubtaskStatus, SwarmStatus
 from app.tools.model import ToolInfo, ToolOutcome
@@ -99,9 +100,10 @@ class TurnLoop:
             try:
                 async with ex._slots(sub):
                     result, rows = await ex._gateway(sub, messages, turn, tools=spec or None)
-            except (BudgetExceeded, GatewayRejected, GatewayUnavailable) as exc:
+            except (BudgetExceeded, GatewayRejected, GatewayUnavailable, WriteRejected) as exc:
                 return await ex._failed_call(sub, t0, exc)
             sub.turns = turn
+            sub.sanitized = sub.sanitized or result.sanitized
             seq = max(convo) + 1
             reply = assistant_message(result.content, result.tool_calls)
             # new transcript rows: the opening messages go with the first turn's answer

@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from app.db.queries import LeaseLost, SwarmWrite, apply_writes
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db.queries import LeaseLost, SwarmWrite, apply_spend_only, apply_writes
 from app.db.retry import database_unavailable, in_transaction
 from app.db.session import SessionFactory
+from app.text import storable
 
 log = logging.getLogger(__name__)
 
 Pending = tuple[SwarmWrite, asyncio.Future[None]]
+T = TypeVar("T")
+
+
+class WriteRejected(Exception):
+    """The database refused this write's rows even alone (its text, say): nothing of it was
+    stored but its money (ledger rows and the swarm's totals). The caller fails what it
+    wrote instead."""
 
 
 class StateWriter:
@@ -74,24 +86,85 @@ class StateWriter:
             if self._closing and not self._queue:
                 return
 
+    async def transact(self, op: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """One transaction of its own (not group-committed), retried like the batches."""
+        return await in_transaction(self._sessions, op, retry_for_s=self._retry_for_s)
+
+    async def _apply(self, writes: list[SwarmWrite]) -> set[str]:
+        # a database restart or outage is retried until the lease would have expired
+        # anyway; the batch is idempotent (inserts ignore rows already there, the ledger
+        # settles only unsettled rows), so a retry after a COMMIT whose outcome was lost
+        # duplicates nothing
+        return await self.transact(lambda session: apply_writes(
+            session, self._owner, writes, lease_s=self._retry_for_s))
+
     async def _commit(self, batch: list[Pending]) -> None:
-        writes = [w for w, _ in batch]
         try:
-            # a database restart or outage is retried until the lease would have expired
-            # anyway; the batch is idempotent (inserts ignore rows already there), so a retry
-            # after a COMMIT whose outcome was lost duplicates nothing
-            fenced = await in_transaction(
-                self._sessions,
-                lambda session: apply_writes(session, self._owner, writes,
-                                             lease_s=self._retry_for_s),
-                retry_for_s=self._retry_for_s)
+            fenced = await self._apply([w for w, _ in batch])
         except Exception as exc:
-            log.error("state write failed for good: %s", exc,
-                      exc_info=not database_unavailable(exc))
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(LeaseLost(f"state write failed: {exc}"))
+            if database_unavailable(exc):
+                self._lost(batch, exc)
+                return
+            # one swarm's rows must not fail the others': retry each swarm alone, then each
+            # write of a swarm that still fails alone
+            swarms: dict[str, list[Pending]] = {}
+            for p in batch:
+                swarms.setdefault(p[0].swarm_id, []).append(p)
+            log.warning("group commit of %d writes (%d swarms) refused (%s); retrying per swarm",
+                        len(batch), len(swarms), _reason(exc))
+            for pending in swarms.values():
+                await self._commit_alone(pending, whole=len(swarms) > 1)
             return
+        self._resolve(batch, fenced)
+
+    async def _commit_alone(self, pending: list[Pending], whole: bool) -> None:
+        if whole:
+            try:
+                self._resolve(pending, await self._apply([w for w, _ in pending]))
+                return
+            except Exception as exc:
+                if database_unavailable(exc):
+                    self._lost(pending, exc)
+                    return
+        for p in pending:
+            try:
+                self._resolve([p], await self._apply([p[0]]))
+            except Exception as exc:
+                if database_unavailable(exc):
+                    self._lost([p], exc)
+                else:
+                    await self._salvage(p, exc)
+
+    async def _salvage(self, p: Pending, exc: Exception) -> None:
+        """A write refused on its own: keep its money, reject the rest to its runner."""
+        write, fut = p
+        reason = _reason(exc)
+        try:
+            kept = await self.transact(lambda session: apply_spend_only(
+                session, self._owner, write, lease_s=self._retry_for_s))
+        except Exception as again:
+            log.error("swarm %s: even the spend of a refused write failed: %s", write.swarm_id,
+                      _reason(again))
+            self._lost([p], again)
+            return
+        log.error("swarm %s: write refused by the database (%s); its %d ledger rows kept",
+                  write.swarm_id, reason, len(write.ledger))
+        if not fut.done():
+            # the stored error names the kind of refusal only: a driver's message may quote
+            # the refused value (the output), and the reason is in the log
+            kind = type(getattr(exc, "orig", None) or exc).__name__
+            fut.set_exception(WriteRejected(kind) if kept else LeaseLost(write.swarm_id))
+        if kept and self._on_commit is not None:
+            self._on_commit(write.swarm_id)
+
+    def _lost(self, batch: list[Pending], exc: Exception) -> None:
+        log.error("state write failed for good: %s", _reason(exc),
+                  exc_info=not database_unavailable(exc))
+        for _, fut in batch:
+            if not fut.done():
+                fut.set_exception(LeaseLost(f"state write failed: {_reason(exc)}"))
+
+    def _resolve(self, batch: list[Pending], fenced: set[str]) -> None:
         for write, fut in batch:
             if fut.done():
                 continue
@@ -100,8 +173,19 @@ class StateWriter:
             else:
                 fut.set_result(None)
         if self._on_commit is not None:
-            for swarm_id in {w.swarm_id for w in writes} - fenced:
+            for swarm_id in {w.swarm_id for w, _ in batch} - fenced:
                 self._on_commit(swarm_id)
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of an error, short, storable, without the SQL and without the long
+    quoted values a driver echoes (a refused output, a prompt)."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    first = _QUOTED.sub("'…'", first)
+    return storable(f"{type(exc).__name__}: {first}"[:300])[0]
+
+
+_QUOTED = re.compile(r"'[^']{24,}(?:'|$)")
 
 
 def consume(fut: asyncio.Future[None]) -> None:

@@ -23,6 +23,7 @@ from app.gateway.redact import Redactor
 
 if TYPE_CHECKING:
     from app.gateway.streaming import GatewayStream
+from app.text import storable
 
 Outcome = Literal[
     "ok",
@@ -82,7 +83,8 @@ class AttemptRecord:
 
 @dataclass(frozen=True, slots=True)
 class ChatResult:
-    """A successful completion and every attempt it took."""
+    """A successful completion and every attempt it took. `sanitized`: the content had NUL or
+    lone surrogates (no database stores them), replaced by U+FFFD."""
 
     content: str
     finish_reason: str
@@ -90,6 +92,7 @@ class ChatResult:
     attempts: tuple[AttemptRecord, ...]
     body: Any = None  # the parsed answer, for callers that forward it unchanged
     tool_calls: tuple[ToolCallRequest, ...] = ()
+    sanitized: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +152,12 @@ def _classify(status: int) -> Outcome:
 
 
 def _loads(raw: bytes) -> Any:
+    """The JSON body, or None for anything that does not decode: a bad answer, never a crash."""
     try:
         return json.loads(raw)
-    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    # ValueError: JSONDecodeError, UnicodeDecodeError, an int of too many digits;
+    # RecursionError: nesting deeper than the interpreter's stack
+    except (ValueError, RecursionError):
         return None
 
 
@@ -199,6 +205,17 @@ def _choice_of(body: Any) -> _Choice | None:
         return None
     finish = choices[0].get("finish_reason")
     return content or "", finish if isinstance(finish, str) else "", calls
+
+
+def _storable_calls(calls: tuple[ToolCallRequest, ...]
+                    ) -> tuple[tuple[ToolCallRequest, ...], bool]:
+    """Tool calls as the transcript can store them (ids, names, arguments cleaned)."""
+    out, changed = [], False
+    for c in calls:
+        (cid, a), (name, b), (args, d) = storable(c.id), storable(c.name), storable(c.arguments)
+        out.append(ToolCallRequest(cid, name, args))
+        changed = changed or a or b or d
+    return tuple(out), changed
 
 
 def _tool_calls_of(raw: Any) -> tuple[ToolCallRequest, ...] | None:
@@ -296,16 +313,19 @@ class _Call:
     ) -> ChatResult:
         """Record an attempt, tell the caller, then return the result or raise for tenacity."""
         self.attempts.append(record)
+        # what no database (nor exporter) can hold is replaced where it enters: here
+        content, changed = storable(choice[0]) if choice else ("", False)
+        calls, calls_changed = _storable_calls(choice[2]) if choice else ((), False)
         tracing.record_chat(outcome=record.outcome, status_code=record.status_code,
                             input_tokens=record.usage.prompt_tokens,
                             output_tokens=record.usage.completion_tokens,
                             finish_reason=choice[1] if choice else None,
-                            output=choice[0] if choice else None)
+                            output=content if choice else None)
         if self.after is not None:
             await self.after(record)
         if choice is not None:
-            return ChatResult(choice[0], choice[1], record.usage, tuple(self.attempts), body,
-                              choice[2])
+            return ChatResult(content, storable(choice[1])[0], record.usage,
+                              tuple(self.attempts), body, calls, changed or calls_changed)
         if record.outcome == "client_error" and record.status_code != 409:
             raise GatewayRejected(
                 f"gateway rejected the request: {record.error}", tuple(self.attempts)
@@ -376,8 +396,9 @@ class GatewayClient:
 
     def _scrub(self, text: str) -> str:
         # Redact before truncating, so a key cut in half cannot slip through; by pattern, so
-        # a partly masked key or the gateway's host name does not either.
-        return " ".join(self._redact(text).split())[:_DETAIL_CHARS]
+        # a partly masked key or the gateway's host name does not either. Error text is
+        # stored (subtask errors, events), so it is made storable too.
+        return " ".join(self._redact(storable(text)[0]).split())[:_DETAIL_CHARS]
 
     async def complete(
         self,
