@@ -546,8 +546,9 @@ SWARM_STATE_COLUMNS = (
     "event_seq",
 )
 SUBTASK_STATE_COLUMNS = (
-    "status", "attempts", "output", "error", "truncated", "sanitized", "prompt_tokens", "completion_tokens",
-    "cost_usd", "latency_ms", "ready_at", "started_at", "finished_at", "turns", "tool_calls",
+    "status", "attempts", "output", "error", "truncated", "sanitized", "prompt_tokens",
+    "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at", "finished_at",
+    "turns", "tool_calls",
 )
 _SWARM_UPDATE = _update_by_key(cast(Table, Swarm.__table__), ["id"], SWARM_STATE_COLUMNS)
 _SUBTASK_UPDATE = _update_by_key(
