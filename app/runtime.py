@@ -16,6 +16,7 @@ from app.db.notify import CHANGED
 from app.db.session import SessionFactory, make_engine, make_session_factory
 from app.engine.budget import DailyCap
 from app.engine.notify import SwarmNotifier
+from app.engine.passthrough import settle_stale
 from app.engine.scheduler import Engine, process_owner
 from app.engine.wakeup import PgListener
 from app.gateway.client import GatewayClient
@@ -64,6 +65,18 @@ def make_engine_with_cap(settings: Settings, sessions: SessionFactory, gateway: 
                   tools=tools), daily
 
 
+async def _settle_stale_passthrough(sessions: SessionFactory) -> None:
+    """Passthrough attempts a dead process left `in_flight` count (at their reservation) from
+    now on; a database that does not answer yet must not stop the start."""
+    try:
+        n = await settle_stale(sessions)
+    except Exception:
+        log.exception("settling stale passthrough attempts failed; the next start retries")
+        return
+    if n:
+        log.warning("%d passthrough attempts of a dead process settled as unknown", n)
+
+
 class Runtime:
     """Database, gateway client, engine (with its daily cap and webhook dispatcher) and the
     change listener, started in order and stopped in reverse, for `serve` and `worker` alike.
@@ -96,6 +109,8 @@ class Runtime:
             self.db = make_engine(settings.database_url)
             stack.push_async_callback(self.db.dispose)
             self.sessions = make_session_factory(self.db)
+            if self._listen or settings.is_sqlite:  # an API process: the facade's ledger rows
+                await _settle_stale_passthrough(self.sessions)
             self.gateway = self._given_gateway or make_gateway(settings)
             if self._given_gateway is None:
                 stack.push_async_callback(self.gateway.aclose)

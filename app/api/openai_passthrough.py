@@ -86,9 +86,10 @@ class Passthrough:
         price = settings.prices[req.model]
         out = req.max_completion_tokens or req.max_tokens or price.context_window
         caps: list[SharedCap] = [c for c in (request.app.state.daily,) if c is not None]
+        bound = prompt_bound(raw["messages"])
         self.meter = PassthroughMeter(
-            request.app.state.sessions, price, caps, tenant,
-            price.worst_case(prompt_bound(raw["messages"]), out), lease_s=settings.lease_seconds)
+            request.app.state.sessions, price, caps, tenant, price.worst_case(bound, out),
+            prompt_bound=bound, max_tokens=out, lease_s=settings.lease_seconds)
 
     async def complete(self) -> Response:
         try:

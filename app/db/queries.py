@@ -473,7 +473,7 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
     if subtasks:
         await conn.execute(_SUBTASK_UPDATE, subtasks)
     if ledger:
-        await conn.execute(_settling(conn), list(ledger.values()))
+        await conn.execute(settling_insert(conn), list(ledger.values()))
     if events:
         await conn.execute(_ignoring_duplicates(conn, _EVENT_INSERT), events)
     if hooks:
@@ -503,7 +503,7 @@ async def apply_spend_only(session: AsyncSession, owner: str, write: SwarmWrite,
     if write.ledger:
         conn = await session.connection()
         rows = {(r["idempotency_key"], r["attempt"]): r for r in write.ledger}
-        await conn.execute(_settling(conn), list(rows.values()))
+        await conn.execute(settling_insert(conn), list(rows.values()))
     return True
 
 
@@ -518,7 +518,7 @@ _LEDGER_SETTLED = ("http_status", "outcome", "prompt_tokens", "completion_tokens
                    "cached_tokens", "cost_usd", "latency_ms")
 
 
-def _settling(conn: AsyncConnection) -> Executable:
+def settling_insert(conn: AsyncConnection) -> Executable:
     """Ledger rows by (idempotency_key, attempt): a new row is inserted (an attempt written
     ahead as `in_flight`), an `in_flight` one is settled by its answer, a settled one is never
     touched again (so a batch retried after a lost COMMIT outcome changes nothing, and a

@@ -6,10 +6,12 @@ and subtask NULL), and the gateway metrics."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -19,11 +21,15 @@ from app.db.retry import in_transaction
 from app.db.session import SessionFactory
 from app.db.types import utcnow
 from app.engine.budget import Reservation, SharedCap
-from app.gateway.client import AttemptRecord
+from app.engine.calls import IN_FLIGHT, UNKNOWN
+from app.gateway.client import AttemptRecord, Usage
 from app.pricing import ModelPrice
 
 log = logging.getLogger(__name__)
 MESSAGE_OVERHEAD_TOKENS = 8  # per message, as the engine bounds a prompt
+# a row still `in_flight` this long after it was written lost its process (an attempt is
+# bounded by SWARM_FACADE_TIMEOUT_S, a stream by that much between events)
+STALE_AFTER_S = 3600.0
 
 
 def prompt_bound(messages: Sequence[dict[str, Any]]) -> int:
@@ -31,7 +37,8 @@ def prompt_bound(messages: Sequence[dict[str, Any]]) -> int:
     least one byte) plus a per-message overhead, as the engine reserves for its calls."""
     total = MESSAGE_OVERHEAD_TOKENS
     for m in messages:
-        total += len(repr(m).encode("utf-8", "replace")) + MESSAGE_OVERHEAD_TOKENS
+        text = json.dumps(m, ensure_ascii=False, separators=(",", ":"))
+        total += len(text.encode("utf-8", "replace")) + MESSAGE_OVERHEAD_TOKENS
     return total
 
 
@@ -42,10 +49,14 @@ def call_key() -> str:
 
 @dataclass
 class PassthroughMeter:
-    """Reservations, ledger rows and metrics for one forwarded request (all its attempts).
+    """Reservations, write-ahead ledger rows and metrics for one forwarded request (all its
+    attempts), as CallMeter does for a swarm's calls.
 
-    `before`/`after` are the gateway client's attempt hooks; `release` frees what an attempt
-    that never reported back still holds (a cancelled request).
+    `before`/`after` are the gateway client's attempt hooks. Before an attempt is sent its row
+    is committed `in_flight` at the reserved worst case, so money a gateway may bill is never in
+    no row; `after` settles it to the real usage; `release` settles an attempt cut off mid-call
+    (a cancelled request) as `unknown` at its reservation and frees what is still held. A row
+    left `in_flight` by a process that died is settled `unknown` by `settle_stale` later.
     """
 
     sessions: SessionFactory
@@ -53,10 +64,13 @@ class PassthroughMeter:
     caps: Sequence[SharedCap]
     tenant: str
     worst: Decimal
+    prompt_bound: int
+    max_tokens: int
     key: str = field(default_factory=call_key)
     lease_s: float = 15.0
     _held: list[tuple[SharedCap, Reservation]] = field(default_factory=list)
     _last_outcome: str | None = None
+    _open: int | None = None  # the attempt on the wire: written ahead, not settled
 
     @property
     def label(self) -> str:
@@ -69,29 +83,23 @@ class PassthroughMeter:
         try:
             for cap in self.caps:
                 held.append((cap, await cap.reserve(self.worst)))
+            self._held = held
+            await self._write(self._row(attempt, IN_FLIGHT, None, Usage(
+                self.prompt_bound, self.max_tokens), Decimal(0), 0.0))  # durable, then sent
         except BaseException:
-            await asyncio.shield(_settle_zero(held))
+            self._held = []
+            await asyncio.shield(_settle_all(held, Decimal(0)))
             raise
-        self._held = held
+        self._open = attempt
 
     async def after(self, rec: AttemptRecord) -> None:
         u = rec.usage
         cost = self.price.cost(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
-        held, self._held = self._held, []
-        for cap, reservation in held:
-            await cap.settle(reservation, cost)
+        held, self._held, self._open = self._held, [], None
+        await asyncio.shield(_settle_all(held, cost))
         self._last_outcome = rec.outcome
-        row = {
-            "swarm_id": None, "tenant": self.tenant, "subtask_name": None,
-            "model": self.price.name, "idempotency_key": self.key, "attempt": rec.attempt,
-            "http_status": rec.status_code, "outcome": rec.outcome,
-            "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "cached_tokens": u.cached_tokens, "cost_usd": cost,
-            "latency_ms": round(rec.latency_s * 1000, 3), "created_at": utcnow(),
-        }
-        # shielded: money already spent reaches the ledger even when the request is cancelled
-        await asyncio.shield(in_transaction(
-            self.sessions, lambda s: ledger.insert_calls(s, [row]), retry_for_s=self.lease_s))
+        await self._write(self._row(rec.attempt, rec.outcome, rec.status_code, u, cost,
+                                    rec.latency_s))
         metrics.gateway_requests.labels(self.label, rec.outcome).inc()
         metrics.gateway_duration.labels(self.label, rec.outcome).observe(rec.latency_s)
         metrics.tokens_total.labels(self.label, "prompt").inc(u.prompt_tokens)
@@ -105,10 +113,44 @@ class PassthroughMeter:
         metrics.finish_reasons.labels(self.label, metrics.finish_label(finish_reason)).inc()
 
     async def release(self) -> None:
+        """Free what an abandoned request holds; an attempt cut off after it was sent may have
+        been billed: `unknown` at its reservation."""
         held, self._held = self._held, []
-        await asyncio.shield(_settle_zero(held))
+        lost = Decimal(0)
+        if self._open is not None:
+            attempt, self._open = self._open, None
+            lost = self.worst
+            await self._write(self._row(attempt, UNKNOWN, None, Usage(
+                self.prompt_bound, self.max_tokens), lost, 0.0))
+            metrics.spend_total.labels(self.label).inc(float(lost))
+        await asyncio.shield(_settle_all(held, lost))
+
+    def _row(self, attempt: int, outcome: str, status: int | None, u: Usage, cost: Decimal,
+             latency_s: float) -> dict[str, Any]:
+        return {
+            "swarm_id": None, "tenant": self.tenant, "subtask_name": None,
+            "model": self.price.name, "idempotency_key": self.key, "attempt": attempt,
+            "http_status": status, "outcome": outcome,
+            "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "cached_tokens": u.cached_tokens, "cost_usd": cost, "reserved_usd": self.worst,
+            "latency_ms": round(latency_s * 1000, 3), "created_at": utcnow(),
+        }
+
+    async def _write(self, row: dict[str, Any]) -> None:
+        # shielded: money that may be spent reaches the ledger even when the request is
+        # cancelled
+        await asyncio.shield(in_transaction(
+            self.sessions, lambda s: ledger.write_call(s, row), retry_for_s=self.lease_s))
 
 
-async def _settle_zero(held: Sequence[tuple[SharedCap, Reservation]]) -> None:
+async def _settle_all(held: Sequence[tuple[SharedCap, Reservation]], actual: Decimal) -> None:
     for cap, reservation in held:
-        await cap.settle(reservation, Decimal(0))
+        await cap.settle(reservation, actual)
+
+
+async def settle_stale(sessions: SessionFactory, horizon_s: float = STALE_AFTER_S) -> int:
+    """Settle `unknown` the passthrough attempts written ahead more than `horizon_s` ago that
+    no process settled (it died): they count at their reservation from then on."""
+    before = utcnow() - timedelta(seconds=horizon_s)
+    return await in_transaction(sessions, lambda s: ledger.settle_stale(s, before),
+                                retry_for_s=15.0)

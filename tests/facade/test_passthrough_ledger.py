@@ -1,0 +1,78 @@
+"""Passthrough attempts are written ahead like a swarm's: `in_flight` before they are sent
+(not yet spend), settled by their answer, `unknown` at their reservation when the answer is
+lost — cut off by a cancelled request, or left by a process that died."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from app.db import spend
+from app.db.session import SessionFactory, make_engine, make_session_factory
+from app.db.tables import GatewayCall
+from app.engine.passthrough import PassthroughMeter, settle_stale
+from app.gateway.client import AttemptRecord, Usage
+from app.pricing import BUILTIN_MODELS
+
+PRICE = BUILTIN_MODELS["deepseek-v3.2"]
+WORST = PRICE.worst_case(100, 50)
+
+
+@pytest.fixture
+async def sessions(database_url: str) -> AsyncIterator[SessionFactory]:
+    engine = make_engine(database_url)
+    yield make_session_factory(engine)
+    await engine.dispose()
+
+
+def meter(sessions: SessionFactory) -> PassthroughMeter:
+    return PassthroughMeter(sessions, PRICE, [], "t1", WORST, prompt_bound=100, max_tokens=50)
+
+
+async def rows(sessions: SessionFactory) -> list[Any]:
+    async with sessions() as s:
+        q = select(GatewayCall.outcome, GatewayCall.cost_usd, GatewayCall.prompt_tokens,
+                   GatewayCall.completion_tokens, GatewayCall.swarm_id).order_by(GatewayCall.id)
+        return list((await s.execute(q)).all())
+
+
+async def billed(sessions: SessionFactory) -> tuple[Decimal, Decimal, int]:
+    async with sessions() as s:
+        report = await spend.usage(s, "t1", None, None, "model")
+    return (sum((r.cost_usd for r in report), Decimal(0)),
+            sum((r.unresolved_usd for r in report), Decimal(0)),
+            sum(r.gateway_calls for r in report))
+
+
+async def test_written_ahead_then_settled_by_the_answer(sessions: SessionFactory) -> None:
+    m = meter(sessions)
+    await m.before(1)
+    assert await rows(sessions) == [("in_flight", 0, 100, 50, None)]
+    assert await billed(sessions) == (0, 0, 0)  # written ahead is not spend yet
+    await m.after(AttemptRecord(1, 200, "ok", Usage(40, 10), 0.1, None, None))
+    cost = PRICE.cost(40, 10)
+    assert await rows(sessions) == [("ok", cost, 40, 10, None)]
+    await m.release()  # nothing left open: nothing changes
+    assert await billed(sessions) == (cost, 0, 1)
+
+
+async def test_an_attempt_cut_off_is_unknown_at_its_reservation(
+        sessions: SessionFactory) -> None:
+    m = meter(sessions)
+    await m.before(1)
+    await m.release()  # the request was cancelled mid-call
+    assert await rows(sessions) == [("unknown", WORST, 100, 50, None)]
+    assert await billed(sessions) == (WORST, WORST, 1)
+
+
+async def test_rows_a_dead_process_left_in_flight_are_settled_later(
+        sessions: SessionFactory) -> None:
+    await meter(sessions).before(1)  # ... and the process dies here
+    assert await settle_stale(sessions) == 0  # still young: its process may be alive
+    assert await settle_stale(sessions, horizon_s=0) == 1
+    assert await rows(sessions) == [("unknown", WORST, 100, 50, None)]
+    assert await billed(sessions) == (WORST, WORST, 1)
