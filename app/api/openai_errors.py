@@ -97,6 +97,9 @@ def _validation(exc: RequestValidationError) -> JSONResponse:
 
 def _api_error(exc: ApiError) -> JSONResponse:
     headers = dict(getattr(exc, "headers", None) or {})
+    retry_after = getattr(exc, "retry_after_s", None)  # a quota's 429 (SPEC §8)
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     if exc.status_code == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return openai_error(exc.status_code, exc.message, exc.code, _param(exc.details),
