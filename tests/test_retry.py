@@ -4,12 +4,16 @@ on PostgreSQL; the old swarm never changes; errors, Idempotency-Key, lineage and
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from sqlalchemy import select
 
+from app.db.retry_copy import DEFINITION, copy_columns
+from app.db.tables import Subtask
 from tests.conftest import Harness, make_settings, start_harness
 from tests.test_api_routes import read_events
 from tests.test_api_validation import error_of
@@ -28,6 +32,15 @@ async def sim_calls(h: Harness, swarm_id: str) -> dict[str, int]:
     by_key = (await h.stats())["by_key"]
     return {k.split(":")[1]: v["calls"] for k, v in by_key.items()
             if k.startswith(f"{swarm_id}:")}
+
+
+async def definitions(h: Harness, swarm_id: str) -> list[tuple[Any, ...]]:
+    """What each subtask of a swarm is (every column a retry copies), in order."""
+    t = Subtask.__table__
+    async with h.app.state.sessions() as s:
+        rows = await s.execute(select(*(t.c[c] for c in DEFINITION))
+                               .where(t.c.swarm_id == swarm_id).order_by(t.c.position))
+        return [tuple(r) for r in rows]
 
 
 async def retry(h: Harness, swarm_id: str, body: dict[str, Any] | None = None,
@@ -73,6 +86,7 @@ async def test_retry_calls_only_what_did_not_succeed(harness: Harness) -> None:
     new = await harness.wait(started["id"])
     assert new["status"] == "succeeded", new["error"]
     assert new["result"] and all(s["status"] == "succeeded" for s in new["subtasks"])
+    assert await definitions(harness, new["id"]) == await definitions(harness, old["id"])
     # the gateway saw only the failed, skipped, cancelled, never-started ones and the synthesis
     again = ["x", "y", "z", "s", "p", "@synthesizer"]
     assert await sim_calls(harness, new["id"]) == dict.fromkeys(again, 1)
@@ -246,3 +260,10 @@ async def test_compressors_are_reused_and_a_retry_can_be_retried(api: Harness) -
     lineage = [(await api.client.get(f"/swarms/{i}")).json()["retried_by"]
                for i in (old["id"], first["id"], second["id"])]
     assert lineage == [first["id"], second["id"], None]
+
+
+def test_every_subtask_column_is_copied_or_reset() -> None:
+    """A column added to `subtasks` must be classified: part of what a subtask is (copied
+    into the retry) or of what it did (reset), or a retry would silently drop it."""
+    columns = copy_columns("new", datetime.now(UTC))
+    assert set(columns) == set(Subtask.__table__.c.keys()) - {"id"}

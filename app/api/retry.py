@@ -7,10 +7,10 @@ from collections import Counter
 from fastapi import APIRouter, Response
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import metrics
+from app import metrics, tracing
 from app.api.deps import EngineDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import error_responses
-from app.api.shared import IdempotencyKey, check_id, insert_once, read_swarm
+from app.api.shared import IdempotencyKey, TraceParent, check_id, insert_once, read_swarm
 from app.db import queries, retry_copy
 from app.engine.specs import check_model, retry_digest, retry_row
 from app.errors import NotRetryable, SwarmNotFound
@@ -28,7 +28,8 @@ RETRYABLE = (SwarmStatus.failed, SwarmStatus.cancelled)
 )
 async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, tenant: TenantDep,
                       settings: SettingsDep, engine: EngineDep, body: SwarmRetry | None = None,
-                      idempotency_key: IdempotencyKey = None) -> SwarmRead:
+                      idempotency_key: IdempotencyKey = None,
+                      traceparent: TraceParent = None) -> SwarmRead:
     """A new swarm (`retry_of` = this one): subtasks that succeeded here are copied with their
     outputs (`reused`, no call, no cost); the others and the synthesis run again. `limits`
     override the old run's limits key by key. The old swarm is not changed."""
@@ -49,6 +50,7 @@ async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, te
                 details={"status": old.status})
         new = retry_row(old, limits, settings, idempotency_key,
                         digest if idempotency_key else None)
+        new.trace_parent = tracing.swarm_created(traceparent)  # a trace of its own
         for model in await retry_copy.rerun_models(s, old.id):
             check_model(settings, model, "model")  # the price table may have changed since
         reused[:] = await retry_copy.copy_swarm(s, old.id, new)

@@ -55,6 +55,37 @@ def _copied(t: Table) -> ColumnElement[bool]:
     return (t.c.kind != SubtaskKind.compressor) | (t.c.status == SubtaskStatus.succeeded)
 
 
+# what a subtask is: the same in the retry; every other column is what it did in one swarm
+DEFINITION = ("name", "position", "kind", "model", "depends_on", "system_prompt", "prompt",
+              "max_tokens", "temperature", "weight", "tools", "max_turns")
+
+
+def copy_columns(new_id: str, now: datetime) -> dict[str, ColumnElement[Any]]:
+    """Every column of the new swarm's subtask rows (but the key) as an expression over the
+    old row: the definition copied, the outcome kept only for a reused subtask."""
+    t = _SUBTASKS
+    ok = _reusable(t)
+
+    def if_kept(value: ColumnElement[Any], otherwise: ColumnElement[Any]) -> ColumnElement[Any]:
+        return case((ok, value), else_=otherwise)
+
+    return {
+        "swarm_id": literal(new_id, String(36)),
+        **{c: t.c[c] for c in DEFINITION},
+        "status": if_kept(literal(SubtaskStatus.succeeded.value, String(16)),
+                          literal(SubtaskStatus.pending.value, String(16))),
+        "reused": if_kept(true(), false()),
+        "output": if_kept(t.c.output, null()),
+        "truncated": if_kept(t.c.truncated, literal(False, Boolean())),
+        "finished_at": if_kept(literal(now, UTCDateTime()), null()),
+        # no call in this swarm: no attempts, tokens, cost, latency or tool use of its own
+        "attempts": literal(0), "error": null(), "prompt_tokens": literal(0),
+        "completion_tokens": literal(0), "cost_usd": literal(Decimal(0), Money()),
+        "latency_ms": null(), "ready_at": null(), "started_at": null(),
+        "turns": literal(0), "tool_calls": literal(0),
+    }
+
+
 async def rerun_models(session: AsyncSession, old_id: str) -> list[str]:
     """The models of the subtasks a retry of `old_id` would call again."""
     t = _SUBTASKS
@@ -76,26 +107,7 @@ async def copy_swarm(session: AsyncSession, old_id: str, new: Swarm) -> list[Reu
     new.event_seq = len(kept)
     await insert_swarm(session, new, [])
 
-    def if_kept(value: ColumnElement[Any], otherwise: ColumnElement[Any]) -> ColumnElement[Any]:
-        return case((ok, value), else_=otherwise)
-
-    columns: dict[str, ColumnElement[Any]] = {
-        "swarm_id": literal(new.id, String(36)),
-        "name": t.c.name, "position": t.c.position, "kind": t.c.kind, "model": t.c.model,
-        "depends_on": t.c.depends_on, "system_prompt": t.c.system_prompt, "prompt": t.c.prompt,
-        "max_tokens": t.c.max_tokens, "temperature": t.c.temperature, "weight": t.c.weight,
-        "tools": t.c.tools, "max_turns": t.c.max_turns,  # turns and tool_calls start at 0
-        "status": if_kept(literal(SubtaskStatus.succeeded.value, String(16)),
-                          literal(SubtaskStatus.pending.value, String(16))),
-        "reused": if_kept(true(), false()),
-        "output": if_kept(t.c.output, null()),
-        "truncated": if_kept(t.c.truncated, literal(False, Boolean())),
-        "finished_at": if_kept(literal(now, UTCDateTime()), null()),
-        # no call in this swarm: no attempts, tokens, cost or latency of its own
-        "attempts": literal(0), "error": null(), "prompt_tokens": literal(0),
-        "completion_tokens": literal(0), "cost_usd": literal(Decimal(0), Money()),
-        "latency_ms": null(), "ready_at": null(), "started_at": null(),
-    }
+    columns = copy_columns(new.id, now)
     await session.execute(
         insert(t).from_select(
             list(columns), select(*columns.values()).where(t.c.swarm_id == old_id, _copied(t))))
