@@ -77,6 +77,7 @@ def copy_columns(new_id: str, now: datetime) -> dict[str, ColumnElement[Any]]:
         "reused": if_kept(true(), false()),
         "output": if_kept(t.c.output, null()),
         "truncated": if_kept(t.c.truncated, literal(False, Boolean())),
+        "sanitized": if_kept(t.c.sanitized, literal(False, Boolean())),
         "finished_at": if_kept(literal(now, UTCDateTime()), null()),
         # no call in this swarm: no attempts, tokens, cost, latency or tool use of its own
         "attempts": literal(0), "error": null(), "prompt_tokens": literal(0),
@@ -101,7 +102,7 @@ async def copy_swarm(session: AsyncSession, old_id: str, new: Swarm) -> list[Reu
     t = _SUBTASKS
     ok = _reusable(t)
     kept = (await session.execute(
-        select(t.c.name, t.c.kind, t.c.truncated)
+        select(t.c.name, t.c.kind, t.c.truncated, t.c.sanitized)
         .where(t.c.swarm_id == old_id, ok).order_by(t.c.position))).all()
     now: datetime = new.created_at
     new.event_seq = len(kept)
@@ -115,7 +116,8 @@ async def copy_swarm(session: AsyncSession, old_id: str, new: Swarm) -> list[Reu
         await session.execute(insert(_EVENTS), [
             {"swarm_id": new.id, "seq": i, "type": "subtask.succeeded", "created_at": now,
              "data": {"name": r.name, "kind": r.kind, "latency_ms": None,
-                      "truncated": bool(r.truncated), "reused": True}}
+                      "truncated": bool(r.truncated), "sanitized": bool(r.sanitized),
+                      "reused": True}}
             for i, r in enumerate(kept, start=1)])
     return [Reused(r.name, r.kind) for r in kept]
 
