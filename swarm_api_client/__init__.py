@@ -9,6 +9,7 @@ subclasses carrying the SPEC error code. Needs only httpx, httpx-sse, pydantic a
 """
 
 from app.schemas import (
+    SubtaskDetail,
     SubtaskRead,
     SwarmCreate,
     SwarmEvent,
@@ -48,6 +49,7 @@ __all__ = [
     "PayloadTooLarge",
     "RateLimited",
     "RetryPolicy",
+    "SubtaskDetail",
     "SubtaskRead",
     "SwarmApiError",
     "SwarmClient",

@@ -9,13 +9,22 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from datetime import date, datetime
 from types import TracebackType
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 from httpx_sse import EventSource
 from pydantic import BaseModel
 from tenacity import AsyncRetrying
 
-from app.schemas import SwarmCreate, SwarmEvent, SwarmList, SwarmRead, ToolList, UsageReport
+from app.schemas import (
+    SubtaskDetail,
+    SwarmCreate,
+    SwarmEvent,
+    SwarmList,
+    SwarmRead,
+    ToolList,
+    UsageReport,
+)
 from swarm_api_client import _base as b
 from swarm_api_client.errors import SwarmApiError, WaitTimeout
 
@@ -98,6 +107,11 @@ class AsyncSwarmClient:
                     group_by: str = "model") -> UsageReport:
         """`GET /usage?from=&to=&group_by=`: spend and tokens from the ledger."""
         return await self._call(b.usage_call(start, end, group_by), UsageReport)
+
+    async def subtask(self, swarm_id: str, name: str) -> SubtaskDetail:
+        """`GET /swarms/{id}/subtasks/{name}`: one subtask with its transcript (SPEC §9)."""
+        path = b.swarm_path(swarm_id, f"/subtasks/{quote(name, safe='')}")
+        return await self._call(b.Call("GET", path), SubtaskDetail)
 
     async def tools(self) -> ToolList:
         """`GET /tools`: the tools the MCP servers offer (SPEC §9)."""

@@ -365,7 +365,8 @@ def live_service(workdir: Path, **env: str) -> Iterator[str]:
             port = free_port()
             proc = c.spawn("api", ["serve", "--port", str(port)])
             url = f"http://127.0.0.1:{port}"
-            asyncio.run(wait_http(proc, f"{url}/readyz", timeout=30, ok_only=True))
+            # start-up (imports, migrations check, tool servers) takes long on a loaded machine
+            asyncio.run(wait_http(proc, f"{url}/readyz", timeout=90, ok_only=True))
             yield url
         except BaseException:
             print(c.logs())

@@ -24,6 +24,7 @@ from swarm_api_client import (
     NotFound,
     RateLimited,
     RetryPolicy,
+    SubtaskDetail,
     SwarmClient,
     SwarmCreate,
     SwarmEvent,
@@ -81,6 +82,11 @@ def test_create_wait_get_and_list_every_page(api_url: str) -> None:
         assert done.status == "succeeded" and done.result
         assert [s.status for s in done.subtasks] == ["succeeded"] * 6
         assert client.get(first.id) == done
+        one = client.subtask(first.id, "agent_1")
+        assert isinstance(one, SubtaskDetail) and one.output == done.subtasks[0].output
+        assert (one.tools, one.transcript, one.turns) == ([], [], 0)  # no tools: one call
+        with pytest.raises(NotFound):
+            client.subtask(first.id, "no/such agent")
         second = client.wait(client.create(five_agents("second of two")).id, timeout=60)
 
         spy.requests.clear()
