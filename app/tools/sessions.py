@@ -13,12 +13,12 @@ import asyncio
 import logging
 from contextlib import AsyncExitStack, suppress
 
+import httpx2
 import mcp_types as types
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.session import IncomingMessage
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 from app.tools.config import ServerConfig
 from app.tools.model import ServerUnavailable, ToolInfo
@@ -116,8 +116,13 @@ class ServerConnection:
                 read, write = await stack.enter_async_context(stdio_client(params))
             else:
                 assert cfg.url is not None
-                http = await stack.enter_async_context(
-                    create_mcp_http_client(headers=cfg.headers or None))
+                # one connection per call in flight (+ the server's event stream): the SDK's
+                # default pool of 100 breaks the whole session when more calls wait on it
+                slots = cfg.max_concurrency + 2
+                http = await stack.enter_async_context(httpx2.AsyncClient(
+                    headers=cfg.headers or None, timeout=httpx2.Timeout(30.0, read=300.0),
+                    limits=httpx2.Limits(max_connections=slots,
+                                         max_keepalive_connections=slots)))
                 read, write = await stack.enter_async_context(
                     streamable_http_client(cfg.url, http_client=http))
             session = await stack.enter_async_context(
