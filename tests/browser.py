@@ -30,12 +30,15 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 class LiveServer:
     """create_app(settings) served by uvicorn on a free loopback port, engine included."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, port: int = 0) -> None:
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart, same port
+        self.sock.bind(("127.0.0.1", port))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on")
+        # open event streams are cut after a second at shutdown, as a crashed replica's would
+        config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on",
+                                timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True)

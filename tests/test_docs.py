@@ -4,6 +4,7 @@ to people loads anything from another host."""
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit
@@ -16,6 +17,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from app.main import create_app
 from app.ui.docs import offline_fastapi
+from app.ui.routes import STATIC_DIR
 from tests.browser import (
     LiveServer,
     driver,
@@ -42,7 +44,7 @@ SPEC_IDS = {
 }
 VERBS = {"create", "get", "list", "cancel", "stream", "retry", "check", "delete", "update",
          "call", "run", "submit", "complete", "read", "watch", "replace", "set", "search"}
-PAGES = ["/docs", "/redoc"]
+PAGES = ["/docs", "/redoc", "/ui", f"/ui/swarms/{uuid.uuid4()}"]
 # XML namespaces name a vocabulary; nothing is ever fetched from them
 NAMESPACES = re.compile(r"http://www\.w3\.org/(2000/svg|1999/xhtml|1999/xlink)")
 URL_IN_CSS = re.compile(r"""url\(\s*['"]?([^'")]+)|@import\s+['"]([^'"]+)""")
@@ -102,7 +104,7 @@ def _outside_hosts(text: str) -> list[str]:
 
 async def test_pages_load_nothing_from_another_host(sqlite_url: str) -> None:
     """Every page, every asset it names and every URL in its styles is the service's own; the
-    page's scripts and styles of our own name no other host; a CSP keeps the browser to it."""
+    UI's own scripts and styles name no other host; a CSP keeps the browser to the service."""
     app = create_app(make_settings(sqlite_url))
     base = "http://testserver"
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base) as c:
@@ -125,8 +127,11 @@ async def test_pages_load_nothing_from_another_host(sqlite_url: str) -> None:
                         target = found[0] or found[1]
                         assert target.startswith("data:") or urlsplit(
                             urljoin(url, target)).netloc == "testserver", (url, target)
-                if "/ui/static/" in url:  # our own assets name no host at all
-                    assert _outside_hosts(asset.text) == [], url
+        # every file of the UI (modules import each other) is served and names no host at all
+        for path in sorted(STATIC_DIR.iterdir()):
+            asset = await c.get(f"/ui/static/{path.name}")
+            assert asset.status_code == 200, path.name
+            assert _outside_hosts(asset.text) == [], path.name
 
 
 # ---- in a real browser with every outside host blocked -----------------------------------------
