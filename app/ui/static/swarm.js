@@ -9,6 +9,8 @@ import { DagView } from "./dag.js";
 const swarmId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop());
 const base = `/swarms/${encodeURIComponent(swarmId)}`;
 const RANK = { pending: 0, running: 1, succeeded: 2, failed: 2, skipped: 2, cancelled: 2 };
+const SWARM_RANK = { queued: 0, planning: 1, running: 2, synthesizing: 3, succeeded: 4,
+  failed: 4, cancelled: 4 };
 const EVENT_STATUS = { "subtask.started": "running", "subtask.succeeded": "succeeded",
   "subtask.failed": "failed", "subtask.skipped": "skipped" };
 
@@ -57,7 +59,7 @@ function merge(fresh) {
       const now = live.get(s.name);
       if (now && RANK[now] > RANK[s.status]) s.status = now;
     }
-    if (TERMINAL.has(swarm.status) && !TERMINAL.has(fresh.status)) fresh.status = swarm.status;
+    if (SWARM_RANK[swarm.status] > SWARM_RANK[fresh.status]) fresh.status = swarm.status;
   }
   swarm = fresh;
   render();
@@ -74,7 +76,8 @@ function onEvent(ev) {
   if (status) {
     const sub = swarm.subtasks.find((s) => s.name === data.name);
     if (!sub) { refetch(); return; } // a subtask born while running (plan, compressor)
-    if (RANK[status] >= RANK[sub.status] || status === "running") sub.status = status;
+    // the stream replays from the first event: never step back from what is already known
+    if (RANK[status] >= RANK[sub.status]) sub.status = status;
     if (data.latency_ms !== undefined) sub.latency_ms = data.latency_ms;
     if (data.error) sub.error = data.error;
     view.setStatus(sub.name, sub.status, sub);
@@ -227,7 +230,15 @@ function section(title, ...children) {
   return el("section", { class: "panel-section" }, el("h3", { text: title }), ...children);
 }
 
+let panelKey = "";
+
 function renderPanel() {
+  const sub0 = selected && swarm.subtasks.find((s) => s.name === selected);
+  // re-reads of a running swarm must not reset what the reader scrolled to: redraw on change
+  const key = JSON.stringify([selected, sub0 || swarm.status, sub0 ? detail : swarm.result,
+    swarm.error, view.critical.has(selected)]);
+  if (key === panelKey) return;
+  panelKey = key;
   const panel = { replaceChildren: (...nodes) => document.getElementById("panel")
     .replaceChildren(...nodes.filter((n) => n !== null && n !== undefined)) };
   const sub = selected && swarm.subtasks.find((s) => s.name === selected);
