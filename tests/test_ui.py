@@ -26,6 +26,7 @@ from tests.browser import (
     wait_for,
 )
 from tests.conftest import make_settings
+from tests.mcp_servers import HttpServer, write_config
 
 __all__ = ["driver"]  # one browser for this module
 
@@ -282,3 +283,40 @@ def test_a_thousand_nodes_lay_out_and_collapse(driver: WebDriver,
     screenshot(driver, "ui-swarm-1000-collapsed")
     Path(ARTIFACTS / "ui-layout.txt").write_text(
         f"985-node swarm: layout + first draw {layout_ms} ms in the browser\n")
+
+
+def test_panel_shows_a_subtasks_tool_calls(driver: WebDriver,
+                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tool calls come from GET /swarms/{id}/subtasks/{name}: each with its tool, arguments
+    and result, and a failing one marked as an error."""
+    tmp = tmp_path_factory.mktemp("ui-tools")
+    mcp = HttpServer(tmp / "mcp.log")
+    try:
+        config = write_config(tmp / "mcp.json", {"docs": {"url": mcp.url}})
+        settings = make_settings(f"sqlite+aiosqlite:///{tmp}/swarm.db", mcp_config=config)
+        with LiveServer(settings) as live:
+            swarm = httpx.post(f"{live.url}/swarms", timeout=60, json={
+                "task": "Which planets have moons?", "synthesis": {"strategy": "none"},
+                "agents": [{"name": "researcher", "tools": ["docs.lookup", "docs.fail"],
+                            "prompt": "moon [[sim latency_ms=0 turns=2]]"}]}).json()
+            done = httpx.get(f"{live.url}/swarms/{swarm['id']}", params={"wait": 30}).json()
+            assert done["status"] == "succeeded", done
+            detail = httpx.get(f"{live.url}/swarms/{swarm['id']}/subtasks/researcher").json()
+            calls = [c for m in detail["transcript"] if m["role"] == "assistant"
+                     for c in m.get("tool_calls") or []]
+            driver.get(f"{live.url}/ui/swarms/{swarm['id']}#subtask=researcher")
+            wait_for(driver, "document.querySelectorAll('.tool-call').length === "
+                             f"{len(calls)}")
+            items = driver.find_elements(By.CSS_SELECTOR, ".tool-call")
+            names = [i.find_element(By.CSS_SELECTOR, ".tool-name").text for i in items]
+            assert sorted(names) == sorted(c["function"]["name"].replace("__", ".", 1)
+                                           for c in calls)
+            assert {"docs.lookup", "docs.fail"} <= set(names)
+            failed = driver.find_elements(By.CSS_SELECTOR, ".tool-call.failed .tool-name")
+            assert {f.text for f in failed} == {"docs.fail"}
+            panel = driver.find_element(By.ID, "panel").text
+            assert f"tool calls\n{detail['tool_calls']}" in panel
+            screenshot(driver, "ui-tool-calls")
+            assert severe_console(driver) == []
+    finally:
+        mcp.close()
