@@ -192,6 +192,24 @@ def _events_requests(driver: WebDriver) -> list[dict[str, Any]]:
     return found
 
 
+def test_cancel_button_cancels_the_running_swarm(driver: WebDriver,
+                                                  server: LiveServer) -> None:
+    swarm = httpx.post(f"{server.url}/swarms", json={"task": "long", "agents": [
+        {"name": "slow_a", "system_prompt": slow(20000)},
+        {"name": "after", "depends_on": ["slow_a"]}]}).json()
+    driver.get(f"{server.url}/ui/swarms/{swarm['id']}")
+    wait_for(driver, "document.querySelector('.node[data-name=slow_a][data-status=running]')")
+    driver.find_element(By.ID, "cancel").click()
+    wait_for(driver, "document.getElementById('confirm-cancel').open")
+    driver.find_element(By.CSS_SELECTOR, "#confirm-cancel button[value=yes]").click()
+    wait_for(driver, "document.getElementById('swarm-status').textContent === 'cancelled'", 30)
+    wait_for(driver, "document.querySelector('.node[data-name=slow_a]')"
+                     ".getAttribute('data-status') === 'cancelled'")
+    wait_for(driver, "document.getElementById('cancel').hidden")
+    assert httpx.get(f"{server.url}/swarms/{swarm['id']}").json()["status"] == "cancelled"
+    assert severe_console(driver) == []
+
+
 def test_list_shows_recent_swarms_filtered_and_paged(driver: WebDriver,
                                                      server: LiveServer) -> None:
     api = httpx.Client(base_url=server.url, timeout=30)
