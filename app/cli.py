@@ -107,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from app.config import Settings
 
-    settings = Settings()
+    try:  # a bad setting or file (SWARM_TENANTS_FILE, ...) stops the process, saying why
+        settings = Settings()
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        print(f"swarm-api: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     if args.command == "migrate":
         from app.db.migrate import upgrade_head
 

@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.pricing import PriceTable
+from app.tenants import TenantLimits, TenantTable
 
 EMBEDDED_DATABASE_URL = "sqlite+aiosqlite:///./swarm.db"
 
@@ -50,6 +51,7 @@ class Settings(BaseSettings):
     api_keys: SecretStr = SecretStr("")
     allow_open: bool = False
     models_file: str | None = None
+    tenants_file: str | None = None  # per-tenant quotas (SPEC §8)
     default_model: str = "kimi-k2.5"
     daily_budget_usd: Decimal | None = Field(default=None, gt=0)
     max_inflight: int = Field(default=256, ge=1, le=10_000)
@@ -94,6 +96,7 @@ class Settings(BaseSettings):
         if self.default_model not in self.prices:
             raise ValueError(f"SWARM_DEFAULT_MODEL {self.default_model!r} has no price "
                              f"(priced: {', '.join(self.prices.names())})")
+        _ = self.tenants  # SWARM_TENANTS_FILE read and checked now (ValueError says why)
         return self
 
     @property
@@ -118,3 +121,14 @@ class Settings(BaseSettings):
         if self.models_file:
             return PriceTable.from_file(self.models_file)
         return PriceTable.builtin()
+
+    @cached_property
+    def tenants(self) -> TenantTable:
+        """Per-tenant quotas: SWARM_TENANTS_FILE, else SPEC §8's defaults for everyone."""
+        if self.tenants_file:
+            return TenantTable.from_file(self.tenants_file)
+        return TenantTable.builtin()
+
+    def tenant_limits(self, tenant: str) -> TenantLimits:
+        """One tenant's limits (its webhook_secret included)."""
+        return self.tenants.limits(tenant)

@@ -57,3 +57,21 @@ class PayloadTooLarge(ApiError):
 class ServiceUnavailable(ApiError):
     status_code = 503
     code = "unavailable"
+
+
+class TooManyRequests(ApiError):
+    """429 with `Retry-After`: `rate_limited` (the tenant's bucket is empty) or
+    `quota_exceeded` (a count or the daily cap; `details.limit` names the key)."""
+
+    status_code = 429
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, *, limit: str, retry_after_s: float,
+                 code: str = "quota_exceeded", **details: object) -> None:
+        super().__init__(message, details={"limit": limit, **details}, code=code)
+        self.limit = limit
+        self.retry_after_s = max(int(-(-retry_after_s // 1)), 1)  # whole seconds, rounded up
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from app import metrics
 from app.api import errors, openai, ops, retry, swarms, usage
 from app.api import tools as tools_api
+from app.api.admission import StreamSlots
 from app.api.openai_errors import openai_responses
 from app.config import Settings
 from app.gateway.client import GatewayClient
@@ -71,6 +72,8 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     app.state.died = None
     app.state.tools = None
     metrics.set_price_table(settings.prices)
+    _ = settings.tenants  # SWARM_TENANTS_FILE is read and checked now, not at a first request
+    app.state.stream_slots = StreamSlots()  # max_streams, per tenant in this process
     errors.install(app)
     # routes that read or write the database answer 503 while it is unreachable
     # 403: a client off loopback while the API is open (LoopbackOnly)

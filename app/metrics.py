@@ -80,6 +80,11 @@ price_table_info = Gauge("swarm_price_table_info",
                          ["version"], multiprocess_mode="livemax")
 subtasks_reused = Counter("swarm_subtasks_reused_total",
                           "Subtasks copied as succeeded into a retry (no gateway call)", ["kind"])
+# SPEC §8: requests refused by a tenant's quota, by the key that refused them (no tenant label)
+QUOTA_LIMITS = ("requests_per_minute", "max_active_swarms", "max_agents", "max_budget_usd",
+                "daily_budget_usd", "max_streams")
+quota_denials = Counter("swarm_quota_denials_total", "Requests refused by a tenant quota",
+                        ["limit"])
 http_duration = Histogram("swarm_http_request_duration_seconds", "HTTP requests served",
                           ["method", "route", "status"], buckets=LATENCY_BUCKETS)
 
@@ -96,6 +101,8 @@ def _init_labels() -> None:
     _init_models(MODEL_LABELS)
     for scope in ("swarm", "daily"):
         budget_denials.labels(scope)
+    for limit in QUOTA_LIMITS:
+        quota_denials.labels(limit)
 
 
 def _init_models(models: tuple[str, ...] | list[str]) -> None:

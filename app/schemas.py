@@ -293,6 +293,7 @@ class Ready(BaseModel):
     revision: str | None
     price_table_version: str
     tool_servers: dict[str, str] = Field(default_factory=dict)  # server -> starting|up|down
+    tenants_version: str | None = None  # SWARM_TENANTS_FILE's (or the built-in defaults')
 
 
 # ---- usage (GET /usage) and events (GET /swarms/{id}/events) --------------------------------

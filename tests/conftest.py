@@ -63,7 +63,8 @@ async def _truncate(url: str) -> None:
     conn = await asyncpg.connect(asyncpg_dsn(url), timeout=5)
     try:
         await conn.execute("TRUNCATE swarms, subtasks, gateway_calls, events, webhooks, "
-                           "webhook_attempts, daily_spend, daily_reservations CASCADE")
+                           "webhook_attempts, daily_spend, daily_reservations, tenant_buckets, "
+                           "tenant_daily_spend, tenant_daily_reservations CASCADE")
     finally:
         await conn.close()
 

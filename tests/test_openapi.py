@@ -27,12 +27,14 @@ MAX_BODY = 4096
 
 # SPEC §3: route -> the statuses it must document (503: the database is unreachable)
 SPEC_ROUTES: dict[tuple[str, str], set[int]] = {
-    ("post", "/swarms"): {202, 400, 401, 413, 422, 503},
+    # 429: a tenant quota (SPEC §8): the bucket and counts at creation, max_streams for
+    # ?wait= and the event stream
+    ("post", "/swarms"): {202, 400, 401, 413, 422, 429, 503},
     ("get", "/swarms"): {200, 401, 422, 503},
-    ("get", "/swarms/{swarm_id}"): {200, 401, 404, 422, 503},
+    ("get", "/swarms/{swarm_id}"): {200, 401, 404, 422, 429, 503},
     ("post", "/swarms/{swarm_id}/cancel"): {202, 401, 404, 409, 503},
     ("post", "/swarms/{swarm_id}/retry"): {202, 401, 404, 409, 422, 503},  # SPEC §11
-    ("get", "/swarms/{swarm_id}/events"): {200, 400, 401, 404, 503},
+    ("get", "/swarms/{swarm_id}/events"): {200, 400, 401, 404, 429, 503},
     ("get", "/usage"): {200, 401, 422, 503},
     ("get", "/healthz"): {200},
     ("get", "/readyz"): {200, 503},
@@ -189,10 +191,14 @@ def test_event_schema_rejects_what_it_should() -> None:
 
 
 @pytest.fixture
-async def live(sqlite_url: str) -> AsyncIterator[Harness]:
-    """Auth on and a small body limit, so every documented status can be provoked."""
+async def live(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
+    """Auth on, a small body limit and a tenant with tight quotas (t2), so every documented
+    status can be provoked."""
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text("[tenants.t2]\nrequests_per_minute = 1\nburst = 1\nmax_streams = 0\n")
     h, close = await start_harness(make_settings(sqlite_url, api_keys="t1:k1,t2:k2",
-                                                 max_body_bytes=MAX_BODY))
+                                                 max_body_bytes=MAX_BODY,
+                                                 tenants_file=str(tenants)))
     yield h
     await close()
 
@@ -317,6 +323,12 @@ async def _exercise(h: Harness) -> list[tuple[str, str, httpx.Response]]:
     add("post", "/swarms", await c.post("/swarms", json={"task": "t", "agents": [
         {"name": "a", "depends_on": ["a"]}]}, headers=KEY))
     add("post", "/swarms", await c.post("/swarms", json=BODY))
+    quota = {"Authorization": "Bearer k2"}  # tenant t2: one request a minute, no streams
+    t2 = add("post", "/swarms", await c.post("/swarms", json=BODY, headers=quota)).json()["id"]
+    add("post", "/swarms", await c.post("/swarms", json=BODY, headers=quota))
+    add("get", "/swarms/{swarm_id}", await c.get(f"/swarms/{t2}", params={"wait": 1},
+                                                 headers=quota))
+    add("get", "/swarms/{swarm_id}/events", await c.get(f"/swarms/{t2}/events", headers=quota))
 
     done = add("get", "/swarms/{swarm_id}", await c.get(f"/swarms/{sid}", params={"wait": 20},
                                                         headers=KEY))

@@ -13,7 +13,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.db.retry import database_unavailable
-from app.errors import ApiError
+from app.errors import ApiError, TooManyRequests
 from app.middleware import CatchAll
 from app.schemas import ErrorResponse
 
@@ -82,6 +82,8 @@ async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
 
 async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+    if isinstance(exc, TooManyRequests):
+        headers = exc.headers
     return error_response(exc.status_code, exc.code, exc.message, exc.details, headers)
 
 

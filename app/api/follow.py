@@ -9,32 +9,44 @@ from collections.abc import AsyncIterator
 from app.db import queries
 from app.db.session import SessionFactory
 from app.db.tables import Event
-from app.engine.notify import SwarmNotifier
+from app.engine.notify import SwarmNotifier, woken
 from app.states import SwarmStatus
 
-POLL_S = 0.5  # how often readers re-read when the change happens in another process
+POLL_S = 0.5  # how often ?wait= readers of the facade re-read (app/api/openai_swarm.py)
+# readers are woken by commits (this process's engine, or NOTIFY from others); without a
+# wake-up they re-read this often, in case a notification was lost (a LISTEN reconnect)
+FALLBACK_S = 2.0
 
 
 async def follow_events(sessions: SessionFactory, notifier: SwarmNotifier, swarm_id: str,
                         tenant: str | None, after: int = 0) -> AsyncIterator[Event]:
     """The swarm's events after seq `after`, as they are committed; ends after
-    `swarm.completed` (or when the swarm is terminal or gone and nothing is left to read)."""
-    seq = after
-    while True:
-        async with sessions() as s, s.begin():
-            # status first: the terminal status commits with `swarm.completed`, so a reader
-            # resuming at or past that event gets an ended stream, not one held open forever
-            status = await queries.get_status(s, swarm_id, tenant)
-            ended = status is None or SwarmStatus(status).terminal
-            rows = await queries.events_after(s, swarm_id, seq)
-        for ev in rows:
-            seq = ev.seq
-            yield ev
-            if ev.type == "swarm.completed":
+    `swarm.completed` (or when the swarm is terminal or gone and nothing is left to read).
+
+    Driven by the events table: read what is new, hand it out, sleep until a commit of this
+    swarm wakes us (armed before the read, so none is missed). The swarm's status is read only
+    when nothing is new and no wake-up came: a resume at or past `swarm.completed` (the
+    terminal status commits with it), or a lost notification."""
+    seq, check_status = after, True
+    armed = notifier.arm(swarm_id)
+    try:
+        while True:
+            async with sessions() as s, s.begin():
+                rows = await queries.events_after(s, swarm_id, seq)
+                status = (await queries.get_status(s, swarm_id, tenant)
+                          if not rows and check_status else None)
+            for ev in rows:
+                seq = ev.seq
+                yield ev
+                if ev.type == "swarm.completed":
+                    return
+            if rows:
+                await asyncio.sleep(0)
+                continue
+            if check_status and (status is None or SwarmStatus(status).terminal):
                 return
-        if not rows:
-            if ended:
-                return
-            await notifier.wait(swarm_id, POLL_S)
-        else:
-            await asyncio.sleep(0)
+            check_status = not await woken(armed, FALLBACK_S)
+            notifier.disarm(swarm_id, armed)
+            armed = notifier.arm(swarm_id)
+    finally:
+        notifier.disarm(swarm_id, armed)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request, Response
 
+from app.api.admission import RateLimitDep
 from app.api.deps import SettingsDep, TenantDep
 from app.api.openai_errors import OpenAIRoute, openai_responses
 from app.api.openai_passthrough import Passthrough
@@ -54,7 +55,7 @@ async def list_models(settings: SettingsDep, tenant: TenantDep) -> ModelList:
 )
 async def create_chat_completion(
     body: ChatCompletionCreate, request: Request, tenant: TenantDep,
-    idempotency_key: IdempotencyKey = None,
+    admission: RateLimitDep, idempotency_key: IdempotencyKey = None,
 ) -> Response | ChatCompletion:
     """With `agent_swarm.enabled`: runs a swarm (SPEC §10) and answers with its result, the
     summed usage of all its gateway calls and `swarm_id`; the request waits for the swarm (up
@@ -63,7 +64,7 @@ async def create_chat_completion(
     """
     if body.agent_swarm is not None and body.agent_swarm.enabled:
         call = SwarmCall(request, body, tenant)
-        swarm_id = await call.create(request, idempotency_key)
+        swarm_id = await call.create(request, idempotency_key, admission)
         return call.stream(swarm_id) if body.stream else await call.answer(swarm_id)
     raw: dict[str, Any] = json.loads(await request.body())
     forward = Passthrough(request, body, tenant, raw)

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 
 from app.api import swarms
+from app.api.admission import Admission
 from app.api.follow import POLL_S, follow_events
 from app.api.openai_errors import openai_error, seconds_to_midnight
 from app.config import Settings
@@ -147,16 +148,18 @@ class SwarmCall:
         self.deadline = time.monotonic()
         self.created = int(time.time())
 
-    async def create(self, request: Request, idempotency_key: str | None) -> str:
+    async def create(self, request: Request, idempotency_key: str | None,
+                     admission: Admission) -> str:
         """The swarm, created by the very code of `POST /swarms` (validation, prices, idempotency,
         local adoption); returns its id."""
         body = swarm_request(self.req)
         try:
             async with self.sessions() as session:
+                await admission.check_active(session)  # SPEC §8: it creates a swarm
                 view = await swarms.create_swarm(
                     body=body, response=Response(), session=session, tenant=self.tenant,
                     settings=self.settings, engine=request.app.state.engine,
-                    tools=request.app.state.tools,
+                    tools=request.app.state.tools, admission=admission,
                     idempotency_key=idempotency_key,
                     traceparent=request.headers.get("traceparent"))
         except ApiError as exc:  # name the request's field, not the swarm's

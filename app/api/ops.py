@@ -41,7 +41,8 @@ async def check_ready(request: Request, settings: SettingsDep) -> Response:
     tools = request.app.state.tools
     return JSONResponse(Ready(status="ok", database="ok", revision=revision,
                               price_table_version=settings.prices.version,
-                              tool_servers={} if tools is None else tools.states()).model_dump())
+                              tool_servers={} if tools is None else tools.states(),
+                              tenants_version=settings.tenants.version).model_dump())
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,

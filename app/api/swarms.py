@@ -11,8 +11,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy.ext.asyncio import AsyncSession
 from sse_starlette.sse import EventSourceResponse
+from starlette.background import BackgroundTask
 
 from app import tracing
+from app.api.admission import AdmissionDep, StreamGateDep, WaitSlotDep
 from app.api.deps import EngineDep, NotifierDep, SessionDep, SettingsDep, TenantDep, ToolsDep
 from app.api.errors import error_responses
 from app.api.follow import follow_events
@@ -21,6 +23,7 @@ from app.api.shared import check_id as _check_id
 from app.api.shared import read_swarm as _read
 from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
 from app.db import queries, retry_copy
+from app.engine.notify import woken
 from app.engine.specs import build_swarm, request_hash
 from app.errors import AlreadyTerminal, RequestInvalid, SwarmNotFound
 from app.schemas import SwarmCreate, SwarmList, SwarmRead
@@ -29,7 +32,9 @@ from app.views import swarm_read
 from app.webhooks import check_webhook_url
 
 router = APIRouter(prefix="/swarms", tags=["swarms"])
-POLL_S = 0.5  # how often waiters re-read when the change happens in another process
+# readers are woken by commits (this process's engine, or NOTIFY from others); without a
+# wake-up they re-read this often, in case a notification was lost (a LISTEN reconnect)
+FALLBACK_S = 2.0
 
 def _links(*targets: tuple[str, str, str]) -> dict[str, Any]:
     """OpenAPI links from a swarm answer to what a client does next with its id (schema-aware
@@ -45,14 +50,16 @@ SWARM_LINKS = _links(("GetSwarm", "get", ""), ("CancelSwarm", "post", "~1cancel"
 
 @router.post(
     "", status_code=202, response_model=SwarmRead,
-    responses={202: {"links": SWARM_LINKS}, **error_responses(400, 401, 413, 422)},
+    responses={202: {"links": SWARM_LINKS}, **error_responses(400, 401, 413, 422, 429)},
     summary="Start a swarm",
 )
 async def create_swarm(body: SwarmCreate, response: Response, session: SessionDep,
                        tenant: TenantDep, settings: SettingsDep, engine: EngineDep,
-                       tools: ToolsDep, idempotency_key: IdempotencyKey = None,
+                       tools: ToolsDep, admission: AdmissionDep,
+                       idempotency_key: IdempotencyKey = None,
                        traceparent: TraceParent = None) -> SwarmRead:
     """Validate, store the swarm and its subtasks in one transaction, and queue it."""
+    body = admission.swarm(body)  # the tenant's quotas on agents and budget (SPEC §8)
     new = build_swarm(body, settings, tenant, idempotency_key, tools=tools)
     new.swarm.trace_parent = tracing.swarm_created(traceparent)
     if body.webhook_url is not None:
@@ -109,22 +116,32 @@ async def list_swarms(
         next_cursor=next_cursor)
 
 
-@router.get("/{swarm_id}", response_model=SwarmRead, responses=error_responses(401, 404, 422),
+@router.get("/{swarm_id}", response_model=SwarmRead,
+            responses=error_responses(401, 404, 422, 429),
             summary="Read a swarm (optionally wait for it to finish)")
 async def get_swarm(
     swarm_id: str, session: SessionDep, tenant: TenantDep, notifier: NotifierDep,
+    _stream: WaitSlotDep,
     wait: Annotated[float | None, Query(ge=0, le=60, description="hold up to S seconds until "
                                         "the swarm is terminal")] = None,
 ) -> SwarmRead:
     """The swarm with its subtasks, progress, usage and timing."""
     until = time.monotonic() + (wait or 0)
-    view = await _read(session, swarm_id, tenant)
-    status = view.status
-    while not SwarmStatus(status).terminal and (left := until - time.monotonic()) > 0:
-        # woken on every commit of this swarm here: re-check only the status, cheaply
-        await notifier.wait(swarm_id, min(left, POLL_S))
-        async with session.begin():
-            status = await queries.get_status(session, swarm_id, tenant) or status
+    armed = notifier.arm(swarm_id) if wait else None  # before the read: no change missed
+    try:
+        view = await _read(session, swarm_id, tenant)
+        status = view.status
+        while (armed is not None and not SwarmStatus(status).terminal
+               and (left := until - time.monotonic()) > 0):
+            # woken on every commit of this swarm: re-check only the status, cheaply
+            await woken(armed, min(left, FALLBACK_S))
+            notifier.disarm(swarm_id, armed)
+            armed = notifier.arm(swarm_id)
+            async with session.begin():
+                status = await queries.get_status(session, swarm_id, tenant) or status
+    finally:
+        if armed is not None:
+            notifier.disarm(swarm_id, armed)
     return view if status == view.status else await _read(session, swarm_id, tenant)
 
 
@@ -151,11 +168,11 @@ async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
 
 
 @router.get("/{swarm_id}/events", response_class=EventSourceResponse, responses={
-    200: EVENT_STREAM_RESPONSE, **error_responses(400, 401, 404, 422)},
+    200: EVENT_STREAM_RESPONSE, **error_responses(400, 401, 404, 422, 429)},
     summary="Stream a swarm's events")
 async def stream_swarm_events(
     swarm_id: str, request: Request, session: SessionDep, tenant: TenantDep,
-    notifier: NotifierDep,
+    notifier: NotifierDep, gate: StreamGateDep,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
     """`id:` is the per-swarm sequence number; `Last-Event-ID` resumes after it; the stream
@@ -163,14 +180,19 @@ async def stream_swarm_events(
     after = resume_after(last_event_id)
     _check_id(swarm_id)
     async with session.begin():
-        if await queries.get_swarm(session, swarm_id, tenant) is None:
+        if await queries.get_status(session, swarm_id, tenant) is None:
             raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id})
     sessions = request.app.state.sessions
+    slot = gate.take()  # one of the tenant's max_streams, until the stream ends
 
     async def stream() -> AsyncIterator[dict[str, Any]]:
-        async for ev in follow_events(sessions, notifier, swarm_id, tenant, after):
-            yield {"id": str(ev.seq), "event": ev.type,
-                   "data": json.dumps({"seq": ev.seq, "swarm_id": swarm_id, **ev.data},
-                                      default=str)}
+        try:
+            async for ev in follow_events(sessions, notifier, swarm_id, tenant, after):
+                yield {"id": str(ev.seq), "event": ev.type,
+                       "data": json.dumps({"seq": ev.seq, "swarm_id": swarm_id, **ev.data},
+                                          default=str)}
+        finally:
+            slot.release()
 
-    return EventSourceResponse(stream(), ping=15)
+    # the slot is freed when the stream ends, or after the response if it never started
+    return EventSourceResponse(stream(), ping=15, background=BackgroundTask(slot.release))

@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from sqlalchemy import (
     ColumnElement,
+    Select,
     Table,
     Update,
     bindparam,
@@ -151,9 +152,12 @@ async def subtask_output(session: AsyncSession, swarm_id: str, name: str) -> str
 
 
 async def queue_position(session: AsyncSession, swarm: Swarm) -> int:
-    """1 for the next queued swarm to be claimed, across tenants."""
+    """1 for the tenant's next queued swarm (claims are fair across tenants, oldest first
+    within one): counts only the caller's own queue, on the (tenant, status, created_at)
+    index; never another tenant's backlog (SPEC §8)."""
     stmt = select(func.count()).where(
-        Swarm.status == SwarmStatus.queued, Swarm.created_at < swarm.created_at
+        Swarm.tenant == swarm.tenant, Swarm.status == SwarmStatus.queued,
+        Swarm.created_at < swarm.created_at,
     )
     return int((await session.execute(stmt)).scalar_one()) + 1
 
@@ -286,15 +290,33 @@ def _claimable(now: Any) -> ColumnElement[bool]:
         Swarm.lease_expires_at.is_(None), Swarm.lease_expires_at < now)
 
 
+# Fair claims (SPEC §8): round-robin across tenants. A claimable swarm's priority is its
+# tenant's swarms held now (live leases) + its rank in its tenant's queue (oldest = 1): the
+# oldest swarm of the tenant with the fewest running goes first, and one tenant's backlog
+# delays another's swarm by at most one claim per free slot. Ties: oldest first.
 _PG_CLAIM = text("""
-WITH picked AS MATERIALIZED (
-    SELECT id FROM swarms
+WITH held AS (
+    SELECT tenant, count(*) AS n FROM swarms
     WHERE status IN ('queued', 'planning', 'running', 'synthesizing')
-      AND (lease_expires_at IS NULL OR lease_expires_at < now())
-      AND id <> ALL(CAST(:exclude AS text[]))
-    ORDER BY created_at
+      AND lease_expires_at >= now()
+    GROUP BY tenant
+),
+ranked AS (
+    SELECT c.id, c.created_at,
+           COALESCE(h.n, 0)
+             + row_number() OVER (PARTITION BY c.tenant ORDER BY c.created_at, c.id) AS prio
+    FROM swarms c LEFT JOIN held h ON h.tenant = c.tenant
+    WHERE c.status IN ('queued', 'planning', 'running', 'synthesizing')
+      AND (c.lease_expires_at IS NULL OR c.lease_expires_at < now())
+      AND c.id <> ALL(CAST(:exclude AS text[]))
+),
+picked AS MATERIALIZED (
+    SELECT s.id FROM swarms s JOIN ranked r ON r.id = s.id
+    WHERE s.status IN ('queued', 'planning', 'running', 'synthesizing')
+      AND (s.lease_expires_at IS NULL OR s.lease_expires_at < now())
+    ORDER BY r.prio, r.created_at, r.id
     LIMIT :limit
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF s SKIP LOCKED
 )
 UPDATE swarms AS s
 SET lease_owner = :owner,
@@ -311,7 +333,8 @@ async def claim_swarms(
     session: AsyncSession, owner: str, lease_s: float, limit: int,
     exclude: Sequence[str] = (),
 ) -> list[Claim]:
-    """Take up to `limit` queued or abandoned swarms, oldest first, with a fresh lease epoch.
+    """Take up to `limit` queued or abandoned swarms, fairly across tenants (see _PG_CLAIM),
+    with a fresh lease epoch.
 
     `exclude`: the swarms this process still drives. Their leases may have run out while the
     database was unreachable; the heartbeat takes them back, a claim would fence out their
@@ -325,10 +348,7 @@ async def claim_swarms(
         )
         return [Claim(r[0], r[1], r[2], r[3]) for r in rows]
     now = utcnow()
-    ids = list((await session.execute(
-        select(Swarm.id).where(_claimable(now), Swarm.id.not_in(list(exclude)))
-        .order_by(Swarm.created_at).limit(limit)
-    )).scalars())
+    ids = list((await session.execute(_fair_order(now, exclude, limit))).scalars())
     claims: list[Claim] = []
     for swarm_id in ids:
         row = (await session.execute(
@@ -346,6 +366,22 @@ async def claim_swarms(
         if row is not None:
             claims.append(Claim(row[0], row[1], row[2], row[3]))
     return claims
+
+
+def _fair_order(now: datetime, exclude: Sequence[str], limit: int) -> Select[tuple[str]]:
+    """_PG_CLAIM's order in Core (SQLite: one process, so no row locks to skip)."""
+    held = (select(Swarm.tenant, func.count().label("n"))
+            .where(Swarm.status.in_((SwarmStatus.queued, *ACTIVE)),
+                   Swarm.lease_expires_at >= now)
+            .group_by(Swarm.tenant).subquery())
+    rank = func.row_number().over(partition_by=Swarm.tenant,
+                                  order_by=(Swarm.created_at, Swarm.id))
+    ranked = (select(Swarm.id, Swarm.created_at,
+                     (func.coalesce(held.c.n, 0) + rank).label("prio"))
+              .outerjoin(held, held.c.tenant == Swarm.tenant)
+              .where(_claimable(now), Swarm.id.not_in(list(exclude))).subquery())
+    return (select(ranked.c.id)
+            .order_by(ranked.c.prio, ranked.c.created_at, ranked.c.id).limit(limit))
 
 
 async def claim_new(session: AsyncSession, swarm_id: str, owner: str, lease_s: float) -> int:

@@ -79,6 +79,8 @@ class Swarm(Base):
         Index("ix_swarms_tenant_created", "tenant", "created_at", "id"),
         Index("ix_swarms_status_lease", "status", "lease_expires_at"),
         Index("ix_swarms_retry_of", "retry_of"),
+        # per-tenant counts: active swarms at admission, queue_position (0006)
+        Index("ix_swarms_tenant_status_created", "tenant", "status", "created_at"),
     )
 
 
@@ -271,3 +273,45 @@ class TranscriptMessage(Base):
     turn: Mapped[int] = mapped_column(Integer)
     message: Mapped[dict[str, Any]] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+# ---- tenant quotas (SPEC §8) ----------------------------------------------------------------
+
+
+class TenantBucket(Base):
+    """A tenant's token bucket, shared by every API replica: `tokens` as of `updated_at`
+    (seconds since the epoch, by the database's clock on PostgreSQL)."""
+
+    __tablename__ = "tenant_buckets"
+
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class TenantDailySpend(Base):
+    """Settled spend of one tenant on one UTC day: the tenant daily cap's ledger."""
+
+    __tablename__ = "tenant_daily_spend"
+
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    spent_usd: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
+
+
+class TenantDailyReservation(Base):
+    """A worst case held against a tenant's daily cap by a call in flight (as
+    DailyReservation, per tenant)."""
+
+    __tablename__ = "tenant_daily_reservations"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    day: Mapped[date] = mapped_column(Date)
+    owner: Mapped[str] = mapped_column(String(64))
+    amount: Mapped[Decimal] = mapped_column(Money)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        Index("ix_tenant_daily_reservations_tenant_day", "tenant", "day", "expires_at"),
+    )

@@ -57,7 +57,7 @@ class CallMeter:
 
     @property
     def _daily(self) -> SharedCap | None:
-        return self.runner.ctx.daily
+        return self.runner.ctx.cap_for(self.runner.swarm.tenant)
 
     async def before(self, attempt: int) -> None:
         if attempt > 1 and self._last_outcome is not None:

@@ -96,6 +96,8 @@ class SubtaskExecutor:
         async with AsyncExitStack() as stack:
             if slot is not None:
                 await stack.enter_async_context(slot)
+            # the tenant's slot before the process's: a tenant at its limit holds none
+            await stack.enter_async_context(self.r.ctx.tenant_slot(self.r.swarm.tenant))
             await stack.enter_async_context(self.r.ctx.inflight)
             yield
 
@@ -154,10 +156,13 @@ class SubtaskExecutor:
     async def _failed_call(self, sub: Subtask, t0: float, exc: Exception) -> SubtaskStatus:
         """Map a call's failure onto the subtask and, where it must, the swarm."""
         if isinstance(exc, BudgetExceeded):
-            metrics.budget_denials.labels(exc.scope).inc()
+            # SPEC §5's scopes are `swarm` and `daily`: a tenant's daily cap is a daily one
+            metrics.budget_denials.labels("swarm" if exc.scope == "swarm" else "daily").inc()
             code = "budget_exceeded" if exc.scope == "swarm" else "daily_budget_exceeded"
-            sub.error = error(code, str(exc))
-            self.r.stop_with(SwarmStatus.failed, error(code, str(exc)))
+            # a tenant's own cap says so (SPEC §8); the global one keeps its old shape
+            scope = {"scope": "tenant"} if exc.scope == "tenant" else {}
+            sub.error = error(code, str(exc), **scope)
+            self.r.stop_with(SwarmStatus.failed, error(code, str(exc), **scope))
             return SubtaskStatus.running  # the swarm stops; finishing cancels this subtask
         if isinstance(exc, GatewayUnavailable) and exc.deadline_hit:
             self.r.stop_with(SwarmStatus.failed, self.r.deadline_error())

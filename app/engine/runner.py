@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import graphlib
 import logging
 import time
@@ -31,6 +32,7 @@ from app.engine.calls import Row
 from app.engine.execute import SubtaskExecutor, error
 from app.engine.layout import PLANNER
 from app.engine.synthesis import WorkerResult, concatenate, vote
+from app.engine.tenancy import TenantGates
 from app.engine.writer import StateWriter, WriteRejected, consume
 from app.gateway.client import GatewayClient
 from app.pricing import PriceTable, metric_model_label
@@ -54,6 +56,14 @@ class EngineContext:
     model_slots: dict[str, asyncio.Semaphore]
     daily: SharedCap | None = None
     tools: ToolRegistry | None = None
+    tenants: TenantGates | None = None  # per-tenant in-flight slots and daily caps
+
+    def cap_for(self, tenant: str) -> SharedCap | None:
+        """The shared caps a call of this tenant reserves against (global and/or tenant)."""
+        return self.daily if self.tenants is None else self.tenants.cap(tenant)
+
+    def tenant_slot(self, tenant: str) -> contextlib.AbstractAsyncContextManager[object]:
+        return contextlib.nullcontext() if self.tenants is None else self.tenants.slot(tenant)
 
 
 class Drained(Exception):

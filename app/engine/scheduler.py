@@ -20,6 +20,7 @@ from app.db.tables import Subtask, Swarm
 from app.engine.budget import SharedCap
 from app.engine.notify import SwarmNotifier
 from app.engine.runner import EngineContext, SwarmRunner
+from app.engine.tenancy import TenantGates
 from app.engine.wakeup import PgListener
 from app.engine.writer import StateWriter
 from app.gateway.client import GatewayClient
@@ -56,6 +57,8 @@ class Engine:
                          for n in settings.prices.names()
                          if settings.prices[n].concurrency},
             daily=daily, tools=tools,
+            tenants=TenantGates(settings.tenants, sessions, self.owner,
+                                settings.lease_seconds, daily),
         )
         self.runners: dict[str, tuple[SwarmRunner, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
@@ -137,6 +140,8 @@ class Engine:
             task.cancel()
         await asyncio.gather(*tasks, *self._side, return_exceptions=True)
         await self.writer.close()
+        if self.ctx.tenants is not None:
+            await self.ctx.tenants.close()
         unfinished = [sid for sid, (runner, _t) in entries if not runner.finished]
         if unfinished:
             with suppress(Exception):

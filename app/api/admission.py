@@ -1,0 +1,240 @@
+"""Admission of requests by the caller's tenant quotas (SPEC §8), as route dependencies.
+
+- `RateLimitDep`: one token of the tenant's bucket (shared by every replica through the
+  database) and a tenant whose daily cap is spent is refused; for routes that call the gateway
+  without creating a swarm (the facade's passthrough).
+- `AdmissionDep`: the same plus `max_active_swarms`, for routes that create a swarm; its
+  `swarm(body)` then applies the body's quotas (`max_agents`, `max_budget_usd`,
+  `default_budget_usd`).
+- `WaitSlotDep` / `StreamSlotDep`: a `max_streams` slot for `?wait=` and SSE readers.
+
+They run before the route stores anything, in one transaction of their own: a refusal rolls
+back the token it took, so a refused request leaves no trace but the metric.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import metrics
+from app.api.deps import SessionDep, SettingsDep, TenantDep
+from app.config import Settings
+from app.db import queries, quotas
+from app.errors import RequestInvalid, TooManyRequests
+from app.schemas import SwarmCreate
+from app.tenants import TenantLimits
+
+ACTIVE_RETRY_S = 5  # a swarm of the tenant has to finish: seconds, not milliseconds
+AGENTS_RETRY_S = 60  # only a raised limit admits it
+STREAMS_RETRY_S = 1
+
+
+def _refuse(limit: str, message: str, retry_after_s: float, code: str = "quota_exceeded",
+            **details: object) -> TooManyRequests:
+    metrics.quota_denials.labels(limit).inc()
+    return TooManyRequests(message, limit=limit, retry_after_s=retry_after_s, code=code,
+                           **details)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A request let in: the tenant, its limits, and the checks that need the body."""
+
+    tenant: str
+    limits: TenantLimits
+    max_agents: int  # SWARM_MAX_AGENTS
+
+    async def check_active(self, session: AsyncSession) -> None:
+        """`max_active_swarms`, for a route admitted by RateLimitDep that turns out to create
+        a swarm (the facade's `agent_swarm`)."""
+        async with session.begin():
+            await _check_active(session, self.tenant, self.limits)
+
+    def swarm(self, body: SwarmCreate) -> SwarmCreate:
+        """The body within the tenant's quotas: agents (429), budget (422); a swarm that
+        names no budget gets `default_budget_usd`."""
+        agents_limit = self.limits.agents_limit(self.max_agents)
+        if self.limits.max_agents is not None and agents_limit < self.max_agents:
+            planned = body.agents is None
+            asked = (len(body.agents) if body.agents is not None
+                     else body.orchestrator.max_subtasks)
+            if asked > agents_limit and (not planned or
+                                         "max_subtasks" in body.orchestrator.model_fields_set):
+                field = "orchestrator.max_subtasks" if planned else "agents"
+                raise _refuse("max_agents", f"{asked} subtasks; this tenant may run at most "
+                              f"{agents_limit} in one swarm", AGENTS_RETRY_S,
+                              field=field, max=agents_limit, count=asked)
+            if planned and asked > agents_limit:  # the default plan size, within the quota
+                body = body.model_copy(update={"orchestrator": body.orchestrator.model_copy(
+                    update={"max_subtasks": agents_limit})})
+        budget = body.limits.budget_usd
+        top = self.limits.max_budget_usd
+        if budget is not None and top is not None and budget > top:
+            metrics.quota_denials.labels("max_budget_usd").inc()
+            raise RequestInvalid(
+                f"limits.budget_usd {budget} is above this tenant's maximum of {top} USD",
+                code="budget_too_large",
+                details={"field": "limits.budget_usd", "limit": "max_budget_usd",
+                         "max": str(top)})
+        if budget is None and self.limits.default_budget_usd is not None:
+            limits = body.limits.model_copy(
+                update={"budget_usd": self.limits.default_budget_usd})
+            body = body.model_copy(update={"limits": limits})
+        return body
+
+
+async def _check_active(session: AsyncSession, tenant: str, limits: TenantLimits) -> None:
+    if limits.max_active_swarms is None:
+        return
+    active = await quotas.active_swarms(session, tenant)
+    if active >= limits.max_active_swarms:
+        raise _refuse("max_active_swarms",
+                      f"{active} swarms active; the limit is {limits.max_active_swarms}",
+                      ACTIVE_RETRY_S, max=limits.max_active_swarms, count=active)
+
+
+async def _admit(session: AsyncSession, tenant: str, limits: TenantLimits,
+                 count_swarms: bool) -> None:
+    async with session.begin():
+        size, rate = limits.bucket_size, limits.refill_per_s
+        if size is not None and rate is not None:
+            # first: the row lock serialises this tenant's admissions across replicas
+            wait = await quotas.take_token(session, tenant, size, rate)
+            if wait is not None:
+                raise _refuse("requests_per_minute",
+                              f"over {limits.requests_per_minute:g} requests per minute",
+                              wait, code="rate_limited",
+                              requests_per_minute=limits.requests_per_minute, burst=int(size))
+        if count_swarms:
+            await _check_active(session, tenant, limits)
+        cap = limits.daily_budget_usd
+        if cap is not None:
+            now, day = await quotas.today(session)
+            spent = await quotas.tenant_spent(session, tenant, day)
+            if spent >= cap:
+                raise _refuse("daily_budget_usd", f"today's budget of {cap} USD is spent",
+                              quotas.seconds_to_midnight(now), max=str(cap),
+                              spent=str(spent))
+
+
+async def _replayed(request: Request, session: AsyncSession, tenant: str,
+                    settings: Settings) -> bool:
+    """A request whose Idempotency-Key names a live swarm is a replay: it creates nothing, so
+    it is answered (with that swarm) whatever the quotas say now."""
+    key = request.headers.get("idempotency-key")
+    if not key or len(key) > 255 or "\x00" in key:
+        return False
+    async with session.begin():
+        found = await queries.find_by_idempotency_key(session, tenant, key,
+                                                      settings.idempotency_ttl_s)
+    return found is not None
+
+
+async def rate_limit(session: SessionDep, tenant: TenantDep,
+                     settings: SettingsDep) -> Admission:
+    """The bucket and the daily cap (429); nothing else."""
+    limits = settings.tenant_limits(tenant)
+    await _admit(session, tenant, limits, count_swarms=False)
+    return Admission(tenant, limits, settings.max_agents)
+
+
+async def admit(request: Request, session: SessionDep, tenant: TenantDep,
+                settings: SettingsDep) -> Admission:
+    """The bucket, the tenant's active swarms and its daily cap (429)."""
+    limits = settings.tenant_limits(tenant)
+    if not await _replayed(request, session, tenant, settings):
+        await _admit(session, tenant, limits, count_swarms=True)
+    return Admission(tenant, limits, settings.max_agents)
+
+
+# ---- readers: ?wait= and event streams ------------------------------------------------------
+
+
+class StreamSlots:
+    """Open SSE streams and ?wait= requests per tenant in this process (`max_streams`): each
+    holds a connection and a task here for up to minutes."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, int] = {}
+
+    def take(self, tenant: str, limit: int | None) -> Slot:
+        held = self.open.get(tenant, 0)
+        if limit is not None and held >= limit:
+            raise _refuse("max_streams", f"{held} streams open; the limit is {limit}",
+                          STREAMS_RETRY_S, max=limit)
+        self.open[tenant] = held + 1
+        return Slot(self, tenant)
+
+
+class Slot:
+    """One held stream slot; `release()` is idempotent (the stream's end and the response's
+    end may both call it)."""
+
+    def __init__(self, slots: StreamSlots, tenant: str) -> None:
+        self._slots = slots
+        self._tenant = tenant
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            left = self._slots.open.get(self._tenant, 1) - 1
+            if left > 0:
+                self._slots.open[self._tenant] = left
+            else:
+                self._slots.open.pop(self._tenant, None)
+
+
+def stream_slots(request: Request) -> StreamSlots:
+    slots: StreamSlots = request.app.state.stream_slots
+    return slots
+
+
+def _waits(request: Request) -> bool:
+    """Whether `?wait=` asks to hold the request (a malformed value is the route's 422)."""
+    try:
+        value = float(request.query_params.get("wait") or 0)
+    except ValueError:
+        return False
+    return math.isfinite(value) and value > 0
+
+
+async def wait_slot(request: Request, tenant: TenantDep,
+                    settings: SettingsDep) -> AsyncIterator[None]:
+    """A stream slot for as long as a `?wait=` request is held (none without `wait`)."""
+    if not _waits(request):
+        yield
+        return
+    slot = stream_slots(request).take(tenant, settings.tenant_limits(tenant).max_streams)
+    try:
+        yield
+    finally:
+        slot.release()
+
+
+@dataclass(frozen=True, slots=True)
+class StreamGate:
+    """Takes a tenant's stream slot once the route knows it will stream (after its checks)."""
+
+    slots: StreamSlots
+    tenant: str
+    limit: int | None
+
+    def take(self) -> Slot:
+        return self.slots.take(self.tenant, self.limit)
+
+
+def stream_gate(request: Request, tenant: TenantDep, settings: SettingsDep) -> StreamGate:
+    return StreamGate(stream_slots(request), tenant, settings.tenant_limits(tenant).max_streams)
+
+
+AdmissionDep = Annotated[Admission, Depends(admit)]
+RateLimitDep = Annotated[Admission, Depends(rate_limit)]
+WaitSlotDep = Annotated[None, Depends(wait_slot)]
+StreamGateDep = Annotated[StreamGate, Depends(stream_gate)]

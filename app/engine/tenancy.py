@@ -1,0 +1,226 @@
+"""What the engine enforces per tenant (SPEC §8): the tenant's daily cap, shared through the
+database like the global one, and its gateway calls in flight in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+from dataclasses import dataclass
+from datetime import date
+from decimal import Decimal
+
+from app.db import quotas
+from app.db.retry import in_transaction
+from app.db.session import SessionFactory
+from app.db.spend import DailyCheck
+from app.engine.budget import BudgetExceeded, Reservation, SharedCap
+from app.tenants import TenantTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Op:
+    """One reservation or settlement waiting for the next batch."""
+
+    future: asyncio.Future[DailyCheck | None]
+    amount: Decimal = Decimal(0)
+    settle: quotas.Settle | None = None
+
+
+class TenantDailyCap:
+    """One tenant's `daily_budget_usd` across every process: DailyCap's mechanism (a worst
+    case reserved under the tenant's day row lock before each call, settled to the real cost
+    after; a call that does not fit waits while any reservation of the tenant's day is live
+    and is refused when none is; reservations expire one lease after a crash), with the
+    operations of concurrent calls gathered into one transaction (a group commit), because
+    every tenant has a cap by default and a transaction per call would bound throughput.
+    """
+
+    def __init__(self, sessions: SessionFactory, tenant: str, limit: Decimal, owner: str, *,
+                 lease_s: float = 15.0, poll_s: tuple[float, float] = (0.05, 0.2)) -> None:
+        self.sessions = sessions
+        self.tenant = tenant
+        self.limit = limit
+        self.owner = owner
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self._held: dict[Reservation, tuple[str, date]] = {}
+        self._queue: list[_Op] = []
+        self._wake = asyncio.Event()
+        self._settled = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def reserve(self, amount: Decimal) -> Reservation:
+        """Hold `amount` for today, waiting while calls in flight may free money."""
+        while True:
+            check = await self._submit(_Op(self._future(), amount=amount))
+            assert check is not None
+            if check.reservation_id is not None:
+                reservation = Reservation(amount)
+                self._held[reservation] = (check.reservation_id, check.day)
+                return reservation
+            if check.live == 0:
+                raise BudgetExceeded("tenant", amount, max(check.left, Decimal(0)))
+            # our own settlements wake us at once; other processes' are seen by polling
+            settled = self._settled
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(settled.wait(), random.uniform(*self.poll_s))
+
+    async def settle(self, reservation: Reservation, actual: Decimal) -> None:
+        """Drop the reservation and add the real cost to the day it was reserved on."""
+        entry = self._held.pop(reservation, None)
+        if reservation.settled or entry is None:
+            return
+        reservation.settled = True
+        op = _Op(self._future(), settle=quotas.Settle(entry[0], entry[1], actual))
+        # shielded: money already spent must reach the table even if the caller is cancelled
+        await asyncio.shield(self._submit(op))
+        self._settled.set()
+        self._settled = asyncio.Event()
+
+    async def close(self) -> None:
+        """Stop the batcher and the refresher (reservations still held expire after a lease)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    def _future(self) -> asyncio.Future[DailyCheck | None]:
+        return asyncio.get_running_loop().create_future()
+
+    async def _submit(self, op: _Op) -> DailyCheck | None:
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(self._batches(), name="tenant-cap-batches"),
+                           asyncio.create_task(self._refresh_loop(), name="tenant-cap-refresh")]
+        self._queue.append(op)
+        self._wake.set()
+        return await op.future
+
+    async def _batches(self) -> None:
+        """One transaction at a time; whatever queued meanwhile goes into the next one."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._queue = self._queue, []
+            if not batch:
+                continue
+            reserves = [op for op in batch if op.settle is None]
+            settles = [op.settle for op in batch if op.settle is not None]
+            try:
+                checks = await in_transaction(self.sessions, functools.partial(
+                    quotas.apply_tenant_ops, tenant=self.tenant, cap=self.limit,
+                    reserves=[op.amount for op in reserves], settles=settles,
+                    owner=self.owner, lease_s=self.lease_s), retry_for_s=self.lease_s)
+            except Exception as exc:  # each caller sees the failure (as with DailyCap)
+                for op in batch:
+                    if not op.future.done():
+                        op.future.set_exception(exc)
+                continue
+            for op, check in zip(reserves, checks, strict=True):
+                if not op.future.done():
+                    op.future.set_result(check)
+            for op in batch:
+                if not op.future.done():
+                    op.future.set_result(None)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            ids = [rid for rid, _ in self._held.values()]
+            if not ids:
+                continue
+            try:
+                await in_transaction(self.sessions, functools.partial(
+                    quotas.refresh_tenant, reservation_ids=ids, lease_s=self.lease_s),
+                    retry_for_s=self.lease_s)
+            except Exception:
+                log.exception("tenant cap %s: refreshing %d reservations failed", self.tenant,
+                              len(ids))
+
+
+class BothCaps:
+    """The global cap, then the tenant's: a call runs only when both hold its worst case
+    (a refusal by the second frees the first's hold at once)."""
+
+    def __init__(self, first: SharedCap, second: SharedCap) -> None:
+        self.first = first
+        self.second = second
+        self._pairs: dict[Reservation, tuple[Reservation, Reservation]] = {}
+
+    async def reserve(self, amount: Decimal) -> Reservation:
+        a = await self.first.reserve(amount)
+        try:
+            b = await self.second.reserve(amount)
+        except BaseException:
+            await asyncio.shield(self.first.settle(a, Decimal(0)))
+            raise
+        both = Reservation(amount)
+        self._pairs[both] = (a, b)
+        return both
+
+    async def settle(self, reservation: Reservation, actual: Decimal) -> None:
+        pair = self._pairs.pop(reservation, None)
+        if pair is None or reservation.settled:
+            return
+        reservation.settled = True
+        # shielded as DailyCap.settle: spend already made must reach both tables
+        await asyncio.shield(self._settle_both(pair, actual))
+
+    async def _settle_both(self, pair: tuple[Reservation, Reservation], actual: Decimal) -> None:
+        try:
+            await self.first.settle(pair[0], actual)
+        finally:
+            await self.second.settle(pair[1], actual)
+
+
+class TenantGates:
+    """This process's per-tenant limits on the engine side: a semaphore of
+    `max_inflight_calls` per tenant, and one TenantDailyCap per tenant with a daily budget
+    (made on first use, kept for the process's life: tenants are few)."""
+
+    def __init__(self, table: TenantTable, sessions: SessionFactory, owner: str,
+                 lease_s: float, global_cap: SharedCap | None = None) -> None:
+        self.table = table
+        self.sessions = sessions
+        self.owner = owner
+        self.lease_s = lease_s
+        self.global_cap = global_cap
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._caps: dict[str, TenantDailyCap] = {}
+        self._combined: dict[str, SharedCap] = {}
+
+    def slot(self, tenant: str) -> contextlib.AbstractAsyncContextManager[object]:
+        """The tenant's in-flight slot in this process (a no-op when unlimited)."""
+        limit = self.table.limits(tenant).max_inflight_calls
+        if limit is None:
+            return contextlib.nullcontext()
+        sem = self._slots.get(tenant)
+        if sem is None:
+            sem = self._slots[tenant] = asyncio.Semaphore(limit)
+        return sem
+
+    def cap(self, tenant: str) -> SharedCap | None:
+        """What a call of this tenant reserves against: the global cap and/or the tenant's."""
+        if tenant in self._combined:
+            return self._combined[tenant]
+        limit = self.table.limits(tenant).daily_budget_usd
+        own: SharedCap | None = None
+        if limit is not None:
+            own = self._caps[tenant] = TenantDailyCap(self.sessions, tenant, limit, self.owner,
+                                                      lease_s=self.lease_s)
+        combined = (own if self.global_cap is None
+                    else self.global_cap if own is None
+                    else BothCaps(self.global_cap, own))
+        if combined is not None:
+            self._combined[tenant] = combined
+        return combined
+
+    async def close(self) -> None:
+        """Stop refreshing every tenant cap's reservations."""
+        await asyncio.gather(*(c.close() for c in self._caps.values()))
+
+
