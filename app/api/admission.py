@@ -101,8 +101,11 @@ async def _check_active(session: AsyncSession, tenant: str, limits: TenantLimits
 
 async def _admit(session: AsyncSession, tenant: str, limits: TenantLimits,
                  count_swarms: bool) -> None:
+    size, rate = limits.bucket_size, limits.refill_per_s
+    if (rate is None and limits.daily_budget_usd is None
+            and not (count_swarms and limits.max_active_swarms is not None)):
+        return  # nothing to check: no transaction either
     async with session.begin():
-        size, rate = limits.bucket_size, limits.refill_per_s
         if size is not None and rate is not None:
             # first: the row lock serialises this tenant's admissions across replicas
             wait = await quotas.take_token(session, tenant, size, rate)
