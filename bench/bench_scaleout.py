@@ -180,6 +180,9 @@ def main() -> None:
         sim_port = free_port()
         sim = f"http://127.0.0.1:{sim_port}/v1"
         env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+        # no tenant quotas: a burst of swarms is over SPEC §8's default bucket (burst 100)
+        (work / "tenants.toml").write_text("[defaults]\n")
+        env["SWARM_TENANTS_FILE"] = str(work / "tenants.toml")
         env.update({"SWARM_DATABASE_URL": db_url, "SWARM_GATEWAY_URL": sim,
                     "SWARM_SIM_LATENCY_MS": str(args.latency_ms)})
         procs = Procs(work, env)

@@ -35,7 +35,11 @@ async def test_four_workers_two_apis_run_200_swarms_once_each(db_url: str,
             "agents": [agent("x"), agent("y"), agent("z")]}
     # leases long enough that a busy 2-core machine never lets one expire: every claim here
     # must be the first and only one of its swarm
-    async with cluster(db_url, tmp_path, SWARM_LEASE_SECONDS="10") as c:
+    # a tenants file without limits: 200 swarms posted at once are over SPEC §8's default
+    # bucket (burst 100), and this test is about claims, not admission
+    (tmp_path / "tenants.toml").write_text("[defaults]\n")
+    async with cluster(db_url, tmp_path, SWARM_LEASE_SECONDS="10",
+                       SWARM_TENANTS_FILE=str(tmp_path / "tenants.toml")) as c:
         sim = await c.simulator(latency_ms=50)
         started = await asyncio.gather(c.api("api_1"), c.api("api_2"),
                                        *(c.worker(f"worker_{i}") for i in range(1, 5)))
