@@ -309,3 +309,23 @@ async def test_quota_denials_metric(queued: Harness) -> None:
         await post(queued, "a")
     after = (await queued.client.get("/metrics")).text
     assert value(after, "max_active_swarms") == value(before, "max_active_swarms") + 1
+
+
+async def test_a_tenants_calls_in_flight_are_bounded_per_process(sqlite_url: str,
+                                                                 tmp_path: Path) -> None:
+    h, close = await harness_with(sqlite_url, tmp_path, "[tenants.a]\nmax_inflight_calls = 2\n")
+    try:
+        body = {"task": "t", "synthesis": {"strategy": "none"}, "limits": {"concurrency": 6},
+                "agents": [{"name": f"a{i}", "system_prompt": "[[sim latency_ms=60]]"}
+                           for i in range(6)]}
+        ids = [(await post(h, "a", body)).json()["id"] for _ in range(2)]
+        for swarm_id in ids:
+            assert (await h.wait(swarm_id))["status"] == "succeeded"
+        assert (await h.stats())["max_in_flight"] == 2  # two swarms of 6: saturated at 2
+        # another tenant is not held by a's limit
+        h.client.headers.update(KEYS["b"])
+        data = await h.wait((await post(h, "b", body)).json()["id"])
+        assert data["status"] == "succeeded"
+        assert (await h.stats())["max_in_flight_by_swarm"][data["id"]] == 6
+    finally:
+        await close()
