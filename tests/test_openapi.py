@@ -33,7 +33,7 @@ SPEC_ROUTES: dict[tuple[str, str], set[int]] = {
     ("get", "/swarms"): {200, 401, 422, 503},
     ("get", "/swarms/{swarm_id}"): {200, 401, 404, 422, 429, 503},
     ("post", "/swarms/{swarm_id}/cancel"): {202, 401, 404, 409, 503},
-    ("post", "/swarms/{swarm_id}/retry"): {202, 401, 404, 409, 422, 503},  # SPEC §11
+    ("post", "/swarms/{swarm_id}/retry"): {202, 401, 404, 409, 422, 429, 503},  # SPEC §11
     ("get", "/swarms/{swarm_id}/events"): {200, 400, 401, 404, 429, 503},
     ("get", "/usage"): {200, 401, 422, 503},
     ("get", "/healthz"): {200},
@@ -325,6 +325,7 @@ async def _exercise(h: Harness) -> list[tuple[str, str, httpx.Response]]:
     add("post", "/swarms", await c.post("/swarms", json=BODY))
     quota = {"Authorization": "Bearer k2"}  # tenant t2: one request a minute, no streams
     t2 = add("post", "/swarms", await c.post("/swarms", json=BODY, headers=quota)).json()["id"]
+    add("post", "/swarms/{swarm_id}/retry", await c.post(f"/swarms/{t2}/retry", headers=quota))
     add("post", "/swarms", await c.post("/swarms", json=BODY, headers=quota))
     add("get", "/swarms/{swarm_id}", await c.get(f"/swarms/{t2}", params={"wait": 1},
                                                  headers=quota))

@@ -329,3 +329,22 @@ async def test_a_tenants_calls_in_flight_are_bounded_per_process(sqlite_url: str
         assert (await h.stats())["max_in_flight_by_swarm"][data["id"]] == 6
     finally:
         await close()
+
+
+async def test_a_retry_is_a_new_swarm_within_the_quotas(database_url: str,
+                                                       tmp_path: Path) -> None:
+    h, close = await harness_with(database_url, tmp_path, TENANTS + "[tenants.a]\nburst = 10\n",
+                                  engine=False)
+    try:
+        old = (await post(h, "a")).json()["id"]
+        await h.client.post(f"/swarms/{old}/cancel", headers=KEYS["a"])
+        r = await h.client.post(f"/swarms/{old}/retry", json={"limits": {"budget_usd": "5"}},
+                                headers=KEYS["a"])
+        assert error_of(r, 422, "budget_too_large")["details"]["field"] == "limits.budget_usd"
+        r = await h.client.post(f"/swarms/{old}/retry", headers=KEYS["a"])
+        assert r.status_code == 202, r.text
+        assert (await post(h, "a")).status_code == 202  # two active now: the limit
+        r = await h.client.post(f"/swarms/{old}/retry", headers=KEYS["a"])
+        assert error_of(r, 429, "quota_exceeded")["details"]["limit"] == "max_active_swarms"
+    finally:
+        await close()

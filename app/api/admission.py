@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -56,6 +57,17 @@ class Admission:
         async with session.begin():
             await _check_active(session, self.tenant, self.limits)
 
+    def check_budget(self, budget: Decimal | str | None) -> None:
+        """422 for a `limits.budget_usd` above the tenant's `max_budget_usd`."""
+        top = self.limits.max_budget_usd
+        if budget is not None and top is not None and Decimal(budget) > top:
+            metrics.quota_denials.labels("max_budget_usd").inc()
+            raise RequestInvalid(
+                f"limits.budget_usd {budget} is above this tenant's maximum of {top} USD",
+                code="budget_too_large",
+                details={"field": "limits.budget_usd", "limit": "max_budget_usd",
+                         "max": str(top)})
+
     def swarm(self, body: SwarmCreate) -> SwarmCreate:
         """The body within the tenant's quotas: agents (429), budget (422); a swarm that
         names no budget gets `default_budget_usd`."""
@@ -74,14 +86,7 @@ class Admission:
                 body = body.model_copy(update={"orchestrator": body.orchestrator.model_copy(
                     update={"max_subtasks": agents_limit})})
         budget = body.limits.budget_usd
-        top = self.limits.max_budget_usd
-        if budget is not None and top is not None and budget > top:
-            metrics.quota_denials.labels("max_budget_usd").inc()
-            raise RequestInvalid(
-                f"limits.budget_usd {budget} is above this tenant's maximum of {top} USD",
-                code="budget_too_large",
-                details={"field": "limits.budget_usd", "limit": "max_budget_usd",
-                         "max": str(top)})
+        self.check_budget(budget)
         if budget is None and self.limits.default_budget_usd is not None:
             limits = body.limits.model_copy(
                 update={"budget_usd": self.limits.default_budget_usd})

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Response
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics, tracing
+from app.api.admission import AdmissionDep
 from app.api.deps import EngineDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import error_responses
 from app.api.shared import IdempotencyKey, TraceParent, check_id, insert_once, read_swarm
@@ -23,11 +24,12 @@ RETRYABLE = (SwarmStatus.failed, SwarmStatus.cancelled)
 
 @router.post(
     "/{swarm_id}/retry", status_code=202, response_model=SwarmRead,
-    responses=error_responses(400, 401, 404, 409, 413, 422),
+    responses=error_responses(400, 401, 404, 409, 413, 422, 429),
     summary="Retry a failed or cancelled swarm",
 )
 async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, tenant: TenantDep,
-                      settings: SettingsDep, engine: EngineDep, body: SwarmRetry | None = None,
+                      settings: SettingsDep, engine: EngineDep, admission: AdmissionDep,
+                      body: SwarmRetry | None = None,
                       idempotency_key: IdempotencyKey = None,
                       traceparent: TraceParent = None) -> SwarmRead:
     """A new swarm (`retry_of` = this one): subtasks that succeeded here are copied with their
@@ -36,6 +38,7 @@ async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, te
     check_id(swarm_id)
     limits = (body.limits.model_dump(mode="json", exclude_unset=True)
               if body is not None and body.limits is not None else {})
+    admission.check_budget(limits.get("budget_usd"))  # a new swarm: the tenant's quotas hold
     digest = retry_digest(swarm_id, limits)
     created: list[str] = []
     reused: list[retry_copy.Reused] = []
