@@ -18,6 +18,7 @@ from app.engine.budget import DailyCap
 from app.engine.notify import SwarmNotifier
 from app.engine.passthrough import settle_stale
 from app.engine.scheduler import Engine, process_owner
+from app.engine.tenancy import TenantGates
 from app.engine.wakeup import PgListener
 from app.gateway.client import GatewayClient
 from app.simulator import SimulatorConfig, create_simulator
@@ -96,6 +97,7 @@ class Runtime:
         self.notifier = SwarmNotifier()
         self.engine: Engine | None = None
         self.daily: DailyCap | None = None  # SWARM_DAILY_BUDGET_USD, shared by engine and API
+        self.tenants: TenantGates | None = None  # per-tenant caps and slots (SPEC §8), likewise
         self.tools: ToolRegistry | None = None
 
     async def __aenter__(self) -> Runtime:
@@ -124,6 +126,12 @@ class Runtime:
                 self.daily = DailyCap(self.sessions, settings.daily_budget_usd, process_owner(),
                                       lease_s=settings.lease_seconds)
                 stack.push_async_callback(self.daily.close)
+            if self.engine is not None:
+                self.tenants = self.engine.ctx.tenants
+            else:  # the facade's passthrough meters against the tenant's daily cap too
+                self.tenants = TenantGates(settings.tenants, self.sessions, process_owner(),
+                                           settings.lease_seconds, self.daily)
+                stack.push_async_callback(self.tenants.close)
             if self._listen:
                 listener = PgListener(settings.database_url, {CHANGED: self.notifier.notify})
                 listener.start()

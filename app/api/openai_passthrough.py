@@ -85,7 +85,10 @@ class Passthrough:
         self.body = {k: v for k, v in raw.items() if k != "agent_swarm"}
         price = settings.prices[req.model]
         out = req.max_completion_tokens or req.max_tokens or price.context_window
-        caps: list[SharedCap] = [c for c in (request.app.state.daily,) if c is not None]
+        # the global cap and the tenant's (SPEC §8), as one: both must hold the worst case
+        gates = request.app.state.tenant_gates
+        cap = request.app.state.daily if gates is None else gates.cap(tenant)
+        caps: list[SharedCap] = [cap] if cap is not None else []
         bound = prompt_bound(raw["messages"])
         self.meter = PassthroughMeter(
             request.app.state.sessions, price, caps, tenant, price.worst_case(bound, out),

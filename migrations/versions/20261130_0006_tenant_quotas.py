@@ -1,7 +1,7 @@
 """tenant quotas: the shared token bucket, per-tenant daily caps, an index for per-tenant counts
 
 Revision ID: 0006_tenant_quotas
-Revises: 0009_tools
+Revises: 0005_write_ahead
 Create Date: 2026-11-30
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 from app.db.types import Money, UTCDateTime
 
 revision: str = "0006_tenant_quotas"
-down_revision: str | None = "0009_tools"
+down_revision: str | None = "0005_write_ahead"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
