@@ -20,6 +20,7 @@ from app.engine.budget import BudgetExceeded, SharedCap
 from app.engine.passthrough import PassthroughMeter, prompt_bound
 from app.errors import RequestInvalid
 from app.gateway.client import GatewayClient, GatewayError, GatewayRejected
+from app.gateway.streaming import DONE
 from app.openai_schemas import ChatCompletionCreate
 
 MAX_ATTEMPTS = 3
@@ -133,8 +134,12 @@ class Passthrough:
             await self.meter.release()
 
         async def relay() -> AsyncIterator[bytes]:
+            done = False
             try:
                 async for data in stream:
+                    if data == DONE:  # held back until the call is billed (below)
+                        done = True
+                        continue
                     event = data if wants_usage else _without_usage(data)
                     if event is not None:
                         yield b"data: " + event.encode() + b"\n\n"
@@ -143,6 +148,8 @@ class Passthrough:
             finally:
                 await close()
             self.meter.finished(stream.finish_reason)
+            if done:  # the ledger row is written: a caller that saw [DONE] sees its usage
+                yield b"data: " + DONE.encode() + b"\n\n"
 
         return StreamingResponse(relay(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"},
