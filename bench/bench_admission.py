@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from bench._procs import free_port, process, throwaway_db
+from tests.support import free_port, process, throwaway_db
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 TITLE = "## Admission: `POST /swarms` with tenant quotas on and off"
