@@ -9,7 +9,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.db.retry import database_unavailable
@@ -96,7 +95,7 @@ async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
 async def unhandled(exc: Exception) -> JSONResponse:
     """The answer to an exception no handler took, logged here once: 503 while the database
     is unreachable or its pool has no connection to give, else 500."""
-    if database_unavailable(exc) or isinstance(exc, PoolTimeout):
+    if database_unavailable(exc):  # pool timeouts included
         log.warning("database unavailable: %s", type(exc).__name__)
         return error_response(503, "unavailable", "the database is unavailable; retry shortly",
                               None, {"Retry-After": "1"})

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncSession
 from tenacity import (
     AsyncRetrying,
@@ -25,8 +26,8 @@ T = TypeVar("T")
 
 def database_unavailable(exc: BaseException) -> bool:
     """A lost or refused database connection (restart, failover), not a bad statement."""
-    if isinstance(exc, (OSError, ConnectionError)):
-        return True
+    if isinstance(exc, (OSError, ConnectionError, PoolTimeout)):
+        return True  # a pool with no connection to give within its timeout counts as down
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError)):
             return True
