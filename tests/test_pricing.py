@@ -151,7 +151,7 @@ def test_unpriced_models_are_labelled_other() -> None:
 async def test_models_file_reaches_readyz_and_metrics(sqlite_url: str, tmp_path: Path) -> None:
     path = tmp_path / "models.toml"
     path.write_text(TOML)
-    settings = make_settings(sqlite_url, models_file=str(path))
+    settings = make_settings(sqlite_url, models_file=str(path), default_model="fast")
     h, close = await start_harness(settings)
     try:
         ready = (await h.client.get("/readyz")).json()
