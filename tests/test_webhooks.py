@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy import select
 
 from app.db.tables import Webhook, WebhookAttempt
-from app.webhooks import sign
+from app.webhooks import SIGNATURE_HEADER as SIGNATURE
+from app.webhooks import WebhookDispatcher, sign, webhook_secret
 from tests.conftest import Harness, make_settings, start_harness
 
 SECRET = "whsec-test"
@@ -351,3 +352,47 @@ async def test_a_trickling_or_flooding_receiver_delays_no_other_delivery(
     # the flood's status was taken and its body left unread after a few chunks
     assert flood.status_code == 200
     assert receivers.flood_sent < Receivers.FLOOD // 2
+
+
+# ---- a secret per tenant ---------------------------------------------------------------------
+
+
+def _verify(request: httpx.Request, secret: str) -> bool:
+    t, v1 = (part.split("=", 1)[1] for part in request.headers[SIGNATURE].split(","))
+    mac = hmac.new(secret.encode(), f"{t}.".encode() + request.content, hashlib.sha256)
+    return hmac.compare_digest(v1, mac.hexdigest())
+
+
+def test_a_tenant_secret_overrides_the_global_one() -> None:
+    settings = make_settings("sqlite+aiosqlite://", webhook_secret=SECRET)
+    assert webhook_secret(settings, "t1", {"t1": "s-t1"}) == "s-t1"
+    assert webhook_secret(settings, "t2", {"t1": "s-t1"}) == SECRET
+    assert webhook_secret(make_settings("sqlite+aiosqlite://"), "t2", {"t1": "s-t1"}) == ""
+
+
+async def test_each_tenant_is_signed_with_its_own_secret(sqlite_url: str) -> None:
+    settings = make_settings(sqlite_url, api_keys="t1:k1,t2:k2", webhook_secret=SECRET,
+                             webhook_allow_http=True, webhook_allow_private=True)
+    h, close = await start_harness(settings, run_engine=False)  # no dispatcher of its own
+    receiver = Receiver([])
+    hooks = WebhookDispatcher(settings, h.app.state.sessions,
+                              transport=httpx.MockTransport(receiver.handler),
+                              secrets={"t1": "s-t1"})
+    try:
+        for tenant in ("t1", "t2"):  # cancelling a queued swarm makes its delivery due
+            auth = {"Authorization": f"Bearer k{tenant[1]}"}
+            r = await h.post({"task": "t", "webhook_url": f"http://hooks.example/{tenant}"},
+                             headers=auth)
+            assert (await h.client.post(f"/swarms/{r.json()['id']}/cancel",
+                                        headers=auth)).status_code == 202
+        hooks.start()
+        for _ in range(200):
+            if len(receiver.requests) >= 2:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await hooks.stop()
+        await close()
+    sent = {r.url.path: r for r in receiver.requests}
+    assert _verify(sent["/t1"], "s-t1") and not _verify(sent["/t1"], SECRET)
+    assert _verify(sent["/t2"], SECRET)
