@@ -322,7 +322,7 @@ async def test_a_trickling_or_flooding_receiver_delays_no_other_delivery(
         database_url: str) -> None:
     receivers = Receivers()
     urls = await receivers.start()
-    deadline = 3.0
+    deadline = 5.0
     h, close = await start_harness(make_settings(
         database_url, webhook_secret=SECRET, webhook_allow_http=True, webhook_allow_private=True,
         webhook_timeout_s=deadline, webhook_retry_base_s=600))
@@ -341,14 +341,15 @@ async def test_a_trickling_or_flooding_receiver_delays_no_other_delivery(
         assert rows[0].status_code == 204
         assert receivers.fast == [True], "the fast delivery waited for the trickling one"
         trickle, flood = [(await _attempts(h, ids[n], 1))[0] for n in ("trickle", "flood")]
+        # the receiver sees the connection go on its next byte or two
+        await asyncio.wait_for(receivers.trickle_ended.wait(), 10)
     finally:
         h.app.state.engine = None
         await close()
         await receivers.close()
     # the trickle was cut at the deadline (connect + send + read), not after a minute
-    assert trickle.status_code is None and "within 3 s" in (trickle.error or "")
+    assert trickle.status_code is None and "within 5 s" in (trickle.error or "")
     assert deadline * 1000 <= (trickle.latency_ms or 0) < 4 * deadline * 1000
-    assert receivers.trickle_ended.is_set()
     # the flood's status was taken and its body left unread after a few chunks
     assert flood.status_code == 200
     assert receivers.flood_sent < Receivers.FLOOD // 2
