@@ -43,8 +43,13 @@ def sign(secret: str, body: bytes, timestamp: int) -> str:
 
 def webhook_secret(settings: Settings, tenant: str,
                    secrets: Mapping[str, str] | None = None) -> str:
-    """The key that signs `tenant`'s webhooks: its own, else SWARM_WEBHOOK_SECRET."""
-    own = (secrets or {}).get(tenant)
+    """The key that signs `tenant`'s webhooks: its own (`secrets`, else the `webhook_secret`
+    of its table in SWARM_TENANTS_FILE), else SWARM_WEBHOOK_SECRET."""
+    if secrets is not None:
+        own = secrets.get(tenant)
+    else:
+        limit = settings.tenant_limits(tenant).webhook_secret
+        own = limit.get_secret_value() if limit is not None else None
     return own or settings.webhook_secret.get_secret_value()
 
 

@@ -397,3 +397,15 @@ async def test_each_tenant_is_signed_with_its_own_secret(sqlite_url: str) -> Non
     sent = {r.url.path: r for r in receiver.requests}
     assert _verify(sent["/t1"], "s-t1") and not _verify(sent["/t1"], SECRET)
     assert _verify(sent["/t2"], SECRET)
+
+
+def test_the_tenants_file_names_a_tenant_secret(tmp_path: Any) -> None:
+    path = tmp_path / "tenants.toml"
+    path.write_text('[tenants.t1]\nwebhook_secret = "s-file"\n')
+    settings = make_settings("sqlite+aiosqlite://", webhook_secret=SECRET,
+                             tenants_file=str(path))
+    assert webhook_secret(settings, "t1") == "s-file"
+    assert webhook_secret(settings, "t2") == SECRET
+    # a tenant secret alone is enough for that tenant's webhooks
+    assert webhook_secret(make_settings("sqlite+aiosqlite://", tenants_file=str(path)),
+                          "t1") == "s-file"
