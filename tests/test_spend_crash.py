@@ -40,7 +40,7 @@ KILL_FOR_S = 12.0
 def swarm_body(i: int, budget: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "task": f"chaos swarm {i}", "max_tokens": 200,
-        "agents": [agent(f"a{j}", "[[sim latency_ms=300]]") for j in range(8)],
+        "agents": [agent(f"a{j}", "[[sim latency_ms=300]]") for j in range(6)],
         "synthesis": {"strategy": "synthesize", "max_tokens": 200},
         "limits": {"concurrency": 8, "max_attempts": 6}}
     if budget is not None:
@@ -82,7 +82,7 @@ async def test_recorded_spend_bounds_what_the_gateway_answered(db_url: str,
         sim = await c.simulator(latency_ms=300, **FAULTS)
         api, *workers = await asyncio.gather(c.api(), *(c.worker(f"worker_{i}")
                                                         for i in range(3)))
-        ids = [(await post_swarm(api, swarm_body(i)))["id"] for i in range(6)]
+        ids = [(await post_swarm(api, swarm_body(i)))["id"] for i in range(5)]
         assert await chaos(c, db, list(workers), ids) >= 5
         done = [await wait_terminal(api, i, timeout=90) for i in ids]
         stats = await sim_stats(sim)
@@ -119,7 +119,7 @@ async def test_budgets_hold_at_the_gateway_under_kills(db_url: str, tmp_path: Pa
         sim = await c.simulator(latency_ms=300, **FAULTS)
         api, *workers = await asyncio.gather(c.api(), *(c.worker(f"worker_{i}")
                                                         for i in range(3)))
-        ids = [(await post_swarm(api, swarm_body(i, str(budget))))["id"] for i in range(6)]
+        ids = [(await post_swarm(api, swarm_body(i, str(budget))))["id"] for i in range(5)]
         assert await chaos(c, db, list(workers), ids) >= 5
         done = [await wait_terminal(api, i, timeout=90) for i in ids]
         stats = await sim_stats(sim)
