@@ -31,7 +31,14 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.queries import db_now, lock_leases
-from app.db.tables import DailyReservation, DailySpend, GatewayCall, Subtask, Swarm
+from app.db.tables import (
+    DailyReservation,
+    DailySpend,
+    GatewayCall,
+    Subtask,
+    Swarm,
+    TenantDailySpend,
+)
 from app.db.types import Money
 from app.schemas import GroupBy
 
@@ -205,9 +212,16 @@ async def settle_lost_attempts(session: AsyncSession, swarm_id: str, epoch: int,
         for (*_, reserved, created) in rows:
             day = created.astimezone(UTC).date()
             per_day[day] = per_day.get(day, Decimal(0)) + reserved
+        tenant = (await session.execute(select(Swarm.tenant).where(Swarm.id == swarm_id))
+                  ).scalar_one()
         for day, amount in per_day.items():
             await session.execute(update(DailySpend).where(DailySpend.day == day)
                                   .values(spent_usd=DailySpend.spent_usd + amount))
+            # the tenant's own cap too (its row exists while that cap is on)
+            await session.execute(
+                update(TenantDailySpend)
+                .where(TenantDailySpend.tenant == tenant, TenantDailySpend.day == day)
+                .values(spent_usd=TenantDailySpend.spent_usd + amount))
     if attempts:  # written-ahead attempts were counted only in the dead owner's memory
         subs = cast_table(Subtask)
         conn = await session.connection()
