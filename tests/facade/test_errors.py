@@ -3,6 +3,7 @@ classes; the models list is the price table; the OpenAPI document says all of it
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -12,7 +13,7 @@ import pytest
 from app.api.openai_swarm import request_field
 from app.pricing import BUILTIN_MODELS
 from app.schemas import SwarmCreate
-from tests.facade.conftest import Facade
+from tests.facade.conftest import Facade, start_facade
 
 SWARM = {"model": "kimi-k2.5", "messages": [{"role": "user", "content": "Review the code"}]}
 
@@ -174,3 +175,20 @@ def test_swarm_fields_are_named_as_the_request_names_them() -> None:
     assert request_field("synthesis.max_tokens") == "max_tokens"
     assert request_field("task") == "messages" and request_field("model") == "model"
     assert request_field("tools_x") == "tools_x"  # a prefix only at a dot
+
+
+async def test_the_tenants_bucket_is_a_429_with_retry_after(sqlite_url: str,
+                                                           tmp_path: Path) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text("[defaults]\nrequests_per_minute = 1\nburst = 1\n")
+    async with start_facade(sqlite_url, tenants_file=str(tenants)) as facade:
+        sdk = facade.sdk(max_retries=0)
+        plain = {"model": "deepseek-v3.2", "max_tokens": 20,
+                 "messages": [{"role": "user", "content": "hi"}]}
+        assert (await sdk.chat.completions.create(**plain)).choices  # type: ignore[call-overload]
+        with pytest.raises(openai.RateLimitError) as caught:
+            await sdk.chat.completions.create(**plain)  # type: ignore[call-overload]
+        body: Any = caught.value.body
+        assert body["code"] == "rate_limited" and body["type"] == "rate_limit_error"
+        assert int(caught.value.response.headers["retry-after"]) >= 1
+        assert (await facade.usage())["total"]["gateway_calls"] == 1  # refused: not sent
