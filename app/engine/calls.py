@@ -95,7 +95,14 @@ class CallMeter:
         if self._daily is not None and self._held_daily:
             # the awaited write comes first: once the swarm's totals include this cost, no
             # other commit may run before its ledger row is queued, or totals and ledger differ
-            await self._daily.settle(self._held_daily.pop(), cost)
+            try:
+                await self._daily.settle(self._held_daily.pop(), cost)
+            except BaseException:
+                # cancelled while the (shielded) settlement runs on: the answer was billed, so
+                # its row is written anyway, or the daily table would hold money no row has
+                self.runner.commit_soon([self.sub], ledger=[
+                    self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s)])
+                raise
         row = self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s)
         self._last_outcome = rec.outcome
         if rec.outcome == "ok":
