@@ -397,17 +397,17 @@ def _valid_body(draw: st.DrawFn) -> dict[str, Any]:
     agents = [{"name": n, "depends_on": draw(st.lists(st.sampled_from(names[:i]), unique=True))
                if i else [], "model": draw(st.sampled_from(["kimi-k2.5", "deepseek-v3.2"]))}
               for i, n in enumerate(names)]
-    return {"task": draw(st.text(min_size=1, max_size=30).filter(lambda t: t.strip()
-                                                                 and "\x00" not in t)),
+    # valid text is what UTF-8 can carry (lone surrogates are refused on purpose) minus NUL
+    valid_text = st.characters(codec="utf-8", exclude_characters="\x00")
+    return {"task": draw(st.text(valid_text, min_size=1, max_size=30).filter(str.strip)),
             "agents": agents,
             "max_tokens": draw(st.integers(min_value=1, max_value=128_000)),
             "limits": {"budget_usd": draw(st.decimals(min_value="0.01", max_value="100",
                                                       places=2).map(float)),
                        "failure_tolerance": draw(st.floats(min_value=0, max_value=1))},
             # NUL is rejected on purpose (Postgres cannot store it): valid keys exclude it
-            "metadata": draw(st.dictionaries(
-                st.text(alphabet=st.characters(exclude_characters="\x00"), max_size=8),
-                st.integers(), max_size=2))}
+            "metadata": draw(st.dictionaries(st.text(valid_text, max_size=8), st.integers(),
+                                             max_size=2))}
 
 
 _body_st = st.one_of(

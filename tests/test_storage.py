@@ -25,7 +25,8 @@ SAME = "[[sim completion_tokens=8 latency_ms=0]]"
 def body(task: str) -> dict[str, Any]:
     return {"task": task, "max_tokens": 16, "synthesis": {"strategy": "concatenate"},
             "agents": [{"name": f"a{i}", "system_prompt": SAME} for i in range(AGENTS)],
-            "limits": {"concurrency": AGENTS}}
+            # 0.2 MB prompts reserve ~0.12 USD a call: above the tenants' default budget of 10
+            "limits": {"concurrency": AGENTS, "budget_usd": 100}}
 
 
 async def stored_bytes(url: str) -> tuple[int, int]:

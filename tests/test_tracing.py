@@ -263,8 +263,10 @@ async def test_otlp_receiver_sees_one_trace_across_a_takeover(db_url: str,
             assert (await wait_terminal(api, swarm_id, timeout=30))["status"] == "succeeded"
 
             async def b_chat_seen() -> list[dict[str, Any]] | None:
+                # worker_b's run span ends last (after its subtasks): wait for both
                 spans = _read_spans(out)
-                return spans if any(s["name"] == "invoke_agent b" for s in spans) else None
+                names = {s["name"] for s in spans}
+                return spans if {"invoke_agent b", "invoke_agent swarm"} <= names else None
 
             spans = await until(b_chat_seen, 20, "the spans of worker_b")
     finally:
