@@ -125,7 +125,10 @@ def test_swarm_page_turns_a_running_dag_green_live(driver: WebDriver,
         f"return document.querySelector('.node[data-name=\"{n}\"]').getBoundingClientRect().x")
         for n in NAMES}
     assert x["code_analyst"] < x["test_designer"] < x["doc_writer"] < x["@synthesizer"]
-    assert x["code_analyst"] == x["risk_auditor"] == x["dependency_scanner"]
+    # one column for the roots: a node's box includes its live label, which moves it by a pixel
+    # or two as statuses change; columns are a node's width apart
+    roots = [x["code_analyst"], x["risk_auditor"], x["dependency_scanner"]]
+    assert max(roots) - min(roots) < 8, roots
 
     final = httpx.get(f"{server.url}/swarms/{swarm['id']}").json()
     wait_for(driver, "document.getElementById('stream-state').dataset.state === 'ended'")
