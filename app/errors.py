@@ -49,16 +49,6 @@ class Unauthorized(ApiError):
     code = "unauthorized"
 
 
-class PayloadTooLarge(ApiError):
-    status_code = 413
-    code = "payload_too_large"
-
-
-class ServiceUnavailable(ApiError):
-    status_code = 503
-    code = "unavailable"
-
-
 class TooManyRequests(ApiError):
     """429 with `Retry-After`: `rate_limited` (the tenant's bucket is empty) or
     `quota_exceeded` (a count or the daily cap; `details.limit` names the key)."""

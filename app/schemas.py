@@ -277,12 +277,6 @@ class SwarmList(BaseModel):
     next_cursor: str | None
 
 
-class CancelAccepted(BaseModel):
-    id: str
-    status: str
-    cancel_requested: bool
-
-
 class Health(BaseModel):
     status: str
 

@@ -108,9 +108,6 @@ class WebhookDispatcher:
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="webhooks")
 
-    def wake(self, _swarm_id: str = "") -> None:
-        self._wake.set()
-
     async def stop(self) -> None:
         """Stop claiming and cancel what is in flight (its hold expires; it is sent again)."""
         tasks = [t for t in (self._task, *self._inflight) if t is not None]

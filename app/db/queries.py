@@ -265,7 +265,6 @@ class Claim:
     swarm_id: str
     epoch: int
     rescues: int
-    status: str
 
 
 def _idle_ms(seconds: float) -> str:
@@ -324,7 +323,7 @@ SET lease_owner = :owner,
     lease_epoch = s.lease_epoch + 1,
     rescues = s.rescues + CASE WHEN s.lease_owner IS NOT NULL THEN 1 ELSE 0 END
 FROM picked WHERE s.id = picked.id
-RETURNING s.id, s.lease_epoch, s.rescues, s.status,
+RETURNING s.id, s.lease_epoch, s.rescues,
           set_config('idle_in_transaction_session_timeout', :idle_ms, true)
 """)
 
@@ -346,7 +345,7 @@ async def claim_swarms(
             _PG_CLAIM, {"owner": owner, "lease": float(lease_s), "limit": limit,
                         "exclude": list(exclude), "idle_ms": _idle_ms(lease_s)}
         )
-        return [Claim(r[0], r[1], r[2], r[3]) for r in rows]
+        return [Claim(r[0], r[1], r[2]) for r in rows]
     now = utcnow()
     ids = list((await session.execute(_fair_order(now, exclude, limit))).scalars())
     claims: list[Claim] = []
@@ -361,10 +360,10 @@ async def claim_swarms(
                 # an owner that never released it died with it (release clears the owner)
                 rescues=Swarm.rescues + func.iif(Swarm.lease_owner.is_not(None), 1, 0),
             )
-            .returning(Swarm.id, Swarm.lease_epoch, Swarm.rescues, Swarm.status)
+            .returning(Swarm.id, Swarm.lease_epoch, Swarm.rescues)
         )).one_or_none()
         if row is not None:
-            claims.append(Claim(row[0], row[1], row[2], row[3]))
+            claims.append(Claim(row[0], row[1], row[2]))
     return claims
 
 

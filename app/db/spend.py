@@ -137,13 +137,6 @@ async def refresh_daily(session: AsyncSession, reservation_ids: Sequence[str],
                           .values(expires_at=now + timedelta(seconds=lease_s)))
 
 
-async def daily_spent(session: AsyncSession, day: date) -> Decimal:
-    """Settled spend of one UTC day (0 when nothing was recorded)."""
-    value = (await session.execute(
-        select(DailySpend.spent_usd).where(DailySpend.day == day))).scalar_one_or_none()
-    return value or Decimal(0)
-
-
 # ---- attempts a crash left unsettled --------------------------------------------------------
 
 

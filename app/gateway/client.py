@@ -365,7 +365,6 @@ class GatewayClient:
             raise ValueError("max_inflight and connections_per_client must be positive")
         # A parsed URL object saves httpx re-parsing the string on every request.
         self._url = httpx.URL(base_url.rstrip("/") + "/chat/completions")
-        self._api_key = api_key
         self._redact = Redactor(api_key, base_url)
         self._headers = {"Content-Type": "application/json"}
         if api_key:
