@@ -2,7 +2,32 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+
+def json_safe(value: Any) -> Any:
+    """What JSON can carry of an echoed input: NaN/Infinity as strings, lone surrogates
+    replaced (a bad request must not turn into a 500 while its error is rendered)."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "replace").decode()
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {json_safe(str(k)): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
+    """The SPEC's error answer, `{"error": {"code", "message", "details"}}` (every route but
+    the OpenAI-compatible /v1 ones), safe to encode as JSON."""
+    return {"error": {"code": code, "message": json_safe(message), "details": json_safe(details)}}
 
 
 class ApiError(Exception):
@@ -27,6 +52,11 @@ class RequestInvalid(ApiError):
 class SwarmNotFound(ApiError):
     status_code = 404
     code = "not_found"
+
+    @classmethod
+    def of(cls, swarm_id: str) -> SwarmNotFound:
+        """No swarm `swarm_id` (or not the caller's: the same answer)."""
+        return cls(f"no swarm {swarm_id}", details={"id": swarm_id})
 
 
 class AlreadyTerminal(ApiError):

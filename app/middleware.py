@@ -12,6 +12,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
+from app.errors import error_body
 
 _OPENAI_TYPES = {403: "permission_error", 413: "invalid_request_error"}
 
@@ -19,10 +20,10 @@ _OPENAI_TYPES = {403: "permission_error", 413: "invalid_request_error"}
 async def _send_error(send: Send, status: int, code: str, message: str,
                       details: object = None, *, path: str = "") -> None:
     # the OpenAI-compatible routes answer in OpenAI's error shape (docs/OPENAI.md)
-    error = ({"message": message, "type": _OPENAI_TYPES.get(status, "server_error"),
-              "param": None, "code": code} if path.startswith("/v1/")
-             else {"code": code, "message": message, "details": details})
-    body = json.dumps({"error": error}).encode()
+    answer = ({"error": {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"),
+                         "param": None, "code": code}} if path.startswith("/v1/")
+              else error_body(code, message, details))
+    body = json.dumps(answer).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())]})

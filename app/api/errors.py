@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.db.retry import database_unavailable
-from app.errors import ApiError, TooManyRequests
+from app.errors import ApiError, TooManyRequests, error_body
 from app.middleware import CatchAll
 from app.schemas import ErrorResponse
 
@@ -23,29 +22,9 @@ _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "
                415: "unsupported_media_type", 429: "too_many_requests", 503: "unavailable"}
 
 
-def _safe(value: Any) -> Any:
-    """What JSON can carry of an echoed input: NaN/Infinity as strings, lone surrogates
-    replaced (a bad request must not turn into a 500 while its error is rendered)."""
-    if isinstance(value, str):
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            return value.encode("utf-8", "replace").decode()
-        return value
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {_safe(str(k)): _safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_safe(v) for v in value]
-    return value
-
-
 def error_response(status: int, code: str, message: str, details: Any = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"code": code, "message": _safe(message), "details": _safe(details)}},
-        status_code=status, headers=headers)
+    return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
 
 
 def _field(loc: tuple[Any, ...]) -> str:

@@ -20,9 +20,9 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.errors import _field, _safe
+from app.api.errors import _field
 from app.db.retry import database_unavailable
-from app.errors import ApiError
+from app.errors import ApiError, json_safe
 from app.openai_schemas import OpenAIError
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def openai_error(status: int, message: str, code: str | None = None, param: str 
                  retry: bool | None = None) -> JSONResponse:
     """The error answer. `retry=False` adds `x-should-retry: false`, which the OpenAI SDKs obey:
     retrying a request that ran a swarm would run (and pay for) another one."""
-    body: dict[str, Any] = {"message": _safe(message),
+    body: dict[str, Any] = {"message": json_safe(message),
                             "type": TYPES.get(status, "server_error"),
                             "param": param, "code": code}
     if swarm_id is not None:

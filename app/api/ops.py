@@ -8,7 +8,7 @@ from sqlalchemy import text
 
 from app import metrics
 from app.api.deps import SettingsDep
-from app.api.errors import error_responses
+from app.api.errors import error_response, error_responses
 from app.db.migrate import current_revision, head_revision
 from app.schemas import Health, Ready
 
@@ -29,15 +29,12 @@ async def check_ready(request: Request, settings: SettingsDep) -> Response:
             await conn.execute(text("SELECT 1"))
         revision = await current_revision(engine)
     except Exception as exc:
-        return JSONResponse({"error": {"code": "unavailable",
-                                       "message": f"database unreachable: {type(exc).__name__}",
-                                       "details": None}}, status_code=503)
+        return error_response(503, "unavailable",
+                              f"database unreachable: {type(exc).__name__}")
     head = head_revision()
     if revision != head:
-        return JSONResponse({"error": {"code": "unavailable",
-                                       "message": "database not migrated",
-                                       "details": {"revision": revision, "head": head}}},
-                            status_code=503)
+        return error_response(503, "unavailable", "database not migrated",
+                              {"revision": revision, "head": head})
     tools = request.app.state.tools
     return JSONResponse(Ready(status="ok", database="ok", revision=revision,
                               price_table_version=settings.prices.version,
