@@ -29,6 +29,7 @@ from sqlalchemy.orm import defer
 from sqlalchemy.sql import Executable, Insert
 
 from app.db.notify import CANCEL, CHANGED, QUEUED, notify
+from app.db.session import is_postgres as _is_pg
 from app.db.tables import (
     Event,
     GatewayCall,
@@ -47,10 +48,6 @@ TERMINAL_VALUES = tuple(s.value for s in TERMINAL_SWARM)
 
 class LeaseLost(Exception):
     """This process no longer owns the swarm: another took it over, or it was released."""
-
-
-def _is_pg(session: AsyncSession) -> bool:
-    return session.get_bind().dialect.name == "postgresql"
 
 
 async def db_now(session: AsyncSession) -> datetime:

@@ -20,15 +20,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.queries import ACTIVE, db_now
+from app.db.session import is_postgres
 from app.db.spend import DailyCheck
 from app.db.tables import Swarm, TenantBucket, TenantDailyReservation, TenantDailySpend
 from app.states import SwarmStatus
 
 ACTIVE_VALUES = (SwarmStatus.queued.value, *(s.value for s in ACTIVE))
-
-
-def _is_pg(session: AsyncSession) -> bool:
-    return session.get_bind().dialect.name == "postgresql"
 
 
 # ---- the token bucket -----------------------------------------------------------------------
@@ -37,7 +34,7 @@ def _is_pg(session: AsyncSession) -> bool:
 def _clock(session: AsyncSession) -> ColumnElement[Any]:
     """Seconds since the epoch: the database's clock on PostgreSQL (replicas' clocks may
     differ), this process's on SQLite (one process)."""
-    if _is_pg(session):
+    if is_postgres(session):
         return func.extract("epoch", func.now())
     return literal(time.time())
 
@@ -50,7 +47,7 @@ async def take_token(session: AsyncSession, tenant: str, size: float,
     The row holds (tokens, updated_at); the upsert refills it for the time elapsed, capped at
     `size`, and takes a token only when at least one is there. Concurrent requests of one
     tenant serialise on the row, so replicas can never hand out the same token twice."""
-    pg = _is_pg(session)
+    pg = is_postgres(session)
     now = _clock(session)
     least, greatest = (func.least, func.greatest) if pg else (func.min, func.max)
     elapsed = greatest(now - TenantBucket.updated_at, 0)
@@ -125,7 +122,7 @@ async def apply_tenant_ops(session: AsyncSession, tenant: str, cap: Decimal,
     UPDATE; SQLite: the first write locks the file), so no two processes see the same money
     as free; one transaction serves a whole batch of calls (a group commit for the cap)."""
     now, day = await today(session)
-    pg = _is_pg(session)
+    pg = is_postgres(session)
     insert = postgresql.insert if pg else sqlite.insert
     await session.execute(insert(TenantDailySpend)
                           .values(tenant=tenant, day=day, spent_usd=Decimal(0))

@@ -15,6 +15,11 @@ from sqlalchemy.ext.asyncio import (
 SessionFactory = async_sessionmaker[AsyncSession]
 
 
+def is_postgres(session: AsyncSession) -> bool:
+    """PostgreSQL, else embedded SQLite: for the statements each dialect writes its own way."""
+    return session.get_bind().dialect.name == "postgresql"
+
+
 def asyncpg_dsn(database_url: str) -> str:
     """The plain asyncpg DSN of a `postgresql+asyncpg://` SQLAlchemy URL."""
     return database_url.replace("postgresql+asyncpg://", "postgresql://", 1)

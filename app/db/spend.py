@@ -31,6 +31,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.queries import db_now, lock_leases
+from app.db.session import is_postgres
 from app.db.tables import (
     DailyReservation,
     DailySpend,
@@ -45,10 +46,6 @@ from app.schemas import GroupBy
 
 def cast_table(model: type[Any]) -> Table:
     return typing.cast(Table, model.__table__)
-
-
-def _is_pg(session: AsyncSession) -> bool:
-    return session.get_bind().dialect.name == "postgresql"
 
 
 # ---- the daily cap --------------------------------------------------------------------------
@@ -96,10 +93,10 @@ async def try_reserve_daily(session: AsyncSession, cap: Decimal, amount: Decimal
     """
     now = await db_now(session)
     day = now.astimezone(UTC).date()
-    insert = postgresql.insert if _is_pg(session) else sqlite.insert
+    insert = postgresql.insert if is_postgres(session) else sqlite.insert
     await session.execute(insert(DailySpend).values(day=day, spent_usd=Decimal(0))
                           .on_conflict_do_nothing(index_elements=["day"]))
-    if _is_pg(session):
+    if is_postgres(session):
         await session.execute(select(DailySpend.day).where(DailySpend.day == day)
                               .with_for_update())
     # expired rows belong to crashed processes: they no longer hold anything (same day only,
@@ -250,7 +247,7 @@ def _group_key(session: AsyncSession, group_by: GroupBy) -> ColumnElement[Any]:
         return GatewayCall.model.expression
     if group_by == "tenant":
         return GatewayCall.tenant.expression
-    if _is_pg(session):
+    if is_postgres(session):
         # a literal, not a bind parameter: Postgres matches the GROUP BY expression textually
         return cast(func.timezone(literal_column("'UTC'"), GatewayCall.created_at), Date)
     return func.date(GatewayCall.created_at)  # SQLite keeps UTC text, "YYYY-MM-DD ..."
