@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine import dag
+from app.schemas import NAME_PATTERN
 from app.text import storable
 
-ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+ID_PATTERN = re.compile(NAME_PATTERN)  # a subtask id is an agent name
 JSON_OBJECT = {"type": "json_object"}
 
 
