@@ -30,6 +30,7 @@ from prometheus_client import (
 )
 
 from app.pricing import BUILTIN_MODELS, PriceTable
+from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
 
 # LLM work: 5 ms up to 10 minutes
 LATENCY_BUCKETS = (
@@ -39,9 +40,9 @@ LATENCY_BUCKETS = (
 COST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                 25.0, 50.0, 100.0)
 
-SWARM_TERMINAL = ("succeeded", "failed", "cancelled")
-SUBTASK_KINDS = ("planner", "worker", "compressor", "synthesizer")
-SUBTASK_TERMINAL = ("succeeded", "failed", "skipped", "cancelled")
+SWARM_TERMINAL = tuple(s.value for s in SwarmStatus if s.terminal)
+SUBTASK_KINDS = tuple(k.value for k in SubtaskKind)
+SUBTASK_TERMINAL = tuple(s.value for s in SubtaskStatus if s.terminal)
 OUTCOMES = ("ok", "rate_limited", "server_error", "timeout", "invalid_response", "client_error",
             "connection_error", "unknown")  # unknown: the answer was lost (a crash, a cancel)
 RETRY_REASONS = ("rate_limited", "server_error", "timeout", "invalid_response", "client_error",
