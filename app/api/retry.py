@@ -11,10 +11,17 @@ from app import metrics, tracing
 from app.api.admission import AdmissionDep
 from app.api.deps import EngineDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import error_responses
-from app.api.shared import IdempotencyKey, TraceParent, check_id, insert_once, read_swarm
-from app.db import queries, retry_copy
+from app.api.shared import (
+    IdempotencyKey,
+    TraceParent,
+    check_id,
+    insert_once,
+    read_swarm,
+    swarm_or_404,
+)
+from app.db import retry_copy
 from app.engine.specs import check_model, retry_digest, retry_row
-from app.errors import NotRetryable, SwarmNotFound
+from app.errors import NotRetryable
 from app.schemas import SwarmRead, SwarmRetry
 from app.states import SwarmStatus
 
@@ -44,9 +51,7 @@ async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, te
     reused: list[retry_copy.Reused] = []
 
     async def insert(s: AsyncSession) -> None:
-        old = await queries.get_swarm(s, swarm_id, tenant)
-        if old is None:
-            raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id})
+        old = await swarm_or_404(s, swarm_id, tenant)
         if old.status not in RETRYABLE:
             raise NotRetryable(
                 f"only failed or cancelled swarms can be retried; this one is {old.status}",

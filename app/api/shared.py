@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import queries, retry_copy
+from app.db.tables import Swarm
 from app.errors import IdempotencyKeyReused, SwarmNotFound
 from app.schemas import SwarmRead
 from app.states import SwarmStatus
@@ -35,16 +36,22 @@ def check_id(swarm_id: str) -> None:
     try:
         uuid.UUID(swarm_id)
     except ValueError:
-        raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id}) from None
+        raise SwarmNotFound.of(swarm_id) from None
+
+
+async def swarm_or_404(session: AsyncSession, swarm_id: str, tenant: str) -> Swarm:
+    """The tenant's swarm (in the caller's transaction), else 404."""
+    swarm = await queries.get_swarm(session, swarm_id, tenant)
+    if swarm is None:
+        raise SwarmNotFound.of(swarm_id)
+    return swarm
 
 
 async def read_swarm(session: AsyncSession, swarm_id: str, tenant: str) -> SwarmRead:
     """The swarm with its subtasks (404 when unknown to this tenant)."""
     check_id(swarm_id)
     async with session.begin():
-        swarm = await queries.get_swarm(session, swarm_id, tenant)
-        if swarm is None:
-            raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id})
+        swarm = await swarm_or_404(session, swarm_id, tenant)
         subs = (await queries.get_subtasks(session, [swarm.id]))[swarm.id]
         position = (await queries.queue_position(session, swarm)
                     if swarm.status == SwarmStatus.queued else None)

@@ -21,6 +21,7 @@ from app.api.follow import follow_events
 from app.api.shared import IdempotencyKey, TraceParent, insert_once
 from app.api.shared import check_id as _check_id
 from app.api.shared import read_swarm as _read
+from app.api.shared import swarm_or_404 as _swarm_or_404
 from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
 from app.db import queries, retry_copy
 from app.engine.notify import woken
@@ -153,9 +154,7 @@ async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
     """Stops launching, cancels in-flight calls within a second; finished outputs stay."""
     _check_id(swarm_id)
     async with session.begin():
-        swarm = await queries.get_swarm(session, swarm_id, tenant)
-        if swarm is None:
-            raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id})
+        swarm = await _swarm_or_404(session, swarm_id, tenant)
         if SwarmStatus(swarm.status).terminal:
             raise AlreadyTerminal(f"swarm is already {swarm.status}",
                                   details={"status": swarm.status})
@@ -181,7 +180,7 @@ async def stream_swarm_events(
     _check_id(swarm_id)
     async with session.begin():
         if await queries.get_status(session, swarm_id, tenant) is None:
-            raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id})
+            raise SwarmNotFound.of(swarm_id)
     sessions = request.app.state.sessions
     slot = gate.take()  # one of the tenant's max_streams, until the stream ends
 

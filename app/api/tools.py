@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
-
 from fastapi import APIRouter
 
 from app.api.deps import SessionDep, TenantDep, ToolsDep
 from app.api.errors import error_responses
+from app.api.shared import check_id
 from app.db import queries
 from app.errors import SwarmNotFound
 from app.schemas import SubtaskDetail, ToolList, ToolRead
@@ -31,10 +30,7 @@ async def list_tools(tools: ToolsDep, _tenant: TenantDep) -> ToolList:
 async def get_subtask(swarm_id: str, name: str, session: SessionDep,
                       tenant: TenantDep) -> SubtaskDetail:
     """The subtask as in the swarm, plus its tools and `transcript` (tool-using subtasks)."""
-    try:
-        uuid.UUID(swarm_id)  # ids are UUIDs: anything else is unknown without a query
-    except ValueError:
-        raise SwarmNotFound(f"no swarm {swarm_id}", details={"id": swarm_id}) from None
+    check_id(swarm_id)
     async with session.begin():
         swarm = await queries.get_swarm(session, swarm_id, tenant)
         sub = None if swarm is None else await queries.get_subtask(session, swarm_id, name)
