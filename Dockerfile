@@ -14,7 +14,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore \
     SWARM_MIGRATIONS_DIR=/app/migrations
-# SWARM_MIGRATIONS_DIR: app/db/migrate.py looks for <repo>/migrations next to its own source
+# SWARM_MIGRATIONS_DIR (a setting): by default app/db/migrate.py looks for <repo>/migrations next to its own source
 # file, which after a (non-editable) install is in site-packages; the Alembic scripts are copied
 # to /app/migrations below instead.
 

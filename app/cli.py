@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "migrate":
         from app.db.migrate import upgrade_head
 
-        upgrade_head(settings.database_url)
+        upgrade_head(settings.database_url, settings.migrations_dir)
         print("database at head")
         return 0
     if args.command == "worker":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 from functools import cached_property
+from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -83,11 +84,29 @@ class Settings(BaseSettings):
     # tools (SPEC §9): the mcpServers JSON file, and the cut of each tool result
     mcp_config: str | None = None
     tool_result_max_bytes: int = Field(default=16384, ge=256, le=10_000_000)
+    # the Alembic scripts (the image sets /app/migrations); unset: <repo>/migrations
+    migrations_dir: str | None = None
+    # crash tests only: SIGKILL this process at `<point>:<subtask>[,…]` (app/engine/faults.py)
+    crash_at: str = ""
 
     @field_validator("gateway_url")
     @classmethod
     def _strip_slash(cls, v: str | None) -> str | None:
         return v.rstrip("/") if v else None
+
+    @field_validator("crash_at")
+    @classmethod
+    def _crash_points(cls, v: str) -> str:
+        if any(":" not in p for p in v.split(",") if p.strip()):
+            raise ValueError("SWARM_CRASH_AT must be '<point>:<subtask>[,<point>:<subtask>]'")
+        return v
+
+    @field_validator("migrations_dir")
+    @classmethod
+    def _migrations_exist(cls, v: str | None) -> str | None:
+        if v and not (Path(v) / "env.py").is_file():
+            raise ValueError(f"SWARM_MIGRATIONS_DIR {v!r} holds no Alembic env.py")
+        return v
 
     @model_validator(mode="after")
     def _refuse_ambiguity(self) -> Settings:

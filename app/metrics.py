@@ -141,6 +141,8 @@ def finish_label(reason: str | None) -> str:
 
 
 def _registry() -> CollectorRegistry:
+    # prometheus-client's own variable, not a setting: the library reads it at import (which
+    # kind of value store every collector uses), before any Settings exists; read it likewise
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

@@ -14,6 +14,7 @@ from app.config import Settings
 from app.db.migrate import upgrade_head_async
 from app.db.notify import CHANGED
 from app.db.session import SessionFactory, make_engine, make_session_factory
+from app.engine import faults
 from app.engine.budget import DailyCap
 from app.engine.notify import SwarmNotifier
 from app.engine.passthrough import settle_stale
@@ -104,10 +105,11 @@ class Runtime:
         settings, stack = self.settings, self._stack
         await stack.__aenter__()
         try:
+            faults.arm(settings.crash_at)
             if tracing.configure():  # only when OTEL_* asks for traces
                 stack.callback(tracing.shutdown)
             if settings.migrate_on_start:
-                await upgrade_head_async(settings.database_url)
+                await upgrade_head_async(settings.database_url, settings.migrations_dir)
             self.db = make_engine(settings.database_url)
             stack.push_async_callback(self.db.dispose)
             self.sessions = make_session_factory(self.db)

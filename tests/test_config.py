@@ -3,6 +3,7 @@ keeps SQL parameters (prompts, outputs) out of its errors."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from pydantic import ValidationError
 from sqlalchemy import text
 
 from app.config import Settings
+from app.db.migrate import MIGRATIONS_DIR
 from app.db.session import make_engine
 
 
@@ -48,6 +50,32 @@ def test_a_default_model_without_a_price_is_refused() -> None:
     with pytest.raises(ValidationError, match="no price"):
         _settings(default_model="gpt-9000")
     assert _settings(default_model="deepseek-v3.2").default_model == "deepseek-v3.2"
+
+
+def test_bad_files_are_refused_when_built(tmp_path: Path) -> None:
+    models, tenants = tmp_path / "models.toml", tmp_path / "tenants.toml"
+    models.write_text("[models.fast]\ninput = \"lots\"\n")
+    tenants.write_text("[defaults]\nburst = 0\n")
+    with pytest.raises(ValidationError, match=r"models\.toml"):
+        _settings(models_file=str(models))
+    with pytest.raises(ValidationError, match="burst"):
+        _settings(tenants_file=str(tenants))
+    with pytest.raises(ValidationError, match=r"nowhere\.toml"):
+        _settings(tenants_file=str(tmp_path / "nowhere.toml"))
+
+
+def test_migrations_dir_and_crash_points_are_settings(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert _settings().migrations_dir is None and _settings().crash_at == ""
+    monkeypatch.setenv("SWARM_MIGRATIONS_DIR", str(MIGRATIONS_DIR))
+    monkeypatch.setenv("SWARM_CRASH_AT", "before_call:b,after_commit:c")
+    s = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert s.migrations_dir == str(MIGRATIONS_DIR)
+    assert s.crash_at == "before_call:b,after_commit:c"
+    with pytest.raises(ValidationError, match=r"no Alembic env\.py"):
+        _settings(migrations_dir=str(tmp_path))
+    with pytest.raises(ValidationError, match="<point>:<subtask>"):
+        _settings(crash_at="before_call")
 
 
 async def test_statement_errors_do_not_carry_their_parameters(tmp_path: Any) -> None:

@@ -31,7 +31,7 @@ async def check_ready(request: Request, settings: SettingsDep) -> Response:
     except Exception as exc:
         return error_response(503, "unavailable",
                               f"database unreachable: {type(exc).__name__}")
-    head = head_revision()
+    head = head_revision(settings.migrations_dir)
     if revision != head:
         return error_response(503, "unavailable", "database not migrated",
                               {"revision": revision, "head": head})
