@@ -1,8 +1,12 @@
-"""The one state machine: swarm and subtask statuses and their allowed transitions."""
+"""The one state machine: swarm, subtask and webhook-delivery statuses, their allowed
+transitions, and the moves that apply one to a row (stamping its timestamps) and return the
+event it writes. Every status write in the service goes through a move here."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
+from typing import Any, NamedTuple, Protocol
 
 
 class SwarmStatus(StrEnum):
@@ -67,6 +71,25 @@ SUBTASK_TRANSITIONS: dict[SubtaskStatus, frozenset[SubtaskStatus]] = {
 }
 
 
+class WebhookState(StrEnum):
+    pending = "pending"  # due (now or at next_attempt_at)
+    delivered = "delivered"  # the receiver answered 2xx
+    failed = "failed"  # given up: no 2xx within the retry window
+
+    @property
+    def terminal(self) -> bool:
+        return self is not WebhookState.pending
+
+
+_W = WebhookState
+WEBHOOK_TRANSITIONS: dict[WebhookState, frozenset[WebhookState]] = {
+    # pending -> pending: an attempt failed and another is scheduled
+    _W.pending: frozenset({_W.pending, _W.delivered, _W.failed}),
+    _W.delivered: frozenset(),
+    _W.failed: frozenset(),
+}
+
+
 class InvalidTransition(Exception):
     """A status change the state machine does not allow (a bug, never client input)."""
 
@@ -83,3 +106,67 @@ def subtask_transition(current: SubtaskStatus, new: SubtaskStatus) -> SubtaskSta
     if new not in SUBTASK_TRANSITIONS[current]:
         raise InvalidTransition(f"subtask {current} -> {new}")
     return new
+
+
+def webhook_transition(current: WebhookState, new: WebhookState) -> WebhookState:
+    """Return `new` when a delivery may move there from `current`, else raise."""
+    if new not in WEBHOOK_TRANSITIONS[current]:
+        raise InvalidTransition(f"webhook {current} -> {new}")
+    return new
+
+
+# ---- moves: a transition applied to a row ------------------------------------------------
+
+
+class Event(NamedTuple):
+    """An event a move produces, before the swarm numbers it (SPEC: SSE event names)."""
+
+    type: str
+    data: dict[str, Any]
+
+
+class SwarmState(Protocol):
+    status: SwarmStatus
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class SubtaskState(Protocol):
+    name: str
+    status: SubtaskStatus
+    error: dict[str, Any] | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+def move_swarm(swarm: SwarmState, new: SwarmStatus, now: datetime, **data: Any) -> Event:
+    """Move a swarm: it starts when it leaves `queued` and finishes when it ends. A terminal
+    move returns `swarm.completed` (with `data`: error, cancelled subtasks), any other
+    `swarm.status`."""
+    swarm.status = swarm_transition(swarm.status, new)
+    if swarm.started_at is None and new in (SwarmStatus.planning, SwarmStatus.running):
+        swarm.started_at = now
+    if new.terminal:
+        swarm.finished_at = now
+        return Event("swarm.completed", {"status": new.value, **data})
+    return Event("swarm.status", {"status": new.value})
+
+
+_SUBTASK_EVENTS = {SubtaskStatus.running: "subtask.started",
+                   SubtaskStatus.succeeded: "subtask.succeeded",
+                   SubtaskStatus.failed: "subtask.failed",
+                   SubtaskStatus.skipped: "subtask.skipped"}
+
+
+def move_subtask(sub: SubtaskState, new: SubtaskStatus, now: datetime, **data: Any
+                 ) -> Event | None:
+    """Move a subtask: starting clears what an earlier attempt left, ending stamps the time.
+    Returns its event (`data` after the name), or None: a cancelled subtask is listed by
+    `swarm.completed`, and a takeover's return to `pending` is no event of its own."""
+    sub.status = subtask_transition(sub.status, new)
+    if new is SubtaskStatus.running:
+        sub.started_at, sub.finished_at, sub.error = now, None, None
+    elif new.terminal:
+        sub.finished_at = now
+    kind = _SUBTASK_EVENTS.get(new)
+    return None if kind is None else Event(kind, {"name": sub.name, **data})

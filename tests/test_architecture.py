@@ -34,3 +34,16 @@ def test_the_layers_hold_and_a_wrong_import_breaks_them(tmp_path: Path) -> None:
     broken = _lint(wrong)
     assert broken.returncode != 0
     assert "app.engine.dag -> app.api.swarms" in broken.stdout
+
+
+def test_an_import_cycle_breaks_the_contract_even_under_type_checking(tmp_path: Path) -> None:
+    wrong = _copy_project(tmp_path / "cycle")
+    dag = wrong / "app" / "engine" / "dag.py"
+    # planner imports dag; dag importing planner, even only for a type, closes a cycle (the
+    # executor importing the runner for its type was one, removed by engine/handle.py)
+    dag.write_text(dag.read_text() + "\nfrom typing import TYPE_CHECKING\n"
+                   "if TYPE_CHECKING:\n    from app.engine import planner  # noqa\n")
+    assert "from app.engine import dag" in (wrong / "app/engine/planner.py").read_text()
+    broken = _lint(wrong)
+    assert broken.returncode != 0
+    assert "No cycles are allowed in app.engine" in broken.stdout

@@ -10,7 +10,6 @@ from app.db import queries
 from app.db.session import SessionFactory
 from app.db.tables import Event
 from app.engine.notify import SwarmNotifier, woken
-from app.states import SwarmStatus
 
 POLL_S = 0.5  # how often ?wait= readers of the facade re-read (app/api/openai_swarm.py)
 # readers are woken by commits (this process's engine, or NOTIFY from others); without a
@@ -43,7 +42,7 @@ async def follow_events(sessions: SessionFactory, notifier: SwarmNotifier, swarm
             if rows:
                 await asyncio.sleep(0)
                 continue
-            if check_status and (status is None or SwarmStatus(status).terminal):
+            if check_status and (status is None or status.terminal):
                 return
             check_status = not await woken(armed, FALLBACK_S)
             notifier.disarm(swarm_id, armed)

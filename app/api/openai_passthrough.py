@@ -19,6 +19,7 @@ from app.config import Settings
 from app.engine.budget import BudgetExceeded, SharedCap
 from app.engine.passthrough import PassthroughMeter, prompt_bound
 from app.errors import RequestInvalid
+from app.gateway import streaming
 from app.gateway.client import GatewayClient, GatewayError, GatewayRejected
 from app.gateway.streaming import DONE
 from app.openai_schemas import ChatCompletionCreate
@@ -118,10 +119,10 @@ class Passthrough:
             self.req.stream_options.include_usage
         stack = AsyncExitStack()
         try:
-            stream = await stack.enter_async_context(self.gateway.stream(
-                _dumps(self.body), idempotency_key=self.meter.key, max_attempts=MAX_ATTEMPTS,
-                timeout_s=self.timeout_s, before_attempt=self.meter.before,
-                after_attempt=self.meter.after))
+            stream = await stack.enter_async_context(streaming.stream(
+                self.gateway, _dumps(self.body), idempotency_key=self.meter.key,
+                max_attempts=MAX_ATTEMPTS, timeout_s=self.timeout_s,
+                before_attempt=self.meter.before, after_attempt=self.meter.after))
         except BudgetExceeded as exc:
             await self.meter.release()
             return over_budget(exc)

@@ -175,15 +175,15 @@ class SwarmCall:
 
     async def answer(self, swarm_id: str) -> Response | ChatCompletion:
         """Wait until the swarm is terminal (up to its deadline), then the completion."""
-        status: str | None = None
+        status: SwarmStatus | None = None
         while (left := self.deadline - time.monotonic()) > 0:
             async with self.sessions() as s, s.begin():
                 status = await queries.get_status(s, swarm_id, self.tenant)
-            if status is None or SwarmStatus(status).terminal:
+            if status is None or status.terminal:
                 break
             await self.notifier.wait(swarm_id, min(left, POLL_S))
         swarm = await self._swarm(swarm_id)
-        if swarm is None or not SwarmStatus(swarm.status).terminal:
+        if swarm is None or not swarm.status.terminal:
             return openai_error(503, f"swarm {swarm_id} did not finish in time; read it at "
                                      f"/swarms/{swarm_id}", "swarm_not_finished",
                                 swarm_id=swarm_id, headers={"Retry-After": "30"}, retry=False)

@@ -39,9 +39,11 @@ def check_id(swarm_id: str) -> None:
         raise SwarmNotFound.of(swarm_id) from None
 
 
-async def swarm_or_404(session: AsyncSession, swarm_id: str, tenant: str) -> Swarm:
-    """The tenant's swarm (in the caller's transaction), else 404."""
-    swarm = await queries.get_swarm(session, swarm_id, tenant)
+async def swarm_or_404(session: AsyncSession, swarm_id: str, tenant: str, *,
+                       for_update: bool = False) -> Swarm:
+    """The tenant's swarm (in the caller's transaction, its row locked `for_update`), else
+    404."""
+    swarm = await queries.get_swarm(session, swarm_id, tenant, for_update=for_update)
     if swarm is None:
         raise SwarmNotFound.of(swarm_id)
     return swarm

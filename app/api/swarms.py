@@ -24,6 +24,7 @@ from app.api.shared import read_swarm as _read
 from app.api.shared import swarm_or_404 as _swarm_or_404
 from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
 from app.db import queries, retry_copy
+from app.engine import finish
 from app.engine.notify import woken
 from app.engine.specs import build_swarm, request_hash
 from app.errors import AlreadyTerminal, RequestInvalid, SwarmNotFound
@@ -154,11 +155,11 @@ async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
     """Stops launching, cancels in-flight calls within a second; finished outputs stay."""
     _check_id(swarm_id)
     async with session.begin():
-        swarm = await _swarm_or_404(session, swarm_id, tenant)
-        if SwarmStatus(swarm.status).terminal:
+        swarm = await _swarm_or_404(session, swarm_id, tenant, for_update=True)
+        if swarm.status.terminal:
             raise AlreadyTerminal(f"swarm is already {swarm.status}",
                                   details={"status": swarm.status})
-        cancelled_here = await queries.request_cancel(session, swarm)
+        cancelled_here = await finish.cancel(session, swarm)
     if cancelled_here:
         notifier.notify(swarm_id)
     elif engine is not None:

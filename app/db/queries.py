@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import defer
 from sqlalchemy.sql import Executable, Insert
 
-from app.db.notify import CANCEL, CHANGED, QUEUED, notify
+from app.db.notify import CHANGED, QUEUED, notify
 from app.db.session import is_postgres as _is_pg
 from app.db.tables import (
     Event,
@@ -40,7 +40,7 @@ from app.db.tables import (
     Webhook,
 )
 from app.db.types import utcnow
-from app.states import TERMINAL_SWARM, SubtaskStatus, SwarmStatus
+from app.states import TERMINAL_SWARM, SwarmStatus
 
 ACTIVE = (SwarmStatus.planning, SwarmStatus.running, SwarmStatus.synthesizing)
 TERMINAL_VALUES = tuple(s.value for s in TERMINAL_SWARM)
@@ -105,14 +105,19 @@ async def find_by_idempotency_key(session: AsyncSession, tenant: str, key: str,
     return (await session.execute(stmt)).scalar_one_or_none()
 
 
-async def get_swarm(session: AsyncSession, swarm_id: str, tenant: str | None) -> Swarm | None:
+async def get_swarm(session: AsyncSession, swarm_id: str, tenant: str | None, *,
+                    for_update: bool = False) -> Swarm | None:
+    """One swarm (of this tenant); `for_update` locks its row for the transaction."""
     stmt = select(Swarm).where(Swarm.id == swarm_id)
+    if for_update:
+        stmt = stmt.with_for_update()
     if tenant is not None:
         stmt = stmt.where(Swarm.tenant == tenant)
     return (await session.execute(stmt)).scalar_one_or_none()
 
 
-async def get_status(session: AsyncSession, swarm_id: str, tenant: str | None) -> str | None:
+async def get_status(session: AsyncSession, swarm_id: str, tenant: str | None
+                     ) -> SwarmStatus | None:
     """Just the status (cheap enough to poll)."""
     stmt = select(Swarm.status).where(Swarm.id == swarm_id)
     if tenant is not None:
@@ -201,45 +206,6 @@ async def list_swarms(
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, (encode_cursor(rows[-1]) if more and rows else None)
-
-
-async def request_cancel(session: AsyncSession, swarm: Swarm) -> bool:
-    """Flag a running swarm for cancellation; True when it was still queued and is now cancelled
-    here directly (nobody owned it)."""
-    now = await db_now(session)
-    res = await session.execute(
-        update(Swarm)
-        # only when no process holds it: an owner's runner may be about to start it, and a
-        # cancel here would not fence its writes (it learns of the flag instead)
-        .where(Swarm.id == swarm.id, Swarm.status == SwarmStatus.queued,
-               or_(Swarm.lease_owner.is_(None), Swarm.lease_expires_at < now))
-        .values(status=SwarmStatus.cancelled, finished_at=now, cancel_requested=True,
-                event_seq=Swarm.event_seq + 1)
-        .returning(Swarm.event_seq)
-    )
-    seq = res.scalar_one_or_none()
-    if seq is not None:
-        await session.execute(
-            update(Subtask)
-            .where(Subtask.swarm_id == swarm.id, Subtask.status == SubtaskStatus.pending)
-            .values(status=SubtaskStatus.cancelled, finished_at=now)
-        )
-        await session.execute(insert(Event).values(
-            swarm_id=swarm.id, seq=seq, type="swarm.completed", created_at=now,
-            data={"status": "cancelled", "error": None}))
-        url = swarm.spec.get("webhook_url")
-        if url:
-            await session.execute(insert(Webhook).values(
-                swarm_id=swarm.id, url=url, state="pending", attempts=0, next_attempt_at=now,
-                created_at=now))
-        return True
-    await session.execute(
-        update(Swarm)
-        .where(Swarm.id == swarm.id, Swarm.status.not_in(TERMINAL_VALUES))
-        .values(cancel_requested=True)
-    )
-    await notify(session, CANCEL, [swarm.id])
-    return False
 
 
 async def events_after(

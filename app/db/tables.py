@@ -21,7 +21,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from app.db.types import JSONType, Money, UTCDateTime, utcnow
+from app.db.types import JSONType, Money, StatusColumn, UTCDateTime, utcnow
+from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, WebhookState
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -43,7 +44,7 @@ class Swarm(Base):
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128))
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[SwarmStatus] = mapped_column(StatusColumn(SwarmStatus))
     task: Mapped[str] = mapped_column(Text)
     spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
@@ -91,7 +92,7 @@ class Subtask(Base):
     swarm_id: Mapped[str] = mapped_column(ForeignKey("swarms.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(64))
     position: Mapped[int] = mapped_column(Integer)
-    kind: Mapped[str] = mapped_column(String(16))
+    kind: Mapped[SubtaskKind] = mapped_column(StatusColumn(SubtaskKind))
     model: Mapped[str] = mapped_column(String(64))
     depends_on: Mapped[list[str]] = mapped_column(JSONType, default=list)
     # NULL: the default, resolved when the call is made (the prompt: the swarm's task; a
@@ -101,7 +102,7 @@ class Subtask(Base):
     max_tokens: Mapped[int] = mapped_column(Integer)
     temperature: Mapped[float | None] = mapped_column(Float)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[SubtaskStatus] = mapped_column(StatusColumn(SubtaskStatus))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     output: Mapped[str | None] = mapped_column(Text)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
@@ -211,7 +212,7 @@ class Webhook(Base):
         ForeignKey("swarms.id", ondelete="CASCADE"), primary_key=True
     )
     url: Mapped[str] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(String(16))  # pending | delivered | failed
+    state: Mapped[WebhookState] = mapped_column(StatusColumn(WebhookState))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

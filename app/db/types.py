@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
-from sqlalchemy import JSON, BigInteger, DateTime, Dialect, Numeric
+from sqlalchemy import JSON, BigInteger, DateTime, Dialect, Numeric, String
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
@@ -44,6 +45,27 @@ class Money(TypeDecorator[Decimal]):
         if dialect.name == "sqlite":
             return Decimal(int(value)) / _SCALE
         return Decimal(value)
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+class StatusColumn(TypeDecorator[E]):
+    """A StrEnum stored as its text (VARCHAR(16), as the migrations made it), loaded back as
+    the enum: a status read from the database is typed like one set in memory."""
+
+    impl = String(16)
+    cache_ok = True
+
+    def __init__(self, enum: type[E]) -> None:
+        super().__init__()
+        self.enum = enum
+
+    def process_bind_param(self, value: E | str | None, dialect: Dialect) -> str | None:
+        return None if value is None else self.enum(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> E | None:
+        return None if value is None else self.enum(value)
 
 
 class UTCDateTime(TypeDecorator[datetime]):

@@ -10,11 +10,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.queries import db_now
 from app.db.tables import Webhook, WebhookAttempt
+from app.states import WebhookState, webhook_transition
 
 
 def new_delivery(swarm_id: str, url: str, now: datetime) -> dict[str, Any]:
     """The row that makes a terminal swarm's webhook due now."""
-    return {"swarm_id": swarm_id, "url": url, "state": "pending", "attempts": 0,
+    return {"swarm_id": swarm_id, "url": url, "state": WebhookState.pending, "attempts": 0,
             "next_attempt_at": now, "created_at": now, "finished_at": None}
 
 
@@ -24,7 +25,7 @@ async def claim_due(session: AsyncSession, limit: int, hold_s: float) -> list[We
     now = await db_now(session)
     rows = list((await session.execute(
         select(Webhook)
-        .where(Webhook.state == "pending", Webhook.next_attempt_at <= now)
+        .where(Webhook.state == WebhookState.pending, Webhook.next_attempt_at <= now)
         .order_by(Webhook.next_attempt_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
@@ -39,7 +40,7 @@ async def claim_due(session: AsyncSession, limit: int, hold_s: float) -> list[We
 
 async def record_attempt(session: AsyncSession, hook: Webhook, status: int | None,
                          error: str | None, latency_ms: float, retry_in_s: float | None,
-                         give_up_after_s: float) -> str:
+                         give_up_after_s: float) -> WebhookState:
     """Write one attempt and the delivery's new state: delivered, pending (retry) or failed."""
     now = await db_now(session)
     attempt = hook.attempts + 1
@@ -47,13 +48,14 @@ async def record_attempt(session: AsyncSession, hook: Webhook, status: int | Non
         swarm_id=hook.swarm_id, attempt=attempt, status_code=status, error=error,
         latency_ms=latency_ms, created_at=now))
     if status is not None and 200 <= status < 300:
-        state, next_at = "delivered", now
+        state, next_at = WebhookState.delivered, now
     elif retry_in_s is not None and (now - hook.created_at).total_seconds() + retry_in_s \
             <= give_up_after_s:
-        state, next_at = "pending", now + timedelta(seconds=retry_in_s)
+        state, next_at = WebhookState.pending, now + timedelta(seconds=retry_in_s)
     else:
-        state, next_at = "failed", now
+        state, next_at = WebhookState.failed, now
+    state = webhook_transition(hook.state, state)
     await session.execute(update(Webhook).where(Webhook.swarm_id == hook.swarm_id).values(
         attempts=attempt, state=state, next_attempt_at=next_at,
-        finished_at=None if state == "pending" else now))
+        finished_at=now if state.terminal else None))
     return state

@@ -7,18 +7,13 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
 
 from app import metrics, tracing
 from app.db.tables import Subtask
 from app.db.types import utcnow
 from app.engine.budget import Reservation, SharedCap
+from app.engine.handle import LedgerRow, SwarmHandle
 from app.gateway.client import AttemptRecord, Usage
-
-if TYPE_CHECKING:
-    from app.engine.runner import SwarmRunner
-
-Row = dict[str, Any]
 
 IN_FLIGHT = "in_flight"  # written ahead: sent (or about to be), no answer settled yet
 UNKNOWN = "unknown"  # the answer was lost (crash, cancel mid-call): billed at its reservation
@@ -43,13 +38,13 @@ class CallMeter:
     successful attempt are kept in `ok_rows` so the caller commits them with the result.
     """
 
-    runner: SwarmRunner
+    handle: SwarmHandle
     sub: Subtask
     worst: Decimal
     key: str
     label: str
     prompt_bound: int  # the prompt-token bound the worst case was priced on
-    ok_rows: list[Row] = field(default_factory=list)
+    ok_rows: list[LedgerRow] = field(default_factory=list)
     _held: list[Reservation] = field(default_factory=list)
     _held_daily: list[Reservation] = field(default_factory=list)
     _last_outcome: str | None = None
@@ -57,31 +52,31 @@ class CallMeter:
 
     @property
     def _daily(self) -> SharedCap | None:
-        return self.runner.ctx.cap_for(self.runner.swarm.tenant)
+        return self.handle.ctx.cap_for(self.handle.swarm.tenant)
 
     async def before(self, attempt: int) -> None:
         if attempt > 1 and self._last_outcome is not None:
             metrics.gateway_retries.labels(self.label, self._last_outcome).inc()
         asked = time.monotonic()
-        reservation = await self.runner.budget.reserve(self.worst)
+        reservation = await self.handle.budget.reserve(self.worst)
         if (waited := time.monotonic() - asked) > 0.001:
             tracing.event("budget_wait", seconds=round(waited, 6), reserved_usd=str(self.worst))
         if self._daily is not None:
             try:
                 self._held_daily.append(await self._daily.reserve(self.worst))
             except BaseException:
-                self.runner.budget.settle(reservation, Decimal(0))
+                self.handle.budget.settle(reservation, Decimal(0))
                 raise
         self._held.append(reservation)
         self.sub.attempts += 1
         row = self._row(IN_FLIGHT, None, Usage(self.prompt_bound, self.sub.max_tokens),
                         Decimal(0), 0.0)
         try:
-            await self.runner.commit(ledger=[row])  # durable before a byte is sent
+            await self.handle.commit(ledger=[row])  # durable before a byte is sent
         except BaseException:
             # not sent: if the row was (or will be) written anyway, it settles as cancelled
             # (no cost, and no gateway call in any count)
-            self.runner.commit_soon(ledger=[self._row(CANCELLED, None, Usage(), Decimal(0),
+            self.handle.commit_soon(ledger=[self._row(CANCELLED, None, Usage(), Decimal(0),
                                                       0.0)])
             await self.release()
             raise
@@ -89,7 +84,7 @@ class CallMeter:
 
     async def after(self, rec: AttemptRecord) -> None:
         u = rec.usage
-        cost = self.runner.ctx.prices[self.sub.model].cost(u.prompt_tokens, u.completion_tokens,
+        cost = self.handle.ctx.prices[self.sub.model].cost(u.prompt_tokens, u.completion_tokens,
                                                            u.cached_tokens)
         self._open = False
         if self._daily is not None and self._held_daily:
@@ -100,7 +95,7 @@ class CallMeter:
             except BaseException:
                 # cancelled while the (shielded) settlement runs on: the answer was billed, so
                 # its row is written anyway, or the daily table would hold money no row has
-                self.runner.commit_soon([self.sub], ledger=[
+                self.handle.commit_soon([self.sub], ledger=[
                     self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s)])
                 raise
         row = self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s)
@@ -108,7 +103,7 @@ class CallMeter:
         if rec.outcome == "ok":
             self.ok_rows.append(row)
         else:
-            self.runner.commit_soon([self.sub], ledger=[row])
+            self.handle.commit_soon([self.sub], ledger=[row])
 
     async def release(self) -> None:
         """Free what an abandoned call still holds; an attempt cut off after it was sent may
@@ -118,10 +113,10 @@ class CallMeter:
             self._open = False
             row = self._bill(UNKNOWN, None, Usage(self.prompt_bound, self.sub.max_tokens),
                              self.worst, 0.0)
-            self.runner.commit_soon([self.sub], ledger=[row])
+            self.handle.commit_soon([self.sub], ledger=[row])
             lost = self.worst
         for r in self._held:
-            self.runner.budget.settle(r, Decimal(0))
+            self.handle.budget.settle(r, Decimal(0))
         self._held.clear()
         if self._daily is not None and self._held_daily:
             # attempts are sequential: at most one daily reservation is held, the open one's;
@@ -130,8 +125,8 @@ class CallMeter:
             await asyncio.shield(_settle_all(self._daily, held, lost))
 
     def _row(self, outcome: str, status: int | None, u: Usage, cost: Decimal,
-             latency_s: float) -> Row:
-        swarm, sub = self.runner.swarm, self.sub
+             latency_s: float) -> LedgerRow:
+        swarm, sub = self.handle.swarm, self.sub
         return {  # attempts of one subtask are sequential: sub.attempts numbers the open one
             "swarm_id": swarm.id, "tenant": swarm.tenant, "subtask_name": sub.name,
             "model": sub.model, "idempotency_key": self.key, "attempt": sub.attempts,
@@ -142,20 +137,20 @@ class CallMeter:
         }
 
     def _bill(self, outcome: str, status: int | None, u: Usage, cost: Decimal,
-              latency_s: float) -> Row:
+              latency_s: float) -> LedgerRow:
         """Settle the swarm budget, add to subtask and swarm totals, and make the settled
         ledger row (synchronous: nothing can commit between the totals and the row's
         queueing)."""
-        runner, sub = self.runner, self.sub
+        handle, sub = self.handle, self.sub
         row = self._row(outcome, status, u, cost, latency_s)
         if self._held:
-            runner.budget.settle(self._held.pop(), cost)
+            handle.budget.settle(self._held.pop(), cost)
         else:
-            runner.budget.record(cost)
+            handle.budget.record(cost)
         sub.prompt_tokens += u.prompt_tokens
         sub.completion_tokens += u.completion_tokens
         sub.cost_usd += cost
-        swarm = runner.swarm
+        swarm = handle.swarm
         swarm.prompt_tokens += u.prompt_tokens
         swarm.completion_tokens += u.completion_tokens
         swarm.gateway_calls += 1

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import graphlib
 import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from app import metrics, tracing
-from app.config import Settings
 from app.db import spend
 from app.db.queries import (
     SUBTASK_STATE_COLUMNS,
@@ -25,45 +22,26 @@ from app.db.queries import (
 )
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
-from app.db.webhooks import new_delivery
 from app.engine import dag
-from app.engine.budget import SharedCap, SwarmBudget
-from app.engine.calls import Row
-from app.engine.execute import SubtaskExecutor, error
+from app.engine.budget import SwarmBudget
+from app.engine.execute import SubtaskExecutor
+from app.engine.finish import end_swarm, event_row
+from app.engine.handle import (
+    EngineContext,
+    EventRow,
+    LedgerRow,
+    Outcome,
+    ToolRows,
+    WebhookRow,
+    failure,
+)
 from app.engine.layout import PLANNER
 from app.engine.synthesis import WorkerResult, concatenate, vote
-from app.engine.tenancy import TenantGates
-from app.engine.writer import StateWriter, WriteRejected, consume
-from app.gateway.client import GatewayClient
-from app.pricing import PriceTable, metric_model_label
-from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, subtask_transition, swarm_transition
-from app.tools.registry import ToolRegistry
+from app.engine.writer import WriteRejected, consume
+from app.pricing import metric_model_label
+from app.states import Event, SubtaskKind, SubtaskStatus, SwarmStatus, move_subtask, move_swarm
 
 log = logging.getLogger(__name__)
-ToolRows = tuple[list[Row], list[Row]]  # (tool ledger rows, transcript rows)
-
-
-@dataclass
-class EngineContext:
-    """What every runner in a process shares."""
-
-    settings: Settings
-    prices: PriceTable
-    gateway: GatewayClient
-    writer: StateWriter
-    owner: str
-    inflight: asyncio.Semaphore
-    model_slots: dict[str, asyncio.Semaphore]
-    daily: SharedCap | None = None
-    tools: ToolRegistry | None = None
-    tenants: TenantGates | None = None  # per-tenant in-flight slots and daily caps
-
-    def cap_for(self, tenant: str) -> SharedCap | None:
-        """The shared caps a call of this tenant reserves against (global and/or tenant)."""
-        return self.daily if self.tenants is None else self.tenants.cap(tenant)
-
-    def tenant_slot(self, tenant: str) -> contextlib.AbstractAsyncContextManager[object]:
-        return contextlib.nullcontext() if self.tenants is None else self.tenants.slot(tenant)
 
 
 class Drained(Exception):
@@ -120,7 +98,7 @@ class SwarmRunner:
         self._drain.set()
 
     def deadline_error(self) -> dict[str, Any]:
-        return error("deadline_exceeded", f"deadline of {self.limits['deadline_s']} s passed")
+        return failure("deadline_exceeded", f"deadline of {self.limits['deadline_s']} s passed")
 
     def stop_with(self, status: SwarmStatus, err: dict[str, Any] | None) -> None:
         if not self._stop.is_set():
@@ -129,13 +107,12 @@ class SwarmRunner:
 
     # ---- state writes -------------------------------------------------------------------
 
-    def event(self, type_: str, data: dict[str, Any]) -> Row:
-        self.swarm.event_seq += 1
-        return {"swarm_id": self.swarm.id, "seq": self.swarm.event_seq, "type": type_,
-                "data": data, "created_at": utcnow()}
+    def event(self, event: Event) -> EventRow:
+        return event_row(self.swarm, event, utcnow())
 
-    def _write(self, subs: Sequence[Subtask], ledger: Sequence[Row], events: Sequence[Row],
-               new: Sequence[Subtask], webhook: Row | None = None, tools: ToolRows | None = None
+    def _write(self, subs: Sequence[Subtask], ledger: Sequence[LedgerRow],
+               events: Sequence[EventRow], new: Sequence[Subtask],
+               webhook: WebhookRow | None = None, tools: ToolRows | None = None
                ) -> asyncio.Future[None]:
         s = self.swarm
         s.spent_usd, s.reserved_usd = self.budget.spent, self.budget.reserved
@@ -146,20 +123,19 @@ class SwarmRunner:
             list(ledger), list(events), [insert_row(n) for n in new], webhook,
             *(tools or ([], []))))
 
-    async def commit(self, subs: Sequence[Subtask] = (), ledger: Sequence[Row] = (),
-                     events: Sequence[Row] = (), new: Sequence[Subtask] = (),
-                     webhook: Row | None = None, tools: ToolRows | None = None) -> None:
+    async def commit(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
+                     events: Sequence[EventRow] = (), new: Sequence[Subtask] = (),
+                     webhook: WebhookRow | None = None, tools: ToolRows | None = None) -> None:
         """Write and wait until durable (raises LeaseLost when fenced out)."""
         await self._write(subs, ledger, events, new, webhook, tools)
 
-    def commit_soon(self, subs: Sequence[Subtask] = (), ledger: Sequence[Row] = (),
-                    events: Sequence[Row] = (), tools: ToolRows | None = None) -> None:
+    def commit_soon(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
+                    events: Sequence[EventRow] = (), tools: ToolRows | None = None) -> None:
         """Queue a write nobody waits for (a later awaited write of this swarm commits after it)."""
         self._write(subs, ledger, events, (), tools=tools).add_done_callback(consume)
 
-    def _set_status(self, new: SwarmStatus) -> Row:
-        self.swarm.status = swarm_transition(SwarmStatus(self.swarm.status), new)
-        return self.event("swarm.status", {"status": new.value})
+    def _set_status(self, new: SwarmStatus) -> EventRow:
+        return self.event(move_swarm(self.swarm, new, utcnow()))
 
     # ---- the run ------------------------------------------------------------------------
 
@@ -177,7 +153,7 @@ class SwarmRunner:
         if self.swarm.status != SwarmStatus.queued:  # queued: nothing was ever sent
             await self._settle_lost()
         if self.rescues > self.ctx.settings.max_rescues:
-            await self._finish(SwarmStatus.failed, error(
+            await self._finish(SwarmStatus.failed, failure(
                 "internal", f"taken over {self.rescues} times: crash loop", rescues=self.rescues))
             return
         await self._start()
@@ -228,9 +204,8 @@ class SwarmRunner:
 
     async def _start(self) -> None:
         now = utcnow()
-        events: list[Row] = []
+        events: list[EventRow] = []
         if self.swarm.status == SwarmStatus.queued:
-            self.swarm.started_at = now
             # a retry keeps the plan of the swarm it retries: its planner is already done
             planner = self.subs.get(PLANNER)
             planning = planner is not None and planner.status != SubtaskStatus.succeeded
@@ -242,7 +217,7 @@ class SwarmRunner:
         # takeover: what was in flight in a dead process runs again (attempts are kept)
         back = [s for s in self.subs.values() if s.status == SubtaskStatus.running]
         for s in back:
-            s.status = subtask_transition(SubtaskStatus(s.status), SubtaskStatus.pending)
+            move_subtask(s, SubtaskStatus.pending, now)
         # not awaited: every later write of this swarm commits after it, and a crash before it
         # leaves the swarm claimable as it was
         self.commit_soon(back, events=events)
@@ -300,39 +275,15 @@ class SwarmRunner:
 
     async def _finish(self, status: SwarmStatus, err: dict[str, Any] | None) -> None:
         now = utcnow()
-        stopped_by_user = status == SwarmStatus.cancelled or (
-            err is not None and err.get("code") == "deadline_exceeded")
-        changed: list[Subtask] = []
-        events: list[Row] = []
-        for s in self.subs.values():
-            if s.status == SubtaskStatus.running or (
-                stopped_by_user and s.status == SubtaskStatus.pending
-            ):
-                s.status = subtask_transition(SubtaskStatus(s.status), SubtaskStatus.cancelled)
-            elif s.status == SubtaskStatus.pending:
-                s.status = subtask_transition(SubtaskStatus(s.status), SubtaskStatus.skipped)
-                events.append(self.event("subtask.skipped",
-                                         {"name": s.name, "reason": "swarm stopped"}))
-            else:
-                continue
-            s.finished_at = now
-            changed.append(s)
-        self.swarm.status = swarm_transition(SwarmStatus(self.swarm.status), status)
-        self.swarm.finished_at = now
-        self.swarm.error = err
-        events.append(self.event("swarm.completed", {
-            "status": status.value, "error": err,
-            "cancelled": [s.name for s in changed if s.status == SubtaskStatus.cancelled],
-        }))
-        url = self.spec.get("webhook_url")
-        hook = new_delivery(self.swarm.id, url, now) if url else None
+        end = end_swarm(self.swarm, self.subs.values(), status, err, now)
         try:
-            await self.commit(changed, events=events, webhook=hook)
+            await self.commit(end.changed, events=end.events, webhook=end.webhook)
         except WriteRejected as exc:  # the result, say: end failed without it, not in a loop
-            self.swarm.status, self.swarm.result = SwarmStatus.failed, None
-            self.swarm.error = err = error("internal", f"the final state was refused: {exc}")
-            events[-1]["data"] = {**events[-1]["data"], "status": "failed", "error": err}
-            await self.commit(changed, events=events, webhook=hook)
+            self.swarm.status, self.swarm.result = SwarmStatus.failed, None  # never committed
+            self.swarm.error = err = failure("internal", f"the final state was refused: {exc}")
+            completed = end.events[-1]
+            completed["data"] = {**completed["data"], "status": "failed", "error": err}
+            await self.commit(end.changed, events=end.events, webhook=end.webhook)
             status = SwarmStatus.failed
         self.finished = True
         started = self.swarm.started_at or self.swarm.created_at
@@ -349,7 +300,7 @@ class SwarmRunner:
             {n: [d for d in self.deps[n] if d in in_phase] for n in names})
         ts.prepare()
         ready: deque[str] = deque()
-        running: dict[asyncio.Task[SubtaskStatus], str] = {}
+        running: dict[asyncio.Task[Outcome], str] = {}
         stop_wait = asyncio.create_task(self._stop.wait())
         drain_wait = asyncio.create_task(self._drain.wait())
         concurrency = int(self.limits["concurrency"])
@@ -373,9 +324,9 @@ class SwarmRunner:
                 for task in [t for t in running if t in done]:
                     name = running.pop(task)
                     outcome = task.result()
-                    if outcome == SubtaskStatus.succeeded:
+                    if outcome is Outcome.succeeded:
                         ts.done(name)
-                    elif outcome == SubtaskStatus.failed:
+                    elif outcome is Outcome.failed:
                         self._on_failure(name)
         finally:
             stop_wait.cancel()
@@ -385,7 +336,7 @@ class SwarmRunner:
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
 
-    def _launch(self, ready: deque[str], running: dict[asyncio.Task[SubtaskStatus], str],
+    def _launch(self, ready: deque[str], running: dict[asyncio.Task[Outcome], str],
                 concurrency: int) -> None:
         """Start ready subtasks while the swarm has free slots and is neither stopping nor
         draining."""
@@ -414,7 +365,7 @@ class SwarmRunner:
         failed = [s.name for s in workers if s.status == SubtaskStatus.failed]
         tolerance = float(self.limits["failure_tolerance"])
         if len(failed) / len(workers) > tolerance:
-            self.stop_with(SwarmStatus.failed, error(
+            self.stop_with(SwarmStatus.failed, failure(
                 "failure_tolerance_exceeded",
                 f"{len(failed)} of {len(workers)} subtasks failed (tolerance {tolerance})",
                 failed=failed))
@@ -429,14 +380,14 @@ class SwarmRunner:
     def _skip(self, names: list[str], reason: str) -> None:
         now = utcnow()
         changed: list[Subtask] = []
-        events: list[Row] = []
+        events: list[EventRow] = []
         for n in sorted(names, key=lambda n: self.subs[n].position):
             s = self.subs[n]
             if s.status == SubtaskStatus.pending:
-                s.status = subtask_transition(SubtaskStatus(s.status), SubtaskStatus.skipped)
-                s.finished_at = now
-                s.error = error("skipped", reason)
+                skipped = move_subtask(s, SubtaskStatus.skipped, now, reason=reason)
+                assert skipped is not None
+                s.error = failure("skipped", reason)
                 changed.append(s)
-                events.append(self.event("subtask.skipped", {"name": n, "reason": reason}))
+                events.append(self.event(skipped))
         if changed:
             self.commit_soon(changed, events=events)

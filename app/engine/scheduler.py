@@ -18,8 +18,9 @@ from app.db.retry import database_unavailable
 from app.db.session import SessionFactory
 from app.db.tables import Subtask, Swarm
 from app.engine.budget import SharedCap
+from app.engine.handle import EngineContext
 from app.engine.notify import SwarmNotifier
-from app.engine.runner import EngineContext, SwarmRunner
+from app.engine.runner import SwarmRunner
 from app.engine.tenancy import TenantGates
 from app.engine.wakeup import PgListener
 from app.engine.writer import StateWriter

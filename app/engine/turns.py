@@ -16,22 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app import tracing
 from app.db.queries import get_transcript
 from app.db.tables import Subtask
 from app.db.types import utcnow
 from app.engine import dag
-from app.engine.budget import BudgetExceeded
 from app.engine.faults import crash_point
-from app.engine.writer import WriteRejected
-from app.gateway.client import GatewayRejected, GatewayUnavailable, ToolCallRequest
-from app.states import SubtaskStatus, SwarmStatus
+from app.engine.handle import EventRow, Outcome, SwarmHandle, TranscriptRow, failure
+from app.engine.steps import CALL_FAILURES, SubtaskSteps
+from app.gateway.client import ToolCallRequest
+from app.states import Event
 from app.tools.model import ToolInfo, ToolOutcome
-
-if TYPE_CHECKING:
-    from app.engine.execute import SubtaskExecutor
 
 Message = dict[str, Any]
 SEPARATOR = "__"  # <server>__<tool>
@@ -61,33 +58,29 @@ def _calls_of(message: Message) -> list[ToolCallRequest]:
             for c in message.get("tool_calls") or []]
 
 
-def _error(code: str, message: str, **details: Any) -> dict[str, Any]:
-    return {"code": code, "message": message, "details": details or None}
-
-
 class TurnLoop:
     """Runs the tool-using subtasks of one swarm; counts the swarm's tool calls."""
 
-    def __init__(self, executor: SubtaskExecutor) -> None:
-        self.ex = executor
-        self.r = executor.r
-        self.used = sum(s.tool_calls for s in self.r.subs.values())
+    def __init__(self, handle: SwarmHandle, steps: SubtaskSteps) -> None:
+        self.handle = handle
+        self.steps = steps
+        self.used = sum(s.tool_calls for s in handle.subs.values())
 
-    async def run(self, sub: Subtask, first: list[Message]) -> SubtaskStatus:
+    async def run(self, sub: Subtask, first: list[Message]) -> Outcome:
         """Never raises but for cancellation and a lost lease."""
-        ex, r = self.ex, self.r
-        registry = r.ctx.tools
+        steps, handle = self.steps, self.handle
+        registry = handle.ctx.tools
         tools = registry.expand(sub.tools) if registry is not None else []
         offered = {function_name(t): t for t in tools}
         spec = openai_tools(tools)
-        priority = dag.chain_below(r.deps).get(sub.name, 1)
-        t0 = ex._begin(sub)
+        priority = dag.chain_below(handle.deps).get(sub.name, 1)
+        t0 = steps.begin(sub)
         convo = await self._history(sub, first)
         asked = max((k for k, m in convo.items() if m["role"] == "assistant"), default=None)
         if sub.turns and asked is not None:  # taken over after turn `sub.turns` began
             last = convo[asked]
             if not last.get("tool_calls"):  # the answer was committed, the success was not
-                return await ex._succeed(sub, t0, last.get("content") or "", [])
+                return await steps.succeed(sub, t0, last.get("content") or "", [])
             # only the calls without a committed result run again
             answered = {m.get("tool_call_id") for m in convo.values() if m["role"] == "tool"}
             pending = [(asked + 1 + i, c) for i, c in enumerate(_calls_of(last))
@@ -98,10 +91,10 @@ class TurnLoop:
             turn = sub.turns + 1
             messages = [convo[k] for k in sorted(convo)]
             try:
-                async with ex._slots(sub):
-                    result, rows = await ex._gateway(sub, messages, turn, tools=spec or None)
-            except (BudgetExceeded, GatewayRejected, GatewayUnavailable, WriteRejected) as exc:
-                return await ex._failed_call(sub, t0, exc)
+                async with steps.slots(sub):
+                    result, rows = await steps.gateway(sub, messages, turn, tools=spec or None)
+            except CALL_FAILURES as exc:
+                return await steps.call_failed(sub, t0, exc)
             sub.turns = turn
             sub.sanitized = sub.sanitized or result.sanitized
             seq = max(convo) + 1
@@ -112,24 +105,22 @@ class TurnLoop:
             convo[seq] = reply
             if not result.tool_calls:
                 sub.truncated = result.finish_reason == "length"
-                r.commit_soon([sub], ledger=rows, tools=([], rows_t),
-                              events=[self._event(sub, turn, [])])
-                return await ex._succeed(sub, t0, result.content, [])
+                handle.commit_soon([sub], ledger=rows, tools=([], rows_t),
+                                   events=[self._event(sub, turn, [])])
+                return await steps.succeed(sub, t0, result.content, [])
             if turn >= sub.max_turns:
-                r.commit_soon([sub], ledger=rows, tools=([], rows_t))
-                return await ex._fail(sub, t0, _error(
+                handle.commit_soon([sub], ledger=rows, tools=([], rows_t))
+                return await steps.fail(sub, t0, failure(
                     "max_turns_exceeded", f"still calling tools after {turn} turns "
                     f"(max_turns {sub.max_turns})", max_turns=sub.max_turns))
-            limit = int(r.limits.get("max_tool_calls", 1000))
+            limit = int(handle.limits.get("max_tool_calls", 1000))
             if self.used + len(result.tool_calls) > limit:
-                r.commit_soon([sub], ledger=rows, tools=([], rows_t))
-                err = _error("tool_budget_exceeded", f"the swarm reached max_tool_calls "
-                             f"({limit})", max_tool_calls=limit)
-                sub.error = err
-                r.stop_with(SwarmStatus.failed, err)
-                return SubtaskStatus.running  # the swarm stops; finishing cancels this subtask
+                handle.commit_soon([sub], ledger=rows, tools=([], rows_t))
+                return steps.stop_swarm(sub, failure(
+                    "tool_budget_exceeded", f"the swarm reached max_tool_calls ({limit})",
+                    max_tool_calls=limit))
             self.used += len(result.tool_calls)
-            r.commit_soon([sub], ledger=rows, tools=([], rows_t))
+            handle.commit_soon([sub], ledger=rows, tools=([], rows_t))
             pending = [(seq + 1 + i, c) for i, c in enumerate(result.tool_calls)]
             await self._end_turn(sub, convo, await self._run_calls(
                 sub, turn, pending, offered, priority), turn)
@@ -138,7 +129,7 @@ class TurnLoop:
     async def _history(self, sub: Subtask, first: list[Message]) -> dict[int, Message]:
         """seq -> message: the committed transcript after a takeover, else the opening."""
         if sub.turns:
-            async with self.r.ctx.writer.sessions() as session, session.begin():
+            async with self.handle.ctx.writer.sessions() as session, session.begin():
                 rows = await get_transcript(session, sub.swarm_id, sub.name)
             if rows:
                 return {m.seq: m.message for m in rows}
@@ -149,7 +140,7 @@ class TurnLoop:
                         done: list[tuple[int, Message, dict[str, str]]], turn: int) -> None:
         for seq, message, _ in done:
             convo[seq] = message
-        await self.r.commit([sub], events=[self._event(sub, turn, [d for *_, d in done])])
+        await self.handle.commit([sub], events=[self._event(sub, turn, [d for *_, d in done])])
 
     async def _run_calls(self, sub: Subtask, turn: int, pending: list[tuple[int, ToolCallRequest]],
                          offered: dict[str, ToolInfo], priority: int,
@@ -174,7 +165,7 @@ class TurnLoop:
                       "call_id": call.id[:128], "server": server[:64], "tool": name[:128],
                       "status": outcome.status, "latency_ms": round(outcome.latency_s * 1000, 3),
                       "result_bytes": outcome.result_bytes, "created_at": utcnow()}
-            self.r.commit_soon([sub], tools=([ledger], [self._row(sub, seq, turn, message)]))
+            self.handle.commit_soon([sub], tools=([ledger], [self._row(sub, seq, turn, message)]))
             return seq, message, {"name": call.name, "status": outcome.status}
 
         return list(await asyncio.gather(*(one(seq, c) for seq, c in pending)))
@@ -186,13 +177,14 @@ class TurnLoop:
             args = None
         if not isinstance(args, dict):
             return ToolOutcome("error", "error: the arguments are not a JSON object", 0.0, 0)
-        registry = self.r.ctx.tools
+        registry = self.handle.ctx.tools
         assert registry is not None  # offered tools come from it
         return await registry.call(tool.server, tool.name, args, priority)
 
-    def _row(self, sub: Subtask, seq: int, turn: int, message: Message) -> dict[str, Any]:
+    def _row(self, sub: Subtask, seq: int, turn: int, message: Message) -> TranscriptRow:
         return {"swarm_id": sub.swarm_id, "subtask_name": sub.name, "seq": seq, "turn": turn,
                 "message": message, "created_at": utcnow()}
 
-    def _event(self, sub: Subtask, turn: int, calls: list[dict[str, str]]) -> dict[str, Any]:
-        return self.r.event("subtask.turn", {"name": sub.name, "turn": turn, "tools": calls})
+    def _event(self, sub: Subtask, turn: int, calls: list[dict[str, str]]) -> EventRow:
+        return self.handle.event(Event("subtask.turn",
+                                       {"name": sub.name, "turn": turn, "tools": calls}))

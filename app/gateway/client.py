@@ -9,20 +9,16 @@ import random
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 import httpx
 from tenacity import AsyncRetrying, RetryCallState
 
 from app import tracing
 from app.gateway.redact import Redactor
-
-if TYPE_CHECKING:
-    from app.gateway.streaming import GatewayStream
 from app.text import storable
 
 Outcome = Literal[
@@ -444,25 +440,6 @@ class GatewayClient:
                              before_attempt, after_attempt)
         call.accept = _any_choice
         return await self._run(call)
-
-    def stream(
-        self,
-        body: bytes,
-        *,
-        idempotency_key: str | None = None,
-        max_attempts: int = 3,
-        timeout_s: float = 60.0,
-        before_attempt: BeforeAttempt | None = None,
-        after_attempt: AfterAttempt | None = None,
-    ) -> AbstractAsyncContextManager[GatewayStream]:
-        """A streamed completion (`body` asks for `"stream": true`): attempts are retried until
-        one delivers its first event, then its events are read as they come; see
-        app/gateway/streaming.py."""
-        from app.gateway.streaming import open_stream  # it builds on this module
-
-        call = self.new_call(body, idempotency_key, max_attempts, timeout_s, None,
-                             before_attempt, after_attempt)
-        return open_stream(self, call)
 
     def new_call(self, body: bytes, idempotency_key: str | None, max_attempts: int,
                  timeout_s: float, deadline: float | None, before: BeforeAttempt | None,

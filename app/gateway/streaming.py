@@ -10,16 +10,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import httpx
 from httpx_sse import EventSource, ServerSentEvent, SSEError
 
 from app.gateway.client import (
+    AfterAttempt,
     AttemptRecord,
+    BeforeAttempt,
     ChatResult,
+    GatewayClient,
     GatewayUnavailable,
     Outcome,
     Usage,
@@ -27,9 +29,6 @@ from app.gateway.client import (
     _loads,
     _usage_of,
 )
-
-if TYPE_CHECKING:
-    from app.gateway.client import GatewayClient
 
 DONE = "[DONE]"
 _ERROR_BODY_BYTES = 64 * 1024  # what is read of a failed attempt's body
@@ -147,6 +146,23 @@ class GatewayStream:
         finally:
             self._gateway.release_shard(self._opened.shard)
             await self._opened.response.aclose()
+
+
+def stream(
+    gateway: GatewayClient,
+    body: bytes,
+    *,
+    idempotency_key: str | None = None,
+    max_attempts: int = 3,
+    timeout_s: float = 60.0,
+    before_attempt: BeforeAttempt | None = None,
+    after_attempt: AfterAttempt | None = None,
+) -> AbstractAsyncContextManager[GatewayStream]:
+    """A streamed completion through `gateway` (`body` asks for `"stream": true`): attempts
+    are retried until one delivers its first event, then its events are read as they come."""
+    call = gateway.new_call(body, idempotency_key, max_attempts, timeout_s, None,
+                            before_attempt, after_attempt)
+    return open_stream(gateway, call)
 
 
 @asynccontextmanager

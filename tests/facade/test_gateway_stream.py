@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from app.gateway import client as gateway_client
+from app.gateway import streaming
 from app.gateway.client import (
     AttemptRecord,
     GatewayClient,
@@ -67,7 +68,8 @@ class Gateway:
         self.records.append(rec)
 
     def stream(self, **kw: Any) -> Any:
-        return self.client.stream(BODY, idempotency_key="k", after_attempt=self.after, **kw)
+        return streaming.stream(self.client, BODY, idempotency_key="k",
+                                after_attempt=self.after, **kw)
 
 
 @pytest.fixture(autouse=True)

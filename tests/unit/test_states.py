@@ -1,19 +1,28 @@
-"""The state machine alone: every allowed and refused transition, terminal sets."""
+"""The state machine alone: every allowed and refused transition, terminal sets, and the
+moves that stamp a row's times and return its event."""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from app.states import (
     SUBTASK_TRANSITIONS,
     SWARM_TRANSITIONS,
+    Event,
     InvalidTransition,
     SubtaskStatus,
     SwarmStatus,
+    WebhookState,
+    move_subtask,
+    move_swarm,
     subtask_transition,
     swarm_transition,
+    webhook_transition,
 )
 
 S, T = SwarmStatus, SubtaskStatus
@@ -52,3 +61,84 @@ def test_subtask_transitions_including_takeover() -> None:
                  (T.skipped, T.pending)]:
         with pytest.raises(InvalidTransition):
             subtask_transition(a, b)
+
+
+def test_webhook_deliveries_end_once() -> None:
+    W = WebhookState
+    assert webhook_transition(W.pending, W.pending) is W.pending  # a retry is scheduled
+    assert webhook_transition(W.pending, W.delivered) is W.delivered
+    assert webhook_transition(W.pending, W.failed) is W.failed
+    for a, b in [(W.delivered, W.pending), (W.failed, W.delivered), (W.delivered, W.delivered)]:
+        with pytest.raises(InvalidTransition, match="webhook"):
+            webhook_transition(a, b)
+    assert {w for w in W if w.terminal} == {W.delivered, W.failed}
+
+
+@dataclass
+class _Swarm:
+    status: SwarmStatus = S.queued
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+@dataclass
+class _Sub:
+    name: str = "a"
+    status: SubtaskStatus = T.pending
+    error: dict[str, Any] | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+LATER = NOW + timedelta(seconds=5)
+
+
+def test_a_swarm_move_stamps_its_times_and_returns_its_event() -> None:
+    swarm = _Swarm()
+    assert move_swarm(swarm, S.planning, NOW) == Event("swarm.status", {"status": "planning"})
+    assert (swarm.status, swarm.started_at, swarm.finished_at) == (S.planning, NOW, None)
+    move_swarm(swarm, S.running, LATER)
+    assert swarm.started_at == NOW  # started once
+    ev = move_swarm(swarm, S.failed, LATER, error={"code": "x"}, cancelled=["b"])
+    assert ev == Event("swarm.completed",
+                       {"status": "failed", "error": {"code": "x"}, "cancelled": ["b"]})
+    assert swarm.finished_at == LATER
+
+
+def test_a_queued_swarm_cancelled_never_started() -> None:
+    swarm = _Swarm()
+    assert move_swarm(swarm, S.cancelled, NOW).type == "swarm.completed"
+    assert (swarm.started_at, swarm.finished_at) == (None, NOW)
+
+
+def test_a_refused_move_changes_nothing() -> None:
+    swarm = _Swarm(status=S.succeeded, finished_at=NOW)
+    with pytest.raises(InvalidTransition):
+        move_swarm(swarm, S.running, LATER)
+    assert (swarm.status, swarm.finished_at) == (S.succeeded, NOW)
+    sub = _Sub(status=T.skipped)
+    with pytest.raises(InvalidTransition):
+        move_subtask(sub, T.running, LATER)
+    assert (sub.status, sub.started_at) == (T.skipped, None)
+
+
+def test_a_subtask_move_stamps_and_names_its_event() -> None:
+    sub = _Sub(error={"code": "old attempt"}, finished_at=NOW)
+    assert move_subtask(sub, T.running, NOW, kind="worker") == Event(
+        "subtask.started", {"name": "a", "kind": "worker"})
+    assert (sub.started_at, sub.finished_at, sub.error) == (NOW, None, None)
+    assert move_subtask(sub, T.succeeded, LATER, latency_ms=5.0) == Event(
+        "subtask.succeeded", {"name": "a", "latency_ms": 5.0})
+    assert sub.finished_at == LATER
+
+
+def test_takeover_and_cancel_write_no_subtask_event() -> None:
+    sub = _Sub(status=T.running, started_at=NOW)
+    assert move_subtask(sub, T.pending, LATER) is None  # back for the next owner
+    assert (sub.status, sub.started_at) == (T.pending, NOW)
+    assert move_subtask(sub, T.cancelled, LATER) is None  # listed by swarm.completed
+    assert sub.finished_at == LATER
+    skipped = _Sub()
+    assert move_subtask(skipped, T.skipped, NOW, reason="r") == Event(
+        "subtask.skipped", {"name": "a", "reason": "r"})

@@ -1,0 +1,104 @@
+"""What executing a subtask needs from its swarm (`SwarmHandle`) and from its process
+(`EngineContext`): the one interface between the runner, which owns a swarm while its lease
+is held, and the code that runs its subtasks (execute, steps, turns, calls). They import this
+module, never the runner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+from app.config import Settings
+from app.db.tables import Subtask, Swarm
+from app.engine.budget import SharedCap, SwarmBudget
+from app.engine.synthesis import WorkerResult
+from app.engine.tenancy import TenantGates
+from app.engine.writer import StateWriter
+from app.gateway.client import GatewayClient
+from app.pricing import PriceTable
+from app.states import Event, SwarmStatus
+from app.tools.registry import ToolRegistry
+
+# rows handed to the StateWriter, by table
+LedgerRow = dict[str, Any]  # gateway_calls: one attempt
+EventRow = dict[str, Any]  # events: a numbered state change
+WebhookRow = dict[str, Any]  # webhooks: a delivery made due
+ToolRow = dict[str, Any]  # tool_calls: one tool call
+TranscriptRow = dict[str, Any]  # transcript_messages: one message of a tool-using subtask
+ToolRows = tuple[list[ToolRow], list[TranscriptRow]]
+
+
+def failure(code: str, message: str, **details: Any) -> dict[str, Any]:
+    """The `error` of a swarm or subtask as stored and shown: SPEC's code, message, details."""
+    return {"code": code, "message": message, "details": details or None}
+
+
+class Outcome(Enum):
+    """How running one subtask ended, for the runner's scheduling."""
+
+    succeeded = "succeeded"  # its dependents may start
+    failed = "failed"  # counted against the failure tolerance; its dependents are skipped
+    swarm_stopping = "swarm_stopping"  # it stopped the whole swarm; the swarm's end cancels it
+
+
+@dataclass
+class EngineContext:
+    """What every runner in a process shares."""
+
+    settings: Settings
+    prices: PriceTable
+    gateway: GatewayClient
+    writer: StateWriter
+    owner: str
+    inflight: asyncio.Semaphore
+    model_slots: dict[str, asyncio.Semaphore]
+    daily: SharedCap | None = None
+    tools: ToolRegistry | None = None
+    tenants: TenantGates | None = None  # per-tenant in-flight slots and daily caps
+
+    def cap_for(self, tenant: str) -> SharedCap | None:
+        """The shared caps a call of this tenant reserves against (global and/or tenant)."""
+        return self.daily if self.tenants is None else self.tenants.cap(tenant)
+
+    def tenant_slot(self, tenant: str) -> contextlib.AbstractAsyncContextManager[object]:
+        return contextlib.nullcontext() if self.tenants is None else self.tenants.slot(tenant)
+
+
+class SwarmHandle(Protocol):
+    """One swarm as its subtasks see it: its rows in memory, its budget and deadline, its
+    writes, and the way to stop it."""
+
+    ctx: EngineContext
+    swarm: Swarm
+    spec: dict[str, Any]
+    limits: dict[str, Any]
+    subs: dict[str, Subtask]  # by name, in creation order
+    deps: dict[str, list[str]]
+    budget: SwarmBudget
+    deadline: float  # time.monotonic() at which the swarm's deadline passes
+
+    def event(self, event: Event) -> EventRow: ...
+
+    async def commit(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
+                     events: Sequence[EventRow] = (), new: Sequence[Subtask] = (),
+                     webhook: WebhookRow | None = None, tools: ToolRows | None = None
+                     ) -> None: ...
+
+    def commit_soon(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
+                    events: Sequence[EventRow] = (), tools: ToolRows | None = None) -> None: ...
+
+    def stop_with(self, status: SwarmStatus, err: dict[str, Any] | None) -> None: ...
+
+    def deadline_error(self) -> dict[str, Any]: ...
+
+    def add_subtasks(self, subs: Sequence[Subtask]) -> None: ...
+
+    def forget_subtasks(self, subs: Sequence[Subtask]) -> None: ...
+
+    def worker_names(self) -> list[str]: ...
+
+    def worker_results(self) -> list[WorkerResult]: ...

@@ -1,0 +1,153 @@
+"""The steps every subtask takes, whatever it is: its slots, its start, one logical gateway
+call, and its end — succeeded, failed, or stopping the whole swarm."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+from app import metrics, tracing
+from app.db.tables import Subtask
+from app.db.types import utcnow
+from app.engine.budget import BudgetExceeded
+from app.engine.calls import CallMeter, idempotency_key
+from app.engine.context import estimate_prompt_tokens, estimate_request_tokens
+from app.engine.handle import LedgerRow, Outcome, SwarmHandle, failure
+from app.engine.writer import WriteRejected
+from app.gateway.client import ChatRequest, ChatResult, GatewayRejected, GatewayUnavailable
+from app.pricing import metric_model_label
+from app.states import SubtaskStatus, SwarmStatus, move_subtask
+
+# what a gateway call may raise besides cancellation and a lost lease
+CALL_FAILURES = (BudgetExceeded, GatewayRejected, GatewayUnavailable, WriteRejected)
+
+
+def unstorable(exc: WriteRejected) -> dict[str, Any]:
+    return failure("output_unstorable", "the database refused to store this subtask's result; "
+                   "its spend is recorded", refused_by=str(exc))
+
+
+class SubtaskSteps:
+    """The steps of one swarm's subtasks, written through its SwarmHandle."""
+
+    def __init__(self, handle: SwarmHandle) -> None:
+        self.handle = handle
+
+    @asynccontextmanager
+    async def slots(self, sub: Subtask) -> AsyncIterator[None]:
+        """A per-model slot (when the model table limits it) and a process-wide one."""
+        ctx = self.handle.ctx
+        slot = ctx.model_slots.get(sub.model)
+        async with AsyncExitStack() as stack:
+            if slot is not None:
+                await stack.enter_async_context(slot)
+            # the tenant's slot before the process's: a tenant at its limit holds none
+            await stack.enter_async_context(ctx.tenant_slot(self.handle.swarm.tenant))
+            await stack.enter_async_context(ctx.inflight)
+            yield
+
+    def begin(self, sub: Subtask) -> float:
+        """Start the subtask (written soon); returns its monotonic start for its latency."""
+        started = utcnow()
+        event = move_subtask(sub, SubtaskStatus.running, started, kind=sub.kind,
+                             model=sub.model)
+        assert event is not None
+        waited = max((started - (sub.ready_at or started)).total_seconds(), 0.0)
+        metrics.queue_wait.labels(sub.kind).observe(waited)
+        tracing.event("queue_wait", seconds=waited)
+        self.handle.commit_soon([sub], events=[self.handle.event(event)])
+        return time.monotonic()
+
+    async def gateway(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
+                      response_format: dict[str, str] | None = None,
+                      tools: list[dict[str, Any]] | None = None
+                      ) -> tuple[ChatResult, list[LedgerRow]]:
+        """One logical call with retries; raises the client's errors or BudgetExceeded."""
+        handle, ctx = self.handle, self.handle.ctx
+        key = idempotency_key(handle.swarm.id, sub.name, call_no)
+        label = metric_model_label(sub.model, ctx.prices)
+        bound = (estimate_prompt_tokens(messages) if tools is None
+                 else estimate_request_tokens(messages, tools))
+        worst = ctx.prices[sub.model].worst_case(bound, sub.max_tokens)
+        meter = CallMeter(handle, sub, worst, key, label, bound)
+        metrics.subtasks_in_flight.labels(label).inc()
+        try:
+            result = await ctx.gateway.complete(
+                ChatRequest(model=sub.model, messages=messages, max_tokens=sub.max_tokens,
+                            temperature=sub.temperature, response_format=response_format,
+                            idempotency_key=key, tools=tools),
+                max_attempts=int(handle.limits["max_attempts"]),
+                timeout_s=float(handle.limits["subtask_timeout_s"]),
+                deadline=handle.deadline, before_attempt=meter.before, after_attempt=meter.after)
+        finally:
+            metrics.subtasks_in_flight.labels(label).dec()
+            await meter.release()
+        metrics.finish_reasons.labels(label, metrics.finish_label(result.finish_reason)).inc()
+        return result, meter.ok_rows
+
+    async def call_failed(self, sub: Subtask, t0: float, exc: Exception) -> Outcome:
+        """Map a call's failure onto the subtask and, where it must, the swarm."""
+        if isinstance(exc, BudgetExceeded):
+            # SPEC §5's scopes are `swarm` and `daily`: a tenant's daily cap is a daily one
+            metrics.budget_denials.labels("swarm" if exc.scope == "swarm" else "daily").inc()
+            code = "budget_exceeded" if exc.scope == "swarm" else "daily_budget_exceeded"
+            # a tenant's own cap says so (SPEC §8); the global one keeps its old shape
+            scope = {"scope": "tenant"} if exc.scope == "tenant" else {}
+            return self.stop_swarm(sub, failure(code, str(exc), **scope))
+        if isinstance(exc, GatewayUnavailable) and exc.deadline_hit:
+            return self.stop_swarm(sub, None, self.handle.deadline_error())
+        if isinstance(exc, WriteRejected):
+            return await self.fail(sub, t0, unstorable(exc))
+        if isinstance(exc, GatewayRejected):
+            err = failure("gateway_rejected", str(exc), status=exc.status_code)
+            if exc.status_code in (401, 403):
+                self.handle.stop_with(SwarmStatus.failed, err)
+        else:
+            assert isinstance(exc, GatewayUnavailable)
+            err = failure("gateway_unavailable", str(exc), status=exc.status_code,
+                          outcome=exc.outcome)
+        return await self.fail(sub, t0, err)
+
+    def stop_swarm(self, sub: Subtask, err: dict[str, Any] | None,
+                   swarm_err: dict[str, Any] | None = None) -> Outcome:
+        """This subtask's failure ends the swarm (failed); the swarm's end cancels it."""
+        if err is not None:
+            sub.error = err
+        self.handle.stop_with(SwarmStatus.failed, swarm_err or err)
+        return Outcome.swarm_stopping
+
+    async def succeed(self, sub: Subtask, t0: float, output: str, rows: list[LedgerRow],
+                      new: list[Subtask] | None = None) -> Outcome:
+        latency_ms = self._latency(sub, t0, SubtaskStatus.succeeded)
+        event = move_subtask(sub, SubtaskStatus.succeeded, utcnow(), kind=sub.kind,
+                             latency_ms=latency_ms, truncated=sub.truncated,
+                             sanitized=sub.sanitized)
+        assert event is not None
+        sub.output = output
+        try:
+            await self.handle.commit([sub], rows, [self.handle.event(event)], new=new or [])
+        except WriteRejected as exc:
+            # nothing of that write is stored but its ledger rows: the move never happened,
+            # and this subtask fails alone
+            sub.status, sub.output, sub.finished_at = SubtaskStatus.running, None, None
+            self.handle.forget_subtasks(new or [])
+            return await self.fail(sub, t0, unstorable(exc))
+        return Outcome.succeeded
+
+    async def fail(self, sub: Subtask, t0: float, err: dict[str, Any],
+                   rows: list[LedgerRow] | None = None) -> Outcome:
+        self._latency(sub, t0, SubtaskStatus.failed)
+        event = move_subtask(sub, SubtaskStatus.failed, utcnow(), kind=sub.kind, error=err)
+        assert event is not None
+        sub.error = err
+        await self.handle.commit([sub], rows or [], [self.handle.event(event)])
+        return Outcome.failed
+
+    def _latency(self, sub: Subtask, t0: float, status: SubtaskStatus) -> float:
+        sub.latency_ms = round((time.monotonic() - t0) * 1000, 1)
+        metrics.subtask_duration.labels(
+            sub.kind, metric_model_label(sub.model, self.handle.ctx.prices), status
+        ).observe(sub.latency_ms / 1000)
+        return sub.latency_ms
