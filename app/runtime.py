@@ -13,14 +13,14 @@ from app import tracing
 from app.config import Settings
 from app.db.migrate import upgrade_head_async
 from app.db.notify import CHANGED
-from app.db.session import SessionFactory, make_engine, make_session_factory
+from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.engine import faults
 from app.engine.budget import DailyCap
-from app.engine.notify import SwarmNotifier
+from app.engine.listener import PgListener
 from app.engine.passthrough import settle_stale
-from app.engine.scheduler import Engine, process_owner
+from app.engine.scheduler import Scheduler, process_owner
 from app.engine.tenancy import TenantGates
-from app.engine.wakeup import PgListener
+from app.engine.waiters import SwarmNotifier
 from app.gateway.client import GatewayClient
 from app.simulator import SimulatorConfig, create_simulator
 from app.tools.registry import ToolRegistry
@@ -53,9 +53,9 @@ async def start_tools(settings: Settings) -> ToolRegistry | None:
     return tools
 
 
-def make_engine_with_cap(settings: Settings, sessions: SessionFactory, gateway: GatewayClient,
+def make_scheduler(settings: Settings, sessions: SessionFactory, gateway: GatewayClient,
                          notifier: SwarmNotifier | None = None,
-                         tools: ToolRegistry | None = None) -> tuple[Engine, DailyCap | None]:
+                         tools: ToolRegistry | None = None) -> tuple[Scheduler, DailyCap | None]:
     """The engine of this process, sharing SWARM_DAILY_BUDGET_USD (when set) through the
     database with every other process; close the cap after stopping the engine."""
     owner = process_owner()
@@ -63,7 +63,7 @@ def make_engine_with_cap(settings: Settings, sessions: SessionFactory, gateway: 
     if settings.daily_budget_usd is not None:
         daily = DailyCap(sessions, settings.daily_budget_usd, owner,
                          lease_s=settings.lease_seconds)
-    return Engine(settings, sessions, gateway, notifier, owner=owner, daily=daily,
+    return Scheduler(settings, sessions, gateway, notifier, owner=owner, daily=daily,
                   tools=tools), daily
 
 
@@ -96,7 +96,7 @@ class Runtime:
         self._webhook_transport = webhook_transport
         self._stack = AsyncExitStack()
         self.notifier = SwarmNotifier()
-        self.engine: Engine | None = None
+        self.engine: Scheduler | None = None
         self.daily: DailyCap | None = None  # SWARM_DAILY_BUDGET_USD, shared by engine and API
         self.tenants: TenantGates | None = None  # per-tenant caps and slots (SPEC §8), likewise
         self.tools: ToolRegistry | None = None
@@ -110,7 +110,7 @@ class Runtime:
                 stack.callback(tracing.shutdown)
             if settings.migrate_on_start:
                 await upgrade_head_async(settings.database_url, settings.migrations_dir)
-            self.db = make_engine(settings.database_url)
+            self.db = make_db_engine(settings.database_url)
             stack.push_async_callback(self.db.dispose)
             self.sessions = make_session_factory(self.db)
             if self._listen or settings.is_sqlite:  # an API process: the facade's ledger rows
@@ -144,7 +144,7 @@ class Runtime:
         return self
 
     async def _start_engine(self) -> None:
-        engine, daily = make_engine_with_cap(self.settings, self.sessions, self.gateway,
+        engine, daily = make_scheduler(self.settings, self.sessions, self.gateway,
                                              self.notifier, self.tools)
         if daily is not None:
             self._stack.push_async_callback(daily.close)  # after the engine has stopped

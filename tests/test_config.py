@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from app.config import Settings
 from app.db.migrate import MIGRATIONS_DIR
-from app.db.session import make_engine
+from app.db.session import make_db_engine
 
 
 def _settings(**values: Any) -> Settings:
@@ -79,7 +79,7 @@ def test_migrations_dir_and_crash_points_are_settings(
 
 
 async def test_statement_errors_do_not_carry_their_parameters(tmp_path: Any) -> None:
-    engine = make_engine(f"sqlite+aiosqlite:///{tmp_path}/x.db")
+    engine = make_db_engine(f"sqlite+aiosqlite:///{tmp_path}/x.db")
     try:
         async with engine.begin() as conn:
             await conn.execute(text("CREATE TABLE t (x TEXT NOT NULL UNIQUE)"))

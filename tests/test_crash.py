@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from app.db import queries
-from app.db.session import asyncpg_dsn, make_engine, make_session_factory
+from app.db.session import asyncpg_dsn, make_db_engine, make_session_factory
 from tests.procs import (
     Db,
     agent,
@@ -187,7 +187,7 @@ async def test_a_paused_transaction_cannot_keep_a_swarm_locked(db_url: str, tmp_
     lease = 0.5
     async with cluster(db_url, tmp_path) as c:
         swarm_id = (await post_swarm(await c.api(), CHAIN))["id"]
-    engine = make_engine(db_url)
+    engine = make_db_engine(db_url)
     sessions = make_session_factory(engine)
     paused = sessions()
     try:

@@ -15,11 +15,11 @@ import httpx
 import pytest
 from sqlalchemy import delete, func, select
 
-from app.db.session import make_engine, make_session_factory
+from app.db.session import make_db_engine, make_session_factory
 from app.db.tables import DailyReservation, DailySpend, GatewayCall, Swarm
 from app.engine.budget import BudgetExceeded, DailyCap
 from app.gateway.client import GatewayClient
-from app.runtime import make_engine_with_cap
+from app.runtime import make_scheduler
 from app.simulator import SimulatorConfig, create_simulator
 from tests.conftest import Harness, make_settings, start_harness
 
@@ -36,7 +36,7 @@ def swarm_body(i: int, agents: int = 6) -> dict[str, Any]:
 
 async def clear_daily(url: str) -> None:
     """The daily tables outlive the per-test truncation of the shared Postgres database."""
-    db = make_engine(url)
+    db = make_db_engine(url)
     try:
         async with make_session_factory(db)() as s, s.begin():
             await s.execute(delete(DailyReservation))
@@ -69,7 +69,7 @@ def assert_capped(runs: list[dict[str, Any]], ledger: Decimal, daily: Decimal) -
 
 
 class Engines:
-    """Engines built like `serve`/`worker` build theirs (make_engine_with_cap), each with its
+    """Engines built like `serve`/`worker` build theirs (make_scheduler), each with its
     own pool and gateway client as if in its own process, sharing one simulator."""
 
     def __init__(self, url: str, settings: Any) -> None:
@@ -79,10 +79,10 @@ class Engines:
 
     async def start(self, n: int) -> None:
         for _ in range(n):
-            db = make_engine(self.url)
+            db = make_db_engine(self.url)
             gateway = GatewayClient("http://sim/v1",
                                     transport=httpx.ASGITransport(app=self.simulator))
-            engine, daily = make_engine_with_cap(self.settings, make_session_factory(db),
+            engine, daily = make_scheduler(self.settings, make_session_factory(db),
                                                  gateway)
             assert isinstance(daily, DailyCap) and engine.ctx.daily is daily
             await engine.start()
@@ -160,7 +160,7 @@ async def test_serve_wires_the_cap_into_its_engine(sqlite_url: str) -> None:
 
 async def test_reservation_of_a_dead_process_expires(database_url: str) -> None:
     await clear_daily(database_url)
-    db = make_engine(database_url)
+    db = make_db_engine(database_url)
     sessions = make_session_factory(db)
     dead = DailyCap(sessions, Decimal("0.001"), "dead", lease_s=0.3)
     alive = DailyCap(sessions, Decimal("0.001"), "alive", lease_s=5)
@@ -185,7 +185,7 @@ async def test_reservation_of_a_dead_process_expires(database_url: str) -> None:
 
 async def test_live_reservations_are_refreshed_past_their_lease(database_url: str) -> None:
     await clear_daily(database_url)
-    db = make_engine(database_url)
+    db = make_db_engine(database_url)
     sessions = make_session_factory(db)
     slow = DailyCap(sessions, Decimal("0.001"), "slow", lease_s=0.3)
     other = DailyCap(sessions, Decimal("0.001"), "other", lease_s=5)
@@ -220,7 +220,7 @@ async def _wait_terminal(client: httpx.AsyncClient, ids: list[str],
 async def test_two_worker_processes_share_the_cap(pg_template: str, tmp_path: Path) -> None:
     url = pg_template
     await clear_daily(url)
-    db = make_engine(url)
+    db = make_db_engine(url)
     async with make_session_factory(db)() as s, s.begin():
         await s.execute(delete(Swarm))
     await db.dispose()

@@ -10,11 +10,11 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.retry import database_unavailable, in_transaction
-from app.db.session import make_engine, make_session_factory
+from app.db.session import make_db_engine, make_session_factory
 
 
 async def test_transient_errors_are_retried_until_success(sqlite_url: str) -> None:
-    db = make_engine(sqlite_url)
+    db = make_db_engine(sqlite_url)
     calls = 0
 
     async def op(session: AsyncSession) -> int:
@@ -32,7 +32,7 @@ async def test_transient_errors_are_retried_until_success(sqlite_url: str) -> No
 
 
 async def test_other_errors_are_raised_at_once(sqlite_url: str) -> None:
-    db = make_engine(sqlite_url)
+    db = make_db_engine(sqlite_url)
     calls = 0
 
     async def op(_: AsyncSession) -> Any:
@@ -49,7 +49,7 @@ async def test_other_errors_are_raised_at_once(sqlite_url: str) -> None:
 
 
 async def test_retries_stop_after_the_given_time(sqlite_url: str) -> None:
-    db = make_engine(sqlite_url)
+    db = make_db_engine(sqlite_url)
 
     async def op(_: AsyncSession) -> Any:
         raise ConnectionRefusedError("down for good")

@@ -1,4 +1,4 @@
-"""Engine behaviour of SPEC §4 through the API, on SQLite and on PostgreSQL."""
+"""Scheduler behaviour of SPEC §4 through the API, on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from app.db import queries
-from app.db.session import SessionFactory, make_engine, make_session_factory
+from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.db.tables import Swarm
 from app.db.types import utcnow
 from app.engine.specs import build_swarm
@@ -21,7 +21,7 @@ LEASE_S = 30.0
 
 @pytest.fixture
 async def sessions(database_url: str) -> AsyncIterator[SessionFactory]:
-    engine = make_engine(database_url)
+    engine = make_db_engine(database_url)
     yield make_session_factory(engine)
     await engine.dispose()
 

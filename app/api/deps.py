@@ -10,8 +10,8 @@ from fastapi import Depends, Header, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.config import Settings
-from app.engine.notify import SwarmNotifier
-from app.engine.scheduler import Engine
+from app.engine.scheduler import Scheduler
+from app.engine.waiters import SwarmNotifier
 from app.errors import Unauthorized
 from app.tools.registry import ToolRegistry
 
@@ -46,8 +46,8 @@ def get_tenant(
     raise Unauthorized("invalid API key")
 
 
-def get_engine(request: Request) -> Engine | None:
-    engine: Engine | None = request.app.state.engine
+def get_engine(request: Request) -> Scheduler | None:
+    engine: Scheduler | None = request.app.state.engine
     return engine
 
 
@@ -64,6 +64,6 @@ def get_notifier(request: Request) -> SwarmNotifier:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[AsyncSession, Depends(get_session)]
 TenantDep = Annotated[str, Depends(get_tenant)]
-EngineDep = Annotated[Engine | None, Depends(get_engine)]
+EngineDep = Annotated[Scheduler | None, Depends(get_engine)]
 ToolsDep = Annotated[ToolRegistry | None, Depends(get_tools)]
 NotifierDep = Annotated[SwarmNotifier, Depends(get_notifier)]

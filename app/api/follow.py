@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from app.db import queries
 from app.db.session import SessionFactory
 from app.db.tables import Event
-from app.engine.notify import SwarmNotifier, woken
+from app.engine.waiters import SwarmNotifier, woken
 
 POLL_S = 0.5  # how often ?wait= readers of the facade re-read (app/api/openai_swarm.py)
 # readers are woken by commits (this process's engine, or NOTIFY from others); without a

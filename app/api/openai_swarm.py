@@ -19,7 +19,7 @@ from app.config import Settings
 from app.db import queries
 from app.db.session import SessionFactory
 from app.db.tables import Swarm
-from app.engine.notify import SwarmNotifier
+from app.engine.waiters import SwarmNotifier
 from app.errors import ApiError, RequestInvalid
 from app.openai_schemas import (
     AssistantMessage,

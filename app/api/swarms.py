@@ -25,8 +25,8 @@ from app.api.shared import swarm_or_404 as _swarm_or_404
 from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
 from app.db import queries, retry_copy
 from app.engine import finish
-from app.engine.notify import woken
 from app.engine.specs import build_swarm, request_hash
+from app.engine.waiters import woken
 from app.errors import AlreadyTerminal, RequestInvalid, SwarmNotFound
 from app.schemas import SwarmCreate, SwarmList, SwarmRead
 from app.states import SwarmStatus

@@ -1,4 +1,5 @@
-"""Engine and session factory for PostgreSQL (asyncpg) and embedded SQLite (aiosqlite)."""
+"""The SQLAlchemy engine and session factory for PostgreSQL (asyncpg) and embedded SQLite
+(aiosqlite)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def _sqlite_begin_immediate(conn: Any) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+def make_db_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
     """An async engine with the pragmas / pool settings each backend needs."""
     # hide_parameters: a failed statement's error (logged, maybe returned) must not carry its
     # parameters — prompts, outputs and task texts

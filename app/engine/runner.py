@@ -37,7 +37,7 @@ from app.engine.handle import (
 )
 from app.engine.layout import PLANNER
 from app.engine.synthesis import WorkerResult, concatenate, vote
-from app.engine.writer import WriteRejected, consume
+from app.engine.writer import WriteRejected, retrieve_exception
 from app.pricing import metric_model_label
 from app.states import Event, SubtaskKind, SubtaskStatus, SwarmStatus, move_subtask, move_swarm
 
@@ -132,7 +132,7 @@ class SwarmRunner:
     def commit_soon(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
                     events: Sequence[EventRow] = (), tools: ToolRows | None = None) -> None:
         """Queue a write nobody waits for (a later awaited write of this swarm commits after it)."""
-        self._write(subs, ledger, events, (), tools=tools).add_done_callback(consume)
+        self._write(subs, ledger, events, (), tools=tools).add_done_callback(retrieve_exception)
 
     def _set_status(self, new: SwarmStatus) -> EventRow:
         return self.event(move_swarm(self.swarm, new, utcnow()))

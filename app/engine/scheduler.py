@@ -19,10 +19,10 @@ from app.db.session import SessionFactory
 from app.db.tables import Subtask, Swarm
 from app.engine.budget import SharedCap
 from app.engine.handle import EngineContext
-from app.engine.notify import SwarmNotifier
+from app.engine.listener import PgListener
 from app.engine.runner import SwarmRunner
 from app.engine.tenancy import TenantGates
-from app.engine.wakeup import PgListener
+from app.engine.waiters import SwarmNotifier
 from app.engine.writer import StateWriter
 from app.gateway.client import GatewayClient
 from app.tools.registry import ToolRegistry
@@ -35,7 +35,7 @@ def process_owner() -> str:
     return f"{socket.gethostname()[:32]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Engine:
+class Scheduler:
     """Claims queued (or abandoned) swarms up to capacity and drives each with a SwarmRunner.
 
     Shaped after procrastinate's worker: a stop event, bounded fan-out, named tasks released by
@@ -63,8 +63,8 @@ class Engine:
         )
         self.runners: dict[str, tuple[SwarmRunner, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
-        self._stopping = asyncio.Event()
-        self._halt = asyncio.Event()  # stops the heartbeat, after the runners
+        self._claims_stopped = asyncio.Event()
+        self._heartbeat_stopped = asyncio.Event()  # set after the runners: leases stop renewing
         self._side: list[asyncio.Task[None]] = []
         self._listener: PgListener | None = None
         # set when a side task ends on its own: the process looks alive but claims, keeps
@@ -90,7 +90,7 @@ class Engine:
     def _side_task_done(self, task: asyncio.Task[None]) -> None:
         """The side-task monitor (after procrastinate's): a claim loop, heartbeat, state
         writer or listener that ends before a stop was asked for is fatal to the process."""
-        if self._stopping.is_set() or self._halt.is_set() or self.died.is_set():
+        if self._claims_stopped.is_set() or self._heartbeat_stopped.is_set() or self.died.is_set():
             return
         exc = None if task.cancelled() else task.exception()
         self.death = f"{task.get_name()} ended unexpectedly: {exc!r}"
@@ -120,7 +120,7 @@ class Engine:
         period; cancel what is left; release every unfinished swarm so another process
         continues it at once."""
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
-        self._stopping.set()
+        self._claims_stopped.set()
         self._wake.set()
         if self._listener is not None:
             await self._listener.stop()
@@ -134,7 +134,7 @@ class Engine:
             task.cancel()
         # the side loops see the stop events and end between transactions; cancelling one
         # inside a transaction would leave SQLite's write lock held until its busy timeout
-        self._halt.set()
+        self._heartbeat_stopped.set()
         if self._side:
             await asyncio.wait(self._side, timeout=5)
         for task in self._side:
@@ -153,7 +153,7 @@ class Engine:
     # ---- side tasks -----------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
-        while not self._stopping.is_set():
+        while not self._claims_stopped.is_set():
             try:
                 await self._claim_some()
             except Exception as exc:
@@ -179,7 +179,7 @@ class Engine:
             self._wake.set()  # there may be more waiting
 
     def has_capacity(self) -> bool:
-        return (not self._stopping.is_set()
+        return (not self._claims_stopped.is_set()
                 and len(self.runners) < self.settings.max_running_swarms)
 
     def adopt(self, swarm: Swarm, subtasks: list[Subtask], epoch: int) -> None:
@@ -209,10 +209,10 @@ class Engine:
         # often enough that a cancel flagged by another process lands within a second
         interval = min(self.settings.lease_seconds / 3, 0.5)
         # runs on through a shutdown's grace period: draining swarms keep their leases
-        while not self._halt.is_set():
+        while not self._heartbeat_stopped.is_set():
             with suppress(TimeoutError):
-                await asyncio.wait_for(self._halt.wait(), interval)
-            if self._halt.is_set():
+                await asyncio.wait_for(self._heartbeat_stopped.wait(), interval)
+            if self._heartbeat_stopped.is_set():
                 return
             if not self.runners:
                 continue

@@ -188,7 +188,7 @@ def _reason(exc: BaseException) -> str:
 _QUOTED = re.compile(r"'[^']{24,}(?:'|$)")
 
 
-def consume(fut: asyncio.Future[None]) -> None:
+def retrieve_exception(fut: asyncio.Future[None]) -> None:
     """Done-callback for writes nobody awaits: mark their exception retrieved."""
     if not fut.cancelled():
         fut.exception()

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from app.db import spend
-from app.db.session import SessionFactory, make_engine, make_session_factory
+from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.db.tables import GatewayCall
 from app.engine.passthrough import PassthroughMeter, settle_stale
 from app.gateway.client import AttemptRecord, Usage
@@ -24,7 +24,7 @@ WORST = PRICE.worst_case(100, 50)
 
 @pytest.fixture
 async def sessions(database_url: str) -> AsyncIterator[SessionFactory]:
-    engine = make_engine(database_url)
+    engine = make_db_engine(database_url)
     yield make_session_factory(engine)
     await engine.dispose()
 
