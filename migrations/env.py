@@ -7,7 +7,7 @@ import asyncio
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from app.db.session import make_engine
+from app.db.session import make_db_engine
 from app.db.tables import Base
 
 config = context.config
@@ -35,7 +35,7 @@ def _run(connection: Connection) -> None:
 
 
 async def _run_async() -> None:
-    engine = make_engine(_url(), pool_size=1)
+    engine = make_db_engine(_url(), pool_size=1)
     try:
         async with engine.connect() as conn:
             await conn.run_sync(_run)
