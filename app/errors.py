@@ -1,4 +1,5 @@
-"""Domain errors with the HTTP status and SPEC error code they answer with."""
+"""Errors with SPEC error codes: domain refusals (no HTTP in them: the engine and the webhook
+policy raise them, the API layer maps them) and the API's own, which carry their status."""
 
 from __future__ import annotations
 
@@ -28,6 +29,18 @@ def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
     """The SPEC's error answer, `{"error": {"code", "message", "details"}}` (every route but
     the OpenAI-compatible /v1 ones), safe to encode as JSON."""
     return {"error": {"code": code, "message": json_safe(message), "details": json_safe(details)}}
+
+
+class Refused(Exception):
+    """A request the domain refuses — a swarm spec the engine cannot run (an unknown model, a
+    cycle, an unknown tool, too many agents), a webhook URL the policy forbids: a SPEC code,
+    a message and details. The API answers it 422 (app/api/errors.py)."""
+
+    def __init__(self, message: str, *, code: str, details: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.details = details
 
 
 class ApiError(Exception):

@@ -1,6 +1,5 @@
-"""Signed webhooks for terminal swarms: URL checks at creation, HMAC signatures (a secret per
-tenant, SWARM_WEBHOOK_SECRET by default), and a durable retry loop (deliveries are rows; any
-process with an engine sends them). Each delivery runs on its own, under one deadline for
+"""The webhook sender: a durable retry loop over delivery rows (any process with an engine
+sends them), signed per app/webhook_policy.py. Each delivery runs on its own, under one deadline for
 connect + send + read, and reads at most MAX_ANSWER_BYTES of the answer: a receiver that
 trickles or floods delays nobody else's delivery."""
 
@@ -8,14 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
 import random
 import time
 from collections.abc import Mapping
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -24,62 +20,14 @@ from app.db import queries
 from app.db import webhooks as repo
 from app.db.session import SessionFactory
 from app.db.tables import Webhook
-from app.errors import RequestInvalid
-from app.outbound import PinnedTransport, resolve_public
+from app.outbound import PinnedTransport
 from app.views import swarm_read
+from app.webhook_policy import SIGNATURE_HEADER, sign, webhook_secret
 
 log = logging.getLogger(__name__)
-SIGNATURE_HEADER = "X-Swarm-Signature"
 GIVE_UP_AFTER_S = 3600.0  # SPEC: non-2xx answers are retried for up to an hour
 HOLD_SLACK_S = 30.0       # a claimed delivery is ours for its deadline plus this
 MAX_ANSWER_BYTES = 64 * 1024  # of a receiver's answer body; only its status matters
-
-
-def sign(secret: str, body: bytes, timestamp: int) -> str:
-    """`t=<unix>,v1=<hex HMAC-SHA256 of "t.body">`, as receivers verify it."""
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"t={timestamp},v1={mac.hexdigest()}"
-
-
-def webhook_secret(settings: Settings, tenant: str,
-                   secrets: Mapping[str, str] | None = None) -> str:
-    """The key that signs `tenant`'s webhooks: its own (`secrets`, else the `webhook_secret`
-    of its table in SWARM_TENANTS_FILE), else SWARM_WEBHOOK_SECRET."""
-    if secrets is not None:
-        own = secrets.get(tenant)
-    else:
-        limit = settings.tenant_limits(tenant).webhook_secret
-        own = limit.get_secret_value() if limit is not None else None
-    return own or settings.webhook_secret.get_secret_value()
-
-
-def _invalid(message: str, url: str) -> RequestInvalid:
-    return RequestInvalid(message, code="invalid_webhook_url",
-                          details={"field": "webhook_url", "url": url})
-
-
-async def check_webhook_url(url: str, settings: Settings, tenant: str = "",
-                            secrets: Mapping[str, str] | None = None) -> None:
-    """Reject at creation what could never be delivered, or must not be (SSRF)."""
-    if not webhook_secret(settings, tenant, secrets):
-        raise RequestInvalid("webhooks need SWARM_WEBHOOK_SECRET (or the tenant's "
-                             "webhook_secret) on the server",
-                             code="webhooks_not_configured", details={"field": "webhook_url"})
-    try:
-        parts = urlsplit(url)
-        hostname, port = parts.hostname, parts.port
-    except ValueError:  # a bad port or IPv6 literal
-        raise _invalid("webhook_url is not a valid URL", url) from None
-    allowed = {"https", "http"} if settings.webhook_allow_http else {"https"}
-    if parts.scheme not in allowed or not hostname:
-        raise _invalid(f"webhook_url must be an absolute {' or '.join(sorted(allowed))} URL", url)
-    if parts.username or parts.password:
-        raise _invalid("webhook_url must not carry credentials", url)
-    if not settings.webhook_allow_private:
-        try:
-            await resolve_public(hostname, port or (443 if parts.scheme == "https" else 80))
-        except ValueError as exc:
-            raise _invalid(str(exc), url) from exc
 
 
 class WebhookDispatcher:

@@ -14,8 +14,9 @@ import pytest
 from sqlalchemy import select
 
 from app.db.tables import Webhook, WebhookAttempt
-from app.webhooks import SIGNATURE_HEADER as SIGNATURE
-from app.webhooks import WebhookDispatcher, sign, webhook_secret
+from app.webhook_policy import SIGNATURE_HEADER as SIGNATURE
+from app.webhook_policy import sign, webhook_secret
+from app.webhooks import WebhookDispatcher
 from tests.conftest import Harness, make_settings, start_harness
 
 SECRET = "whsec-test"

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.db.retry import database_unavailable
-from app.errors import ApiError, TooManyRequests, error_body
+from app.errors import ApiError, Refused, RequestInvalid, TooManyRequests, error_body
 from app.middleware import CatchAll
 from app.schemas import ErrorResponse
 
@@ -65,6 +65,15 @@ async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
     return error_response(exc.status_code, exc.code, exc.message, exc.details, headers)
 
 
+def as_api_error(exc: Refused) -> ApiError:
+    """A domain refusal as the API answers it: 422 with its SPEC code."""
+    return RequestInvalid(exc.message, code=exc.code, details=exc.details)
+
+
+async def _refused(request: Request, exc: Refused) -> JSONResponse:
+    return await _api_error(request, as_api_error(exc))
+
+
 async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     return error_response(exc.status_code, code, str(exc.detail), None,
@@ -85,6 +94,7 @@ async def unhandled(exc: Exception) -> JSONResponse:
 def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)  # type: ignore[arg-type]
     app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Refused, _refused)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http)  # type: ignore[arg-type]
     # innermost of the middleware added by create_app, so the HTTP metrics see its status
     app.add_middleware(CatchAll, render=unhandled)

@@ -20,9 +20,9 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.errors import _field
+from app.api.errors import _field, as_api_error
 from app.db.retry import database_unavailable
-from app.errors import ApiError, json_safe
+from app.errors import ApiError, Refused, json_safe
 from app.openai_schemas import OpenAIError
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,8 @@ class OpenAIRoute(APIRoute):
                 return _validation(exc)
             except ApiError as exc:
                 return _api_error(exc)
+            except Refused as exc:
+                return _api_error(as_api_error(exc))
             except StarletteHTTPException as exc:
                 return openai_error(exc.status_code, str(exc.detail), None,
                                     headers=dict(exc.headers or {}))

@@ -20,7 +20,7 @@ from app.db import queries
 from app.db.session import SessionFactory
 from app.db.tables import Swarm
 from app.engine.waiters import SwarmNotifier
-from app.errors import ApiError, RequestInvalid
+from app.errors import ApiError, Refused, RequestInvalid
 from app.openai_schemas import (
     AssistantMessage,
     ChatCompletion,
@@ -162,7 +162,7 @@ class SwarmCall:
                     tools=request.app.state.tools, admission=admission,
                     idempotency_key=idempotency_key,
                     traceparent=request.headers.get("traceparent"))
-        except ApiError as exc:  # name the request's field, not the swarm's
+        except (ApiError, Refused) as exc:  # name the request's field, not the swarm's
             if isinstance(exc.details, dict) and isinstance(exc.details.get("field"), str):
                 exc.details = {**exc.details, "field": request_field(exc.details["field"])}
             raise

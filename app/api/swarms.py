@@ -31,7 +31,7 @@ from app.errors import AlreadyTerminal, RequestInvalid, SwarmNotFound
 from app.schemas import SwarmCreate, SwarmList, SwarmRead
 from app.states import SwarmStatus
 from app.views import swarm_read
-from app.webhooks import check_webhook_url
+from app.webhook_policy import check_webhook_url
 
 router = APIRouter(prefix="/swarms", tags=["swarms"])
 # readers are woken by commits (this process's engine, or NOTIFY from others); without a

@@ -16,7 +16,7 @@ from app.db.types import utcnow
 from app.engine.dag import DagError, validate_dag
 from app.engine.layout import PLANNER, SYNTHESIZER, new_subtask
 from app.engine.planner import planner_max_tokens
-from app.errors import RequestInvalid
+from app.errors import Refused
 from app.schemas import Limits, SwarmCreate
 from app.states import SubtaskKind, SwarmStatus
 from app.tools.registry import ToolRegistry, ToolSelectionError
@@ -36,7 +36,7 @@ def request_hash(body: SwarmCreate) -> str:
 
 def check_model(settings: Settings, model: str, field: str) -> None:
     if model not in settings.prices:
-        raise RequestInvalid(
+        raise Refused(
             f"model {model!r} has no price; priced models: {', '.join(settings.prices.names())}",
             code="unknown_model", details={"field": field, "model": model})
 
@@ -44,14 +44,14 @@ def check_model(settings: Settings, model: str, field: str) -> None:
 def _check_agents(body: SwarmCreate, settings: Settings) -> None:
     agents = body.agents or []
     if len(agents) > settings.max_agents:
-        raise RequestInvalid(
+        raise Refused(
             f"{len(agents)} agents; at most {settings.max_agents} are allowed",
             code="too_many_agents",
             details={"field": "agents", "limit": settings.max_agents, "count": len(agents)})
     seen: dict[str, int] = {}
     for i, a in enumerate(agents):
         if a.name in seen:
-            raise RequestInvalid(
+            raise Refused(
                 f"agent name {a.name!r} is used twice (agents.{seen[a.name]} and agents.{i})",
                 code="duplicate_agent_name", details={"field": f"agents.{i}.name",
                                                       "name": a.name})
@@ -67,7 +67,7 @@ def _check_agents(body: SwarmCreate, settings: Settings) -> None:
         culprit = details.get("name") or (cycle[0] if isinstance(cycle, list) else None)
         if isinstance(culprit, str) and culprit in seen:
             details["field"] = f"agents.{seen[culprit]}.depends_on"
-        raise RequestInvalid(str(exc), code=exc.code, details=details) from exc
+        raise Refused(str(exc), code=exc.code, details=details) from exc
 
 
 def _check_tools(body: SwarmCreate, tools: ToolRegistry | None) -> None:
@@ -77,13 +77,13 @@ def _check_tools(body: SwarmCreate, tools: ToolRegistry | None) -> None:
         given += [(f"agents.{i}.tools.{j}", sel) for j, sel in enumerate(a.tools or [])]
     for field, selector in given:
         if tools is None:
-            raise RequestInvalid("no tool servers are configured (SWARM_MCP_CONFIG)",
-                                 code="unknown_tool", details={"field": field, "tool": selector})
+            raise Refused("no tool servers are configured (SWARM_MCP_CONFIG)",
+                          code="unknown_tool", details={"field": field, "tool": selector})
         try:
             tools.check(selector)
         except ToolSelectionError as exc:
-            raise RequestInvalid(str(exc), code=exc.code,
-                                 details={"field": field, "tool": selector}) from exc
+            raise Refused(str(exc), code=exc.code,
+                          details={"field": field, "tool": selector}) from exc
 
 
 def normalise(body: SwarmCreate, settings: Settings) -> dict[str, Any]:
