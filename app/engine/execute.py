@@ -18,7 +18,7 @@ from app.engine.context import (
 )
 from app.engine.faults import crash_point
 from app.engine.handle import LedgerRow, Outcome, SwarmHandle, failure
-from app.engine.layout import COMPRESSOR_PREFIX, SYNTHESIZER, new_subtask
+from app.engine.layout import COMPRESSOR_PREFIX, new_subtask, synthesizer_for
 from app.engine.steps import CALL_FAILURES, SubtaskSteps
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.engine.turns import TurnLoop
@@ -140,11 +140,9 @@ class SubtaskExecutor:
                         tools=list(p.tools))
             for i, p in enumerate(plan)
         ]
-        if spec["synthesis"]["strategy"] == "synthesize":
-            subs.append(new_subtask(
-                swarm_id, SYNTHESIZER, base + len(plan), SubtaskKind.synthesizer,
-                spec["synthesis"]["model"], spec["synthesis"]["max_tokens"],
-                depends_on=[p.id for p in plan], temperature=spec.get("temperature")))
+        synth = synthesizer_for(swarm_id, spec, base + len(plan), [p.id for p in plan])
+        if synth is not None:
+            subs.append(synth)
         self.handle.add_subtasks(subs)
         return subs
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from app.db.tables import Subtask
 from app.states import SubtaskKind, SubtaskStatus
@@ -33,3 +34,14 @@ def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, mode
         tools=list(tools or []), max_turns=max_turns, turns=0, tool_calls=0,
     )
 
+
+
+def synthesizer_for(swarm_id: str, spec: dict[str, Any], position: int,
+                    workers: list[str]) -> Subtask | None:
+    """The synthesizer after `workers`, when the swarm's strategy asks for one (the same for
+    explicit agents at creation and for a plan's workers)."""
+    if spec["synthesis"]["strategy"] != "synthesize":
+        return None
+    return new_subtask(swarm_id, SYNTHESIZER, position, SubtaskKind.synthesizer,
+                       spec["synthesis"]["model"], spec["synthesis"]["max_tokens"],
+                       depends_on=workers, temperature=spec.get("temperature"))

@@ -14,7 +14,7 @@ from app.config import Settings
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.engine.dag import DagError, validate_dag
-from app.engine.layout import PLANNER, SYNTHESIZER, new_subtask
+from app.engine.layout import PLANNER, new_subtask, synthesizer_for
 from app.engine.planner import planner_max_tokens
 from app.errors import Refused
 from app.schemas import Limits, SwarmCreate
@@ -131,11 +131,9 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
                 weight=a.weight, tools=list(a.tools or []), max_turns=a.max_turns)
             for i, a in enumerate(body.agents)
         ]
-        if body.synthesis.strategy == "synthesize":
-            subtasks.append(new_subtask(
-                swarm_id, SYNTHESIZER, len(subtasks), SubtaskKind.synthesizer,
-                spec["synthesis"]["model"], spec["synthesis"]["max_tokens"],
-                depends_on=[a.name for a in body.agents], temperature=body.temperature))
+        synth = synthesizer_for(swarm_id, spec, len(subtasks), [a.name for a in body.agents])
+        if synth is not None:
+            subtasks.append(synth)
     swarm = new_swarm_row(swarm_id, tenant, body.task, spec, body.metadata,
                           body.limits.budget_usd, idempotency_key,
                           request_hash(body) if idempotency_key else None)
