@@ -208,7 +208,7 @@ def main() -> None:
     args = parser.parse_args()
     kind = args.server
     if kind == "auto":
-        kind = "simulator" if (ROOT / "app" / "simulator.py").exists() else "tiny"
+        kind = "simulator" if (ROOT / "app" / "simulator").is_dir() else "tiny"
     if args.serve is not None:
         _serve(args.serve, kind)
         return

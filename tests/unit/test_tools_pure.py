@@ -15,7 +15,7 @@ from app.engine import dag
 from app.engine.context import estimate_request_tokens
 from app.engine.planner import PlanInvalid, parse_plan, tool_allowed
 from app.engine.turns import openai_tools
-from app.simulator_tools import arguments, final_answer, tool_calls, turns_done
+from app.simulator.tools import arguments, final_answer, tool_calls, turns_done
 from app.tools.config import load_config
 from app.tools.model import ToolInfo
 from app.tools.registry import cut, split_selector
@@ -100,5 +100,5 @@ def test_the_reservation_bound_covers_what_the_simulator_bills(texts: list[str])
     messages = [{"role": "user" if i % 2 else "tool", "content": t, "tool_call_id": "c"}
                 for i, t in enumerate(texts)]
     tools = openai_tools([ToolInfo("docs", "lookup", "d", {"type": "object"})])
-    billed = math.ceil(sum(len(t) for t in texts) / 4) + 4 * len(texts)  # app/simulator.py
+    billed = math.ceil(sum(len(t) for t in texts) / 4) + 4 * len(texts)  # simulator/responses.py
     assert estimate_request_tokens(messages, tools) >= billed

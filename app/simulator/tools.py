@@ -1,5 +1,5 @@
 """The simulator's tool-using answers (SPEC §9): deterministic tool calls, then a final text
-that quotes every tool result. Pure functions, used by app/simulator.py."""
+that quotes every tool result. Pure functions, used by the answers (responses.py)."""
 
 from __future__ import annotations
 

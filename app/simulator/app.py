@@ -1,0 +1,192 @@
+"""The simulator as an ASGI app: auth, faults drawn per attempt, latency that a disconnecting
+client cuts short, the answer (or its stream), and the counters of `/v1/_stats`."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from email.utils import formatdate
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive
+
+from app.simulator.config import SimulatorConfig, SimulatorStats, bounded_put
+from app.simulator.directives import Directives, parse_directives, parse_request
+from app.simulator.responses import (
+    JSON,
+    chat_completion,
+    dumps,
+    error,
+    stream_events,
+    unit,
+)
+
+MODELS = ("kimi-k2.5", "deepseek-v3.2", "gpt-4.1", "claude-sonnet-4.5", "gemini-2.5-flash")
+_WATCH_DISCONNECT_S = 1.0  # waits this long or longer also watch for a client disconnect
+_HTML_502 = b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"
+
+
+async def _wait(receive: Receive, seconds: float) -> bool:
+    """Sleep; long waits end early (False) when the client disconnects, as a real server would."""
+    if seconds < _WATCH_DISCONNECT_S:
+        await asyncio.sleep(max(seconds, 0.0))
+        return True
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({watcher}, timeout=seconds)
+        return not done
+    finally:
+        watcher.cancel()
+
+
+class _Simulator:
+    def __init__(self, config: SimulatorConfig) -> None:
+        self.config = config
+        self.stats = SimulatorStats()
+
+    async def chat(self, request: Request) -> Response:
+        stats, idem = self.stats, request.headers.get("idempotency-key")
+        swarm = idem.split(":", 1)[0] if idem else None
+        stats.calls += 1
+        stats.in_flight += 1
+        stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
+        if swarm is not None:
+            now = stats.swarm_in_flight[swarm] = stats.swarm_in_flight.get(swarm, 0) + 1
+            if now > stats.max_in_flight_by_swarm.get(swarm, 0):
+                stats.max_in_flight_by_swarm.pop(swarm, None)  # re-insert: keeps eviction LRU-ish
+                bounded_put(stats.max_in_flight_by_swarm, swarm, now)
+        try:
+            return await self._answer(request, idem, swarm)
+        finally:
+            stats.in_flight -= 1
+            if swarm is not None:
+                left = stats.swarm_in_flight.pop(swarm, 1) - 1
+                if left > 0:
+                    stats.swarm_in_flight[swarm] = left
+
+    async def _answer(self, request: Request, idem: str | None, swarm: str | None) -> Response:
+        cfg = self.config
+        auth = request.headers.get("authorization")
+        if cfg.api_key is not None and auth != f"Bearer {cfg.api_key}":
+            return error(401, "invalid or missing API key")
+        raw = await request.body()
+        try:
+            req = parse_request(raw)
+            d = parse_directives(req.texts, cfg.flags)
+        except ValueError as exc:
+            return error(400, str(exc))
+        key = idem or hashlib.blake2b(raw, digest_size=16).hexdigest()
+        attempt = self.stats.record(key, req.model, req.messages)
+        fault = self._fault(d, key, attempt)
+        if fault == "timeout":
+            wait = d.hang_s if d.hang_s is not None else cfg.timeout_s
+        elif d.latency_ms is not None:
+            wait = d.latency_ms / 1000
+        else:
+            jitter = cfg.latency_jitter_ms * (2 * unit(cfg.seed, key, attempt, "jitter") - 1)
+            wait = max(0.0, cfg.latency_ms + jitter) / 1000
+        if not await _wait(request.receive, wait):
+            return Response(status_code=499)  # nobody is listening any more
+        if fault == "html502":
+            headers = self._retry_headers("502", d)
+            return Response(_HTML_502, status_code=502, headers=headers, media_type="text/html")
+        if fault is not None and fault.isdigit():
+            return error(int(fault), f"simulated {fault} error", self._retry_headers(fault, d),
+                         poison=bool(d.poison))
+        completion = chat_completion(req, d, key, attempt, fault == "length",
+                                     lambda: self._bad_plan(d, swarm))
+        if req.stream:
+            events = stream_events(completion, req.include_usage)
+            if fault == "truncated":  # the stream breaks off: no finish, no usage, no [DONE]
+                events = events[: max(1, len(events) // 3)]
+            else:
+                self._count_ok(key, swarm, completion)
+            return StreamingResponse(iter(events), media_type="text/event-stream")
+        body = dumps(completion)
+        if fault == "truncated":
+            return Response(body[: len(body) // 2], media_type=JSON)
+        self._count_ok(key, swarm, completion)
+        return Response(body, media_type=JSON)
+
+    def _count_ok(self, key: str, swarm: str | None, completion: dict[str, Any]) -> None:
+        self.stats.ok += 1
+        u = completion["usage"]
+        cached = u["prompt_tokens_details"]["cached_tokens"]
+        self.stats.bill(swarm, completion["model"],
+                        (u["prompt_tokens"], u["completion_tokens"], cached))
+        if key in self.stats.by_key:  # it may have been evicted while this call waited
+            self.stats.by_key[key]["ok"] += 1
+
+    def _fault(self, d: Directives, key: str, attempt: int) -> str | None:
+        if d.fail is not None and (d.times is None or attempt <= d.times):
+            return d.fail
+        rates = self.config.fault_rates()  # read per request: tests may change the config live
+        if not any(rate for _, rate in rates):
+            return None
+        draw = unit(self.config.seed, key, attempt, "fault")
+        for kind, rate in rates:
+            if draw < rate:
+                return kind
+            draw -= rate
+        return None
+
+    def _retry_headers(self, status: str, d: Directives) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        if status == "429":
+            headers["Retry-After"] = f"{self.config.retry_after_s:g}"
+        if d.retry_after is not None:
+            headers["Retry-After"] = d.retry_after
+        if d.retry_after_date:
+            headers["Retry-After"] = formatdate(time.time() + 2, usegmt=True)
+        if d.retry_after_ms is not None:
+            headers["retry-after-ms"] = d.retry_after_ms
+        return headers
+
+    def _bad_plan(self, d: Directives, swarm: str | None) -> str | None:
+        """The flaw for this planning call: `plan_times` counts per swarm (or per simulator)."""
+        if d.plan is None:
+            return None
+        scope = f"{swarm or ''}|{d.plan}"
+        n = self.stats.plan_calls.get(scope, 0) + 1
+        bounded_put(self.stats.plan_calls, scope, n)
+        return d.plan if d.plan_times is None or n <= d.plan_times else None
+
+    async def stats_endpoint(self, request: Request) -> Response:
+        if request.method == "POST":  # /v1/_reset
+            self.stats.reset()
+        return Response(dumps(self.stats.as_json()), media_type=JSON)
+
+    async def models_endpoint(self, request: Request) -> Response:
+        data = [{"id": m, "object": "model", "owned_by": "swarm-sim"} for m in MODELS]
+        return Response(dumps({"object": "list", "data": data}), media_type=JSON)
+
+
+def create_simulator(config: SimulatorConfig | None = None) -> Starlette:
+    """The simulator as an ASGI app; `app.state.stats` is its SimulatorStats."""
+    sim = _Simulator(config or SimulatorConfig())
+    app = Starlette(routes=[
+        Route("/v1/chat/completions", sim.chat, methods=["POST"]),
+        Route("/v1/models", sim.models_endpoint, methods=["GET"]),
+        Route("/v1/_stats", sim.stats_endpoint, methods=["GET"]),
+        Route("/v1/_reset", sim.stats_endpoint, methods=["POST"]),
+    ])
+    app.state.stats = sim.stats
+    app.state.config = sim.config
+    return app
+
+
+def run_simulator(host: str, port: int, config: SimulatorConfig | None = None) -> None:
+    """Serve the simulator with uvicorn (its own process, for benchmarks and demos)."""
+    uvicorn.run(create_simulator(config or SimulatorConfig.from_env()), host=host, port=port,
+                access_log=False, log_level="warning")
