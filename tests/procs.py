@@ -15,33 +15,20 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 import httpx
 
 from app.db.session import asyncpg_dsn
 from app.pricing import PriceTable
+from tests.helpers import until
 from tests.support import CLI, free_port, throwaway_db
 
-T = TypeVar("T")
 TERMINAL = ("succeeded", "failed", "cancelled")
-
-
-async def until(probe: Callable[[], Awaitable[T | None]], timeout: float, what: str,
-                every: float = 0.05) -> T:
-    """Poll `probe` until it returns something truthy; fail with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(every)
 
 
 # ---- processes -----------------------------------------------------------------------------
@@ -294,11 +281,6 @@ def answered_usd(stats: dict[str, Any], swarm_id: str | None = None) -> Decimal:
         for model, (prompt, completion, cached, _n) in per_swarm.get(sid, {}).items():
             total += prices[model].cost(prompt, completion, cached)
     return total
-
-
-def agent(name: str, directives: str = "", **kw: Any) -> dict[str, Any]:
-    """An agent; `directives` (e.g. `[[sim latency_ms=1500]]`) go into its system prompt."""
-    return {"name": name, "system_prompt": f"You are {name}. {directives}".strip(), **kw}
 
 
 # ---- what must hold after any crash --------------------------------------------------------

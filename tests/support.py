@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,12 +42,12 @@ async def pg_admin(sql: str, url: str = PG_URL) -> None:
         await conn.close()
 
 
-async def drop_db(name: str, timeout: float = 30.0) -> None:
+async def drop_db(name: str, timeout: float = 30.0, server: str = PG_URL) -> None:
     """Drop a database, waiting out a server that is restarting (a test may restart it)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            await pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', server)
             return
         except (OSError, asyncpg.PostgresError):
             if time.monotonic() > deadline:
@@ -54,20 +56,20 @@ async def drop_db(name: str, timeout: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def throwaway_db(prefix: str = "swarm_tmp") -> Iterator[str]:
-    """A new, migrated PostgreSQL database, dropped afterwards (connections and all). It runs
-    its own event loop: use it from synchronous code or a sync fixture."""
+def throwaway_db(prefix: str = "swarm_tmp", server: str = PG_URL) -> Iterator[str]:
+    """A new, migrated PostgreSQL database (on `server`), dropped afterwards (connections and
+    all). It runs its own event loop: use it from synchronous code or a sync fixture."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     try:
-        asyncio.run(pg_admin(f'CREATE DATABASE "{name}"'))
+        asyncio.run(pg_admin(f'CREATE DATABASE "{name}"', server))
     except (OSError, asyncpg.PostgresError) as exc:
-        raise RuntimeError(f"PostgreSQL is not reachable at {PG_URL} ({exc!r})") from exc
-    url = with_db(PG_URL, name)
+        raise RuntimeError(f"PostgreSQL is not reachable at {server} ({exc!r})") from exc
+    url = with_db(server, name)
     try:
         upgrade_head(url)
         yield url
     finally:
-        asyncio.run(drop_db(name))
+        asyncio.run(drop_db(name, server=server))
 
 
 def free_port() -> int:
@@ -102,3 +104,56 @@ def process(args: list[str], env: dict[str, str], ready_url: str,
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+# ---- a PostgreSQL server of our own (for tests that stop or restart the server) -------------
+
+PG_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+
+
+class PrivatePostgres:
+    """A throwaway PostgreSQL cluster (initdb in a temporary directory, its own port, no
+    fsync) that a test may stop, restart and start again without touching the shared server
+    other tests and other checkouts use. As root, the server runs as the `postgres` user."""
+
+    def __init__(self) -> None:
+        self.bin = PG_BIN[-1].parent
+        self.data = Path(tempfile.mkdtemp(prefix="swarm-pg-"))
+        self.port = free_port()
+        self.url = f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
+        self._as_owner: list[str] = []
+        if os.geteuid() == 0:  # initdb and postgres refuse to run as root
+            shutil.chown(self.data, "postgres", "postgres")
+            self._as_owner = ["runuser", "-u", "postgres", "--"]
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
+
+    def _run(self, tool: str, *args: str) -> None:
+        subprocess.run([*self._as_owner, str(self.bin / tool), *args], check=True,
+                       capture_output=True, timeout=60)
+
+    def ctl(self, action: str) -> None:
+        """`pg_ctl start|stop|restart`, waiting until it is done (stop: fast, no checkpoint)."""
+        options = (f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 "
+                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
+        args = ["-D", str(self.data), "-l", str(self.data / "server.log"), "-w", "-t", "60"]
+        if action in ("start", "restart"):
+            args += ["-o", options]
+        if action in ("stop", "restart"):
+            args += ["-m", "fast"]
+        self._run("pg_ctl", action, *args)
+
+    def close(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError):
+            self._run("pg_ctl", "stop", "-D", str(self.data), "-m", "immediate", "-w")
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """A running `PrivatePostgres`, removed afterwards."""
+    server = PrivatePostgres()
+    try:
+        server.ctl("start")
+        yield server
+    finally:
+        server.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -14,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import Harness, make_settings, start_harness
-from tests.test_api_validation import assert_rejected, error_of, swarm_count
+from tests.helpers import BODY, SLOW, assert_rejected, error_of, read_events, swarm_count, until
 
 SWARM_KEYS = {"id", "status", "created_at", "started_at", "finished_at", "task", "metadata",
               "spec", "progress", "subtasks", "usage", "timing", "queue_position", "result",
@@ -25,15 +24,6 @@ PROGRESS_KEYS = {"total", "pending", "running", "succeeded", "failed", "skipped"
 EVENT_NAMES = {"swarm.status", "subtask.started", "subtask.succeeded", "subtask.failed",
                "subtask.skipped", "swarm.completed"}
 TERMINAL = {"succeeded", "failed", "cancelled"}
-SLOW = "[[sim latency_ms=3000]]"
-
-BODY: dict[str, Any] = {
-    "task": "Review the migration",
-    "agents": [{"name": "analyst", "system_prompt": "You analyse."},
-               {"name": "auditor", "model": "deepseek-v3.2"},
-               {"name": "writer", "depends_on": ["analyst", "auditor"]}],
-    "metadata": {"ticket": "PAY-1234"},
-}
 
 
 def assert_swarm_shape(data: dict[str, Any]) -> None:
@@ -57,43 +47,14 @@ def assert_swarm_shape(data: dict[str, Any]) -> None:
         assert set(s["usage"]) >= {"prompt_tokens", "completion_tokens", "cost_usd"}
 
 
-def parse_sse(text: str) -> list[dict[str, Any]]:
-    """SSE frames as {"id", "event", "data"} (comments and pings dropped)."""
-    events: list[dict[str, Any]] = []
-    for block in text.replace("\r\n", "\n").split("\n\n"):
-        frame: dict[str, Any] = {}
-        for line in block.split("\n"):
-            if not line or line.startswith(":"):
-                continue
-            key, _, value = line.partition(":")
-            frame[key] = value[1:] if value.startswith(" ") else value
-        if "event" in frame or "data" in frame:
-            frame["data"] = json.loads(frame["data"])
-            events.append(frame)
-    return events
-
-
-async def read_events(client: httpx.AsyncClient, swarm_id: str,
-                      headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    async def read() -> list[dict[str, Any]]:
-        async with client.stream("GET", f"/swarms/{swarm_id}/events",
-                                 headers=headers or {}) as r:
-            assert r.status_code == 200, await r.aread()
-            assert r.headers["content-type"].startswith("text/event-stream")
-            return parse_sse((await r.aread()).decode())
-
-    return await asyncio.wait_for(read(), 10)  # the stream must end by itself
-
-
 async def wait_for_subtask(client: httpx.AsyncClient, swarm_id: str, name: str,
                            status: str, timeout: float = 10) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    async def reached() -> dict[str, Any] | None:
         data: dict[str, Any] = (await client.get(f"/swarms/{swarm_id}")).json()
-        if any(s["name"] == name and s["status"] == status for s in data["subtasks"]):
-            return data
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{name} never {status}")
+        return data if any(s["name"] == name and s["status"] == status
+                           for s in data["subtasks"]) else None
+
+    return await until(reached, timeout, f"{name} to be {status}", every=0.02)
 
 
 # ---- create and read ---------------------------------------------------------------------------

@@ -9,57 +9,17 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Harness, make_settings, start_harness
+from tests.helpers import assert_rejected, error_of, fields_named, stored_swarms, swarm_count
 
 A = [{"name": "a"}]
 BODY_OK: dict[str, Any] = {"task": "t", "agents": A}
 MAX_AGENTS = 3
 MAX_BODY = 2048
-
-
-def error_of(r: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
-    """Assert the SPEC error shape with this status (and code); return `error`."""
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"].startswith("application/json")
-    body = r.json()
-    assert set(body) == {"error"}, body
-    err: dict[str, Any] = body["error"]
-    assert set(err) == {"code", "message", "details"}, err
-    assert isinstance(err["code"], str) and err["code"]
-    assert isinstance(err["message"], str) and err["message"]
-    if code is not None:
-        assert err["code"] == code, err
-    return err
-
-
-def fields_named(err: dict[str, Any]) -> list[str]:
-    """The fields an error's details name (pydantic list or domain dict)."""
-    details = err["details"]
-    if isinstance(details, list):
-        for d in details:
-            assert set(d) >= {"field", "message"}, d
-        return [str(d["field"]) for d in details]
-    assert isinstance(details, dict), details
-    return [str(details["field"])]
-
-
-def assert_rejected(r: httpx.Response, status: int, code: str | None, field: str) -> None:
-    err = error_of(r, status, code)
-    assert field in fields_named(err), (field, err)
-    if isinstance(err["details"], list):  # pydantic: each entry says what and why
-        for d in err["details"]:
-            assert set(d) == {"field", "message", "type", "input"}, d
-
-
-async def swarm_count(client: httpx.AsyncClient) -> int:
-    r = await client.get("/swarms", params={"limit": 200})
-    assert r.status_code == 200, r.text
-    return len(r.json()["items"])
 
 
 @pytest.fixture
@@ -388,7 +348,6 @@ _orchestrator_st = _with_extra(st.fixed_dictionaries({}, optional={
 }))
 
 
-
 @st.composite
 def _valid_body(draw: st.DrawFn) -> dict[str, Any]:
     """A body that must be accepted: unique names, dependencies on earlier agents only."""
@@ -433,7 +392,7 @@ _body_st = st.one_of(
 @given(body=_body_st)
 async def test_no_body_makes_a_5xx(api: Harness, body: Any) -> None:
     raw = json.dumps(body, allow_nan=True)  # NaN/Infinity literals too: Python parsers take them
-    before = await swarm_count(api.client)
+    before = await stored_swarms(api)
     r = await api.client.post("/swarms", content=raw,
                               headers={"content-type": "application/json"})
     assert r.status_code < 500, r.text
@@ -442,14 +401,13 @@ async def test_no_body_makes_a_5xx(api: Harness, body: Any) -> None:
         data = r.json()
         assert r.headers["location"] == f"/swarms/{data['id']}"
         assert data["task"] == body["task"]
-        assert await swarm_count(api.client) == before + 1
+        assert await stored_swarms(api) == before + 1
     else:
         assert 400 <= r.status_code < 500
         err = error_of(r, r.status_code)
         if r.status_code == 422 and err["code"] != "planning_not_available":
             assert fields_named(err)
-        assert await swarm_count(api.client) == before
-
+        assert await stored_swarms(api) == before
 
 
 @settings(max_examples=25, deadline=None,

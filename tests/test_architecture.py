@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
@@ -47,3 +50,63 @@ def test_an_import_cycle_breaks_the_contract_even_under_type_checking(tmp_path: 
     broken = _lint(wrong)
     assert broken.returncode != 0
     assert "No cycles are allowed in app.engine" in broken.stdout
+
+
+# ---- test modules share helpers, never each other ------------------------------------------
+
+
+def _forbidden(dotted: str) -> bool:
+    parts = dotted.split(".")
+    return parts[0] == "bench" or (parts[0] == "tests"
+                                   and any(p.startswith("test_") for p in parts))
+
+
+def forbidden_imports(source: str) -> list[str]:
+    """What a test module imports from another test module or from bench/ (helpers belong in
+    tests/helpers.py, tests/support.py, tests/procs.py and the like)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if _forbidden(a.name)]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from inside tests/
+                base = f"tests.{base}" if base else "tests"
+            if _forbidden(base):
+                found.append(base)
+            else:  # `from tests import test_x`
+                found += [f"{base}.{a.name}" for a in node.names if _forbidden(f"{base}.{a.name}")]
+    return found
+
+
+def test_no_test_module_imports_another_or_bench() -> None:
+    offenders = {str(p.relative_to(ROOT)): bad for p in sorted((ROOT / "tests").rglob("test_*.py"))
+                 if (bad := forbidden_imports(p.read_text()))}
+    assert offenders == {}
+
+
+@pytest.mark.parametrize("source", [
+    "from tests.test_engine import agent",
+    "from tests import test_engine",
+    "import tests.test_api_routes",
+    "import tests.unit.test_dag as d",
+    "from .test_engine import agent",
+    "from . import test_engine",
+    "from bench.bench_table import main",
+    "import bench",
+    "def f():\n    from tests.test_engine import ledger\n",
+])
+def test_the_import_check_catches_a_test_or_bench_import(source: str) -> None:
+    assert forbidden_imports(source)
+
+
+@pytest.mark.parametrize("source", [
+    "from tests.helpers import agent",
+    "from tests.conftest import Harness",
+    "from tests import helpers",
+    "import tests.procs",
+    "from app.db import tables",
+    "import benchmark_tools",
+])
+def test_the_import_check_lets_helpers_through(source: str) -> None:
+    assert forbidden_imports(source) == []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -17,18 +17,18 @@ from sqlalchemy.exc import DBAPIError
 
 from app.db import queries
 from app.db.session import asyncpg_dsn, make_db_engine, make_session_factory
+from tests.conftest import make_settings, start_harness
+from tests.helpers import agent, until
 from tests.procs import (
     Db,
-    agent,
     assert_durable_outcome,
     cluster,
     owner_pid,
     post_swarm,
     sim_stats,
-    until,
     wait_terminal,
 )
-from tests.support import PG_URL
+from tests.support import PG_BIN, PrivatePostgres, private_postgres, throwaway_db
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
 
@@ -179,14 +179,18 @@ async def test_paused_worker_is_fenced_after_takeover(db_url: str, tmp_path: Pat
 
 
 @pytest.mark.parametrize("step", ["claim", "heartbeat", "group_commit"])
-async def test_a_paused_transaction_cannot_keep_a_swarm_locked(db_url: str, tmp_path: Path,
-                                                              step: str) -> None:
+async def test_a_paused_transaction_cannot_keep_a_swarm_locked(db_url: str, step: str) -> None:
     """A process paused inside one of the engine's transactions holds the swarm's row lock,
     and claims skip locked rows; PostgreSQL ends such a transaction after one lease, so the
     swarm can be taken over (the paused process' commit then fails)."""
     lease = 0.5
-    async with cluster(db_url, tmp_path) as c:
-        swarm_id = (await post_swarm(await c.api(), CHAIN))["id"]
+    api, close_api = await start_harness(make_settings(db_url), run_engine=False)
+    try:  # an API without an engine, in this process: nothing claims the swarm but us
+        r = await api.post(CHAIN)
+        assert r.status_code == 202, r.text
+        swarm_id = r.json()["id"]
+    finally:
+        await close_api()
     engine = make_db_engine(db_url)
     sessions = make_session_factory(engine)
     paused = sessions()
@@ -225,34 +229,37 @@ async def test_a_paused_transaction_cannot_keep_a_swarm_locked(db_url: str, tmp_
         await engine.dispose()
 
 
-def _pg_version() -> str:
-    return sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL server of this module's own: the shared one is never stopped."""
+    with private_postgres() as server:
+        yield server
 
 
-def _pg_ctl(action: str) -> None:
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", _pg_version(), "main",
-                    action], check=True, capture_output=True, timeout=60)
+@pytest.fixture
+def own_db_url(own_server: PrivatePostgres) -> Iterator[str]:
+    with throwaway_db("swarm_outage", server=own_server.url) as url:
+        yield url
 
 
-async def _pg_up() -> bool:
+async def _pg_up(url: str) -> bool:
     try:
-        conn = await asyncpg.connect(asyncpg_dsn(PG_URL), timeout=2)
+        conn = await asyncpg.connect(asyncpg_dsn(url), timeout=2)
     except (OSError, asyncpg.PostgresError):
         return False
     await conn.close()
     return True
 
 
-LOCAL_PG = Path("/etc/postgresql").is_dir() and PG_URL.split("@")[-1].split("/")[0] in (
-    "127.0.0.1:5432", "localhost:5432")
-
-
-@pytest.mark.skipif(not LOCAL_PG, reason="restarts the local PostgreSQL cluster")
+@pytest.mark.skipif(not PG_BIN, reason="needs PostgreSQL's server binaries (initdb, pg_ctl)")
 @pytest.mark.parametrize("outage", ["restart", "down_longer_than_the_lease"])
-async def test_database_restart_during_a_run(db_url: str, tmp_path: Path, outage: str) -> None:
+async def test_database_restart_during_a_run(own_server: PrivatePostgres, own_db_url: str,
+                                             tmp_path: Path, outage: str) -> None:
     """PostgreSQL goes away under a running swarm: restarted (about a second), or stopped for
     twice the lease. The worker rides it out: it keeps (or takes back) its own swarm without a
-    takeover of itself, nothing runs twice, the swarm succeeds."""
+    takeover of itself, nothing runs twice, the swarm succeeds. The server is one of our own
+    (`own_server`), so that the shared one, and whatever else uses it, is never disturbed."""
+    db_url = own_db_url
     db = Db(db_url)
     step = "[[sim latency_ms=600]]"
     # b's call is in flight through the whole outage; a and d are done before it starts
@@ -260,6 +267,10 @@ async def test_database_restart_during_a_run(db_url: str, tmp_path: Path, outage
             "agents": [agent("a", step), agent("d", step),
                        agent("b", "[[sim latency_ms=7000]]", depends_on=["a", "d"]),
                        agent("c", step, depends_on=["b"])]}
+
+    async def server_up() -> bool:
+        return await _pg_up(db_url)
+
     try:
         async with cluster(db_url, tmp_path) as c:
             sim = await c.simulator(latency_ms=20)
@@ -271,12 +282,12 @@ async def test_database_restart_during_a_run(db_url: str, tmp_path: Path, outage
 
             await until(b_running, 15, "b to run")
             if outage == "restart":
-                await asyncio.to_thread(_pg_ctl, "restart")
+                await asyncio.to_thread(own_server.ctl, "restart")
             else:
-                await asyncio.to_thread(_pg_ctl, "stop")
+                await asyncio.to_thread(own_server.ctl, "stop")
                 await asyncio.sleep(4)  # the lease (2 s) runs out while nobody can see it
-                await asyncio.to_thread(_pg_ctl, "start")
-            await until(_pg_up, 30, "PostgreSQL to accept connections")
+                await asyncio.to_thread(own_server.ctl, "start")
+            await until(server_up, 30, "PostgreSQL to accept connections")
             data = await wait_terminal(api, swarm_id, timeout=40)
             assert data["status"] == "succeeded", data["error"]
             assert worker.alive
@@ -285,6 +296,6 @@ async def test_database_restart_during_a_run(db_url: str, tmp_path: Path, outage
             assert (row["lease_epoch"], row["rescues"]) == (1, 0)  # never taken over
             await assert_durable_outcome(db, api, sim, swarm_id)
     finally:
-        if not await _pg_up():
-            await asyncio.to_thread(_pg_ctl, "start")
-            await until(_pg_up, 30, "PostgreSQL to come back")
+        if not await server_up():
+            await asyncio.to_thread(own_server.ctl, "start")
+            await until(server_up, 30, "PostgreSQL to come back")

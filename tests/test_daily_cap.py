@@ -22,6 +22,7 @@ from app.gateway.client import GatewayClient
 from app.runtime import make_scheduler
 from app.simulator import SimulatorConfig, create_simulator
 from tests.conftest import Harness, make_settings, start_harness
+from tests.helpers import until
 
 CAP = Decimal("0.01")
 BIN = Path(sys.executable).parent
@@ -235,11 +236,8 @@ async def test_two_worker_processes_share_the_cap(pg_template: str, tmp_path: Pa
     api, close_api = await start_harness(make_settings(url), run_engine=False)
     try:
         # both workers must be up before the swarms exist, or the first may drive them all
-        for _ in range(300):
-            up = sum("running" in (tmp_path / f"worker{n}.log").read_text() for n in range(2))
-            if up == 2:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: all("running" in (tmp_path / f"worker{n}.log").read_text()
+                                for n in range(2)), 15, "both workers to run")
         ids = [(await api.post(swarm_body(i))).json()["id"] for i in range(8)]
         runs = await _wait_terminal(api.client, ids, procs)
         ledger, daily, left = await totals(api.app.state.sessions)

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.db.session import make_session_factory
 from tests.conftest import Harness, make_settings, start_harness
-from tests.test_api_validation import assert_rejected, error_of, swarm_count
+from tests.helpers import assert_rejected, error_of, swarm_count
 
 NUL, LONE = "\x00", "\udfff"
 

@@ -2,36 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
 from app.db.tables import GatewayCall
 from tests.conftest import Harness
-
-
-def agent(name: str, directives: str = "", **kw: Any) -> dict[str, Any]:
-    return {"name": name, "system_prompt": f"You are {name}. {directives}".strip(), **kw}
-
-
-def by_name(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {s["name"]: s for s in data["subtasks"]}
+from tests.helpers import agent, by_name, ledger, until
 
 
 def ts(value: str) -> datetime:
     return datetime.fromisoformat(value)
-
-
-async def ledger(h: Harness, swarm_id: str) -> list[GatewayCall]:
-    async with h.app.state.sessions() as s:
-        rows = await s.execute(select(GatewayCall).where(GatewayCall.swarm_id == swarm_id)
-                               .order_by(GatewayCall.id))
-        return list(rows.scalars())
 
 
 async def test_fanout_of_100_never_exceeds_concurrency(harness: Harness) -> None:
@@ -175,23 +159,18 @@ async def test_failure_within_tolerance_skips_dependents_and_succeeds(harness: H
     assert data["progress"]["skipped"] == 2 and data["progress"]["failed"] == 1
 
 
-async def _wait_running(h: Harness, swarm_id: str) -> None:
-    for _ in range(200):
-        data = (await h.client.get(f"/swarms/{swarm_id}")).json()
-        if data["progress"]["running"] > 0:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("no subtask started")
-
-
 async def test_cancel_stops_in_flight_calls_within_a_second(harness: Harness) -> None:
     body = {"task": "t", "agents": [agent("fast"), agent("s1", "[[sim latency_ms=20000]]"),
                                     agent("s2", "[[sim latency_ms=20000]]"),
                                     agent("later", depends_on=["s1"])]}
     r = await harness.post(body)
     swarm_id = r.json()["id"]
-    await _wait_running(harness, swarm_id)
-    await asyncio.sleep(0.1)
+
+    async def fast_done_slow_on_the_wire() -> bool:
+        fast = by_name((await harness.client.get(f"/swarms/{swarm_id}")).json())["fast"]
+        return fast["status"] == "succeeded" and (await harness.stats())["in_flight"] == 2
+
+    await until(fast_done_slow_on_the_wire, 4, "fast done, s1 and s2 on the wire", every=0.02)
     t0 = time.monotonic()
     assert (await harness.client.post(f"/swarms/{swarm_id}/cancel")).status_code == 202
     data = await harness.wait(swarm_id, timeout=5)

@@ -14,14 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import (
-    Db,
-    agent,
-    cluster,
-    owner_pid,
-    post_swarm,
-    wait_terminal,
-)
+from tests.helpers import agent
+from tests.procs import Db, cluster, owner_pid, post_swarm, wait_terminal
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
 PING_S = 15  # sse-starlette's default keep-alive interval, used by GET /swarms/{id}/events

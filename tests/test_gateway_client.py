@@ -22,6 +22,7 @@ from app.gateway.client import (
     GatewayRejected,
     GatewayUnavailable,
 )
+from tests.helpers import until
 
 BASE_URL = "http://gateway.test/v1"
 API_KEY = "sk-test-SECRET-0123456789"
@@ -498,8 +499,8 @@ async def test_calls_spread_over_lazily_created_small_pools(
         release.clear()
         assert len(pools) == 1
         calls = [asyncio.create_task(client.complete(REQUEST)) for _ in range(12)]
-        while sum(len(served) for _, served in pools) < 13:
-            await asyncio.sleep(0.01)
+        await until(lambda: sum(len(served) for _, served in pools) >= 13, 10,
+                    "13 requests held by the pools", every=0.01)
         release.set()
         await asyncio.gather(*calls)
     finally:

@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import Db, agent, cluster
+from tests.helpers import agent
+from tests.procs import Db, cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
 N = 20

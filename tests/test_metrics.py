@@ -3,7 +3,6 @@ several processes, and the worker's own metrics port."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
@@ -18,6 +17,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Harness
+from tests.helpers import agent, subtask_running, until
 
 BIN = Path(sys.executable).parent
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -43,10 +43,6 @@ SPEC: dict[str, tuple[str, set[str]]] = {
 SECRET_TASK = "metrics-task-do-not-label-me"
 
 
-def agent(name: str, directives: str = "") -> dict[str, Any]:
-    return {"name": name, "system_prompt": f"You are {name}. {directives}".strip()}
-
-
 async def run_a_few(h: Harness) -> list[str]:
     bodies: list[dict[str, Any]] = [
         {"task": SECRET_TASK, "agents": [agent("a"), agent("b", "[[sim finish=length]]")]},
@@ -58,7 +54,7 @@ async def run_a_few(h: Harness) -> list[str]:
     ids = [(await h.run(b))["id"] for b in bodies]
     r = await h.post({"task": SECRET_TASK, "agents": [agent("slow", "[[sim latency_ms=5000]]")]})
     ids.append(r.json()["id"])
-    await asyncio.sleep(0.2)
+    await until(lambda: subtask_running(h, ids[-1]), 10, "the slow agent to run")
     assert (await h.client.post(f"/swarms/{ids[-1]}/cancel")).status_code == 202
     assert (await h.wait(ids[-1]))["status"] == "cancelled"
     await h.client.get(f"/swarms/{ids[0]}/events")

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from tests.conftest import Harness, make_settings, start_harness
+from tests.helpers import BODY, SLOW, sse_events
 from tests.procs import cluster, wait_http
 from tests.support import free_port
-from tests.test_api_routes import BODY, SLOW
 
 ERROR_REF = "#/components/schemas/ErrorResponse"
 OPENAI_ERROR_REF = "#/components/schemas/OpenAIError"  # the /v1 facade speaks OpenAI's shape
@@ -158,23 +158,6 @@ def test_validator_rejects_what_it_should() -> None:
     assert schema_errors(doc, ref, {"a": 1, "c": ["z"]})  # enum
     assert schema_errors(doc, ref, {"a": 1, "zzz": 1})  # undocumented key
     assert schema_errors(doc, ref, [])
-
-
-def parse_sse(text: str) -> list[dict[str, str]]:
-    """Events of a text/event-stream body as the HTML spec parses them (comments skipped)."""
-    events = []
-    for block in text.replace("\r\n", "\n").split("\n\n"):
-        event: dict[str, str] = {}
-        for line in block.split("\n"):
-            if not line or line.startswith(":"):
-                continue
-            name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            event[name] = event[name] + "\n" + value if name == "data" and name in event \
-                else value
-        if "data" in event:
-            events.append(event)
-    return events
 
 
 def test_event_schema_rejects_what_it_should() -> None:
@@ -409,7 +392,7 @@ async def test_every_answer_matches_what_the_document_declares(live: Harness) ->
             errors = schema_errors(doc, content[media]["schema"], r.json())
             assert errors == [], f"{where}: {errors}"
         if media == "text/event-stream":
-            events = parse_sse(r.text)
+            events = sse_events(r.text)
             assert events, where
             for event in events:  # each event, as a schema-aware SSE client checks it
                 schema = content[media]["schema"]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Harness, make_settings, start_harness
-from tests.test_engine import ledger
+from tests.helpers import ledger
 
 
 def subs_by_name(data: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -13,13 +13,10 @@ import pytest
 from app.gateway import client as gateway_client
 from app.pricing import PriceTable
 from tests.conftest import Harness, make_settings, start_harness
+from tests.helpers import agent
 
 KEYS = {"alpha": "key-alpha", "beta": "key-beta"}
 POISON = "[[sim poison=1]]"
-
-
-def agent(name: str, directives: str = "", **kw: Any) -> dict[str, Any]:
-    return {"name": name, "system_prompt": f"You are {name}. {directives}".strip(), **kw}
 
 
 def auth(tenant: str) -> dict[str, str]:

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.procs import Db, agent, cluster, post_swarm, until
+from tests.helpers import agent, until
+from tests.procs import Db, cluster, post_swarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(150)]
 

@@ -19,8 +19,8 @@ import pytest
 from app.db.tables import TenantDailySpend
 from app.tenants import TenantLimits, TenantTable
 from tests.conftest import Harness, make_settings, start_harness
+from tests.helpers import error_of, until
 from tests.support import CLI
-from tests.test_api_validation import error_of
 
 KEYS = {"a": {"Authorization": "Bearer ka"}, "b": {"Authorization": "Bearer kb"}}
 ONE = {"task": "t", "agents": [{"name": "a"}], "synthesis": {"strategy": "none"}}
@@ -271,10 +271,8 @@ async def test_streams_per_tenant(queued: Harness) -> None:
     swarm_id = (await post(h, "a")).json()["id"]
     held = asyncio.create_task(h.client.get(f"/swarms/{swarm_id}", params={"wait": 2},
                                             headers=KEYS["a"]))
-    for _ in range(200):
-        if h.app.state.stream_slots.open.get("a"):
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: h.app.state.stream_slots.open.get("a"), 2, "a's held stream",
+                every=0.01)
     r = await h.client.get(f"/swarms/{swarm_id}", params={"wait": 1}, headers=KEYS["a"])
     assert error_of(r, 429, "quota_exceeded")["details"]["limit"] == "max_streams"
     assert r.headers["retry-after"] == "1"

@@ -15,9 +15,7 @@ from sqlalchemy import select
 from app.db.retry_copy import DEFINITION, copy_columns
 from app.db.tables import Subtask
 from tests.conftest import Harness, make_settings, start_harness
-from tests.test_api_routes import read_events
-from tests.test_api_validation import error_of
-from tests.test_engine import agent, by_name, ledger
+from tests.helpers import agent, by_name, error_of, ledger, read_events
 
 FLAKY_400 = "[[sim when=flaky fail=400]]"  # a non-retryable 400 while the flag is set
 TERMINAL = ("succeeded", "failed", "cancelled")

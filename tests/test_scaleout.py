@@ -12,15 +12,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers import agent, until
 from tests.procs import (
     Db,
-    agent,
     assert_durable_outcome,
     cluster,
     owner_pid,
     post_swarm,
     sim_stats,
-    until,
     wait_terminal,
 )
 

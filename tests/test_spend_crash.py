@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import agent
 from tests.procs import (
     Cluster,
     Db,
     Proc,
-    agent,
     answered_usd,
     cluster,
     owner_pid,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 
 from sqlalchemy import select, update
@@ -11,6 +10,7 @@ from app.db import queries
 from app.db.tables import Event, Subtask, Swarm
 from app.db.types import utcnow
 from tests.conftest import make_settings, start_harness
+from tests.helpers import until
 
 BODY = {"task": "t", "agents": [{"name": "a"}, {"name": "b"}]}
 
@@ -59,7 +59,13 @@ async def test_cancel_of_a_claimed_queued_swarm_is_delivered_to_its_owner(
         assert r.json()["status"] == "queued"  # not cancelled behind its owner's back
     finally:
         await close()
-    await asyncio.sleep(0.6)  # the owner died: its lease expires
+    async def lease_expired() -> bool:  # the owner died: its lease runs out
+        async with h.app.state.sessions() as s:
+            expires = (await s.execute(select(Swarm.lease_expires_at)
+                                       .where(Swarm.id == swarm_id))).scalar_one()
+            return bool(expires < await queries.db_now(s))
+
+    await until(lease_expired, 5, "the ghost's lease to expire")
     h2, close2 = await start_harness(settings)
     try:
         data = await h2.wait(swarm_id, timeout=10)

@@ -28,7 +28,7 @@ from app.db.tables import (
     TenantDailySpend,
 )
 from tests.conftest import Harness, make_settings, start_harness
-from tests.test_budget_property import MODELS_TOML
+from tests.helpers import MODELS_TOML
 
 GLOBAL_CAP = Decimal("0.05")
 CAPS = {"t1": Decimal("0.006"), "t2": Decimal("0.02"), "t3": None}  # t3: only the global cap

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Harness, make_settings, start_harness
+from tests.helpers import PROPERTY, check_budget, swarms
 from tests.mcp_servers import HttpServer, write_config
-from tests.test_budget_property import PROPERTY, check, swarms
 
 MODELS = ("deepseek-v3.2", "kimi-k2.5", "deepseek-v3.2", "gemini-2.5-flash", "gpt-4.1")
 
@@ -42,4 +42,4 @@ async def test_turns_never_overspend(tooled: Harness, body: dict[str, Any],
         if n:  # n tool turns, then the answer: n + 1 reservations, each on a longer prompt
             agent.update(tools=["web.lookup", "web.read_file"], max_turns=n + 1)
             agent["system_prompt"] += f" [[sim turns={n}]]"
-    await check(tooled, body)
+    await check_budget(tooled, body)

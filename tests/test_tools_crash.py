@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers import until
 from tests.mcp_servers import HttpServer, counts, free_port, stdio_server, write_config
-from tests.procs import Cluster, Db, Proc, cluster, post_swarm, until, wait_http, wait_terminal
+from tests.procs import Cluster, Db, Proc, cluster, post_swarm, wait_http, wait_terminal
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(300)]
 

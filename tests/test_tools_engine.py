@@ -15,8 +15,8 @@ import pytest
 
 from app.db import queries
 from tests.conftest import Harness, make_settings, start_harness
+from tests.helpers import until
 from tests.mcp_servers import HttpServer, calls, counts, max_in_flight, stdio_server, write_config
-from tests.procs import until
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,9 @@ from app.gateway.client import GatewayClient
 from app.main import create_app
 from app.simulator import SimulatorConfig, create_simulator
 from tests.conftest import make_settings, start_harness
+from tests.helpers import agent, until
 from tests.mcp_servers import stdio_server, write_config
-from tests.procs import agent, cluster, until, wait_terminal
+from tests.procs import cluster, wait_terminal
 from tests.support import free_port
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -18,6 +18,7 @@ from app.webhook_policy import SIGNATURE_HEADER as SIGNATURE
 from app.webhook_policy import sign, webhook_secret
 from app.webhooks import WebhookDispatcher
 from tests.conftest import Harness, make_settings, start_harness
+from tests.helpers import until
 
 SECRET = "whsec-test"
 
@@ -51,14 +52,13 @@ async def flaky(database_url: str) -> AsyncIterator[tuple[Harness, Receiver]]:
 
 
 async def _attempts(h: Harness, swarm_id: str, n: int) -> list[WebhookAttempt]:
-    for _ in range(200):
+    async def rows() -> list[WebhookAttempt] | None:
         async with h.app.state.sessions() as s:
-            rows = list((await s.execute(select(WebhookAttempt).where(
+            found = list((await s.execute(select(WebhookAttempt).where(
                 WebhookAttempt.swarm_id == swarm_id).order_by(WebhookAttempt.attempt))).scalars())
-        if len(rows) >= n:
-            return rows
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"only {len(rows)} webhook attempts")
+        return found if len(found) >= n else None
+
+    return await until(rows, 10, f"{n} webhook attempts")
 
 
 async def test_terminal_swarm_is_posted_signed_and_retried_until_2xx(
@@ -152,12 +152,12 @@ async def test_delivery_gives_up_after_an_hour(database_url: str) -> None:
         async with h.app.state.sessions() as s, s.begin():
             hook = (await s.execute(select(Webhook))).scalar_one()
             hook.created_at = hook.created_at.replace(year=hook.created_at.year - 1)
-        for _ in range(200):
+        async def settled() -> Webhook | None:
             async with h.app.state.sessions() as s:
                 hook = (await s.execute(select(Webhook))).scalar_one()
-            if hook.state != "pending":
-                break
-            await asyncio.sleep(0.05)
+            return hook if hook.state != "pending" else None
+
+        hook = await until(settled, 10, "the webhook to leave pending")
         assert hook.state == "failed" and hook.finished_at is not None
     finally:
         await close()
@@ -388,10 +388,7 @@ async def test_each_tenant_is_signed_with_its_own_secret(sqlite_url: str) -> Non
             assert (await h.client.post(f"/swarms/{r.json()['id']}/cancel",
                                         headers=auth)).status_code == 202
         hooks.start()
-        for _ in range(200):
-            if len(receiver.requests) >= 2:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: len(receiver.requests) >= 2, 10, "both deliveries")
     finally:
         await hooks.stop()
         await close()

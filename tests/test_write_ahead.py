@@ -4,10 +4,8 @@ decode (10,000 levels of nesting) are bad answers, never a crash. SQLite and Pos
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, timedelta
 from decimal import Decimal
-from typing import Any
 
 import httpx
 import pytest
@@ -20,26 +18,16 @@ from app.db.types import utcnow
 from app.gateway.client import ChatRequest, GatewayClient
 from app.pricing import PriceTable
 from tests.conftest import Harness, make_settings, start_harness
+from tests.helpers import agent, until
 
 PRICES = PriceTable.builtin()
 SLOW = "[[sim latency_ms=1500]]"
-
-
-def agent(name: str, directives: str = "", **kw: Any) -> dict[str, Any]:
-    return {"name": name, "system_prompt": f"You are {name}. {directives}".strip(), **kw}
 
 
 async def rows(h: Harness, swarm_id: str) -> list[GatewayCall]:
     async with h.app.state.sessions() as s:
         return list((await s.execute(select(GatewayCall).where(GatewayCall.swarm_id == swarm_id)
                                      .order_by(GatewayCall.attempt))).scalars())
-
-
-async def until(probe: Any, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await probe():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 def unknown_count(model: str = "kimi-k2.5") -> float:
@@ -59,7 +47,7 @@ async def test_an_attempt_is_in_the_ledger_before_it_is_sent(harness: Harness) -
     async def on_the_wire() -> bool:
         return bool(harness.sim_stats.in_flight)
 
-    await until(on_the_wire)
+    await until(on_the_wire, 10, "the call on the wire", every=0.02)
     # the gateway has the request: its row was committed before it was sent
     (ahead,) = await rows(harness, swarm_id)
     assert (ahead.outcome, ahead.attempt, ahead.cost_usd) == ("in_flight", 1, Decimal(0))
@@ -140,7 +128,7 @@ async def test_a_call_cut_off_by_a_cancel_is_recorded_at_its_reservation(harness
     async def on_the_wire() -> bool:
         return bool(harness.sim_stats.in_flight)
 
-    await until(on_the_wire)
+    await until(on_the_wire, 10, "the call on the wire", every=0.02)
     assert (await harness.client.post(f"/swarms/{swarm_id}/cancel")).status_code == 202
     data = await harness.wait(swarm_id)
     assert data["status"] == "cancelled"

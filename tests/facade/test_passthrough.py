@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.facade.conftest import Facade, start_facade
-from tests.procs import until
+from tests.helpers import until
 
 PLAIN = {"model": "deepseek-v3.2", "max_tokens": 300,
          "messages": [{"role": "system", "content": "Be brief."},
