@@ -277,10 +277,14 @@ async def test_database_restart_during_a_run(own_server: PrivatePostgres, own_db
             api, worker = await asyncio.gather(c.api(), c.worker("worker"))
             swarm_id = (await post_swarm(api, body))["id"]
 
-            async def b_running() -> bool:
-                return (await subtask_status(db, swarm_id))["b"] == "running"
+            async def b_on_the_wire() -> bool:
+                # at the gateway, not only `running` in the database: the attempt is written
+                # ahead before it is sent, and an outage during that write is not this test's
+                stats = await sim_stats(sim)
+                return bool(stats["in_flight"] == 1 and f"{swarm_id}:b:1" in stats["by_key"])
 
-            await until(b_running, 15, "b to run")
+            await until(b_on_the_wire, 15, "b's call at the gateway")
+            assert (await subtask_status(db, swarm_id))["b"] == "running"
             if outage == "restart":
                 await asyncio.to_thread(own_server.ctl, "restart")
             else:
