@@ -6,10 +6,13 @@
 - `AdmissionDep`: the same plus `max_active_swarms`, for routes that create a swarm; its
   `swarm(body)` then applies the body's quotas (`max_agents`, `max_budget_usd`,
   `default_budget_usd`).
+- `AdmissionInInsertDep`: the same checks, run by the route inside its insert's transaction
+  (`check_in`): `POST /swarms` is one transaction.
 - `WaitSlotDep` / `StreamSlotDep`: a `max_streams` slot for `?wait=` and SSE readers.
 
-They run before the route stores anything, in one transaction of their own: a refusal rolls
-back the token it took, so a refused request leaves no trace but the metric.
+They run before the route stores anything, in one transaction of their own (or, with
+`check_in`, in the route's insert transaction): a refusal rolls back the token it took, so a
+refused request leaves no trace but the metric.
 """
 
 from __future__ import annotations
@@ -57,6 +60,13 @@ class Admission:
         async with session.begin():
             await _check_active(session, self.tenant, self.limits)
 
+    async def check_in(self, session: AsyncSession, inserted: int = 1) -> None:
+        """The bucket, `max_active_swarms` and the daily cap inside the caller's transaction,
+        after it inserted `inserted` swarms: a refusal rolls the insert back with the token,
+        and the bucket's row lock is held only from here to the commit."""
+        if not _nothing_to_check(self.limits, count_swarms=True):
+            await _checks(session, self.tenant, self.limits, count_swarms=True, own=inserted)
+
     def check_budget(self, budget: Decimal | str | None) -> None:
         """422 for a `limits.budget_usd` above the tenant's `max_budget_usd`."""
         top = self.limits.max_budget_usd
@@ -94,41 +104,53 @@ class Admission:
         return body
 
 
-async def _check_active(session: AsyncSession, tenant: str, limits: TenantLimits) -> None:
+async def _check_active(session: AsyncSession, tenant: str, limits: TenantLimits,
+                        own: int = 0) -> None:
+    """`own`: swarms this transaction already inserted (counted, but not against it)."""
     if limits.max_active_swarms is None:
         return
-    active = await quotas.active_swarms(session, tenant)
+    active = await quotas.active_swarms(session, tenant) - own
     if active >= limits.max_active_swarms:
         raise _refuse("max_active_swarms",
                       f"{active} swarms active; the limit is {limits.max_active_swarms}",
                       ACTIVE_RETRY_S, max=limits.max_active_swarms, count=active)
 
 
+def _nothing_to_check(limits: TenantLimits, count_swarms: bool) -> bool:
+    return (limits.refill_per_s is None and limits.daily_budget_usd is None
+            and not (count_swarms and limits.max_active_swarms is not None))
+
+
+async def _checks(session: AsyncSession, tenant: str, limits: TenantLimits,
+                  count_swarms: bool, own: int = 0) -> None:
+    """The bucket, the active swarms and the daily cap, in the caller's transaction."""
+    size, rate = limits.bucket_size, limits.refill_per_s
+    if size is not None and rate is not None:
+        # first: the row lock serialises this tenant's admissions across replicas
+        wait = await quotas.take_token(session, tenant, size, rate)
+        if wait is not None:
+            raise _refuse("requests_per_minute",
+                          f"over {limits.requests_per_minute:g} requests per minute",
+                          wait, code="rate_limited",
+                          requests_per_minute=limits.requests_per_minute, burst=int(size))
+    if count_swarms:
+        await _check_active(session, tenant, limits, own)
+    cap = limits.daily_budget_usd
+    if cap is not None:
+        now, day = await quotas.today(session)
+        spent = await quotas.tenant_spent(session, tenant, day)
+        if spent >= cap:
+            raise _refuse("daily_budget_usd", f"today's budget of {cap} USD is spent",
+                          quotas.seconds_to_midnight(now), max=str(cap),
+                          spent=str(spent))
+
+
 async def _admit(session: AsyncSession, tenant: str, limits: TenantLimits,
                  count_swarms: bool) -> None:
-    size, rate = limits.bucket_size, limits.refill_per_s
-    if (rate is None and limits.daily_budget_usd is None
-            and not (count_swarms and limits.max_active_swarms is not None)):
+    if _nothing_to_check(limits, count_swarms):
         return  # nothing to check: no transaction either
     async with session.begin():
-        if size is not None and rate is not None:
-            # first: the row lock serialises this tenant's admissions across replicas
-            wait = await quotas.take_token(session, tenant, size, rate)
-            if wait is not None:
-                raise _refuse("requests_per_minute",
-                              f"over {limits.requests_per_minute:g} requests per minute",
-                              wait, code="rate_limited",
-                              requests_per_minute=limits.requests_per_minute, burst=int(size))
-        if count_swarms:
-            await _check_active(session, tenant, limits)
-        cap = limits.daily_budget_usd
-        if cap is not None:
-            now, day = await quotas.today(session)
-            spent = await quotas.tenant_spent(session, tenant, day)
-            if spent >= cap:
-                raise _refuse("daily_budget_usd", f"today's budget of {cap} USD is spent",
-                              quotas.seconds_to_midnight(now), max=str(cap),
-                              spent=str(spent))
+        await _checks(session, tenant, limits, count_swarms)
 
 
 async def _replayed(request: Request, session: AsyncSession, tenant: str,
@@ -238,11 +260,19 @@ class StreamGate:
         return self.slots.take(self.tenant, self.limit)
 
 
-def stream_gate(request: Request, tenant: TenantDep, settings: SettingsDep) -> StreamGate:
+async def stream_gate(request: Request, tenant: TenantDep,
+                      settings: SettingsDep) -> StreamGate:
     return StreamGate(stream_slots(request), tenant, settings.tenant_limits(tenant).max_streams)
 
 
+async def admit_in_insert(tenant: TenantDep, settings: SettingsDep) -> Admission:
+    """For a route that runs `Admission.check_in` in its own insert's transaction: nothing
+    here (no transaction of its own; a replayed Idempotency-Key never gets that far)."""
+    return Admission(tenant, settings.tenant_limits(tenant), settings.max_agents)
+
+
 AdmissionDep = Annotated[Admission, Depends(admit)]
+AdmissionInInsertDep = Annotated[Admission, Depends(admit_in_insert)]
 RateLimitDep = Annotated[Admission, Depends(rate_limit)]
 WaitSlotDep = Annotated[None, Depends(wait_slot)]
 StreamGateDep = Annotated[StreamGate, Depends(stream_gate)]

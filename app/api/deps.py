@@ -18,7 +18,12 @@ from app.tools.registry import ToolRegistry
 DEFAULT_TENANT = "default"
 
 
-def get_settings(request: Request) -> Settings:
+# Every dependency is `async def`, even those that only read app.state: FastAPI runs a plain
+# `def` dependency in its thread pool, a thread hop (and a wait for a free thread under load)
+# per dependency per request (bench/RESULTS.md, "Creation")
+
+
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
@@ -28,13 +33,13 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
         yield session
 
 
-def get_tenant(
+async def get_tenant(
     request: Request,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> str:
     """The caller's tenant from `Authorization: Bearer <key>`; everyone is one tenant when
     SWARM_API_KEYS is empty."""
-    settings = get_settings(request)
+    settings: Settings = request.app.state.settings
     if not settings.auth_enabled:
         return DEFAULT_TENANT
     scheme, _, token = (authorization or "").partition(" ")
@@ -46,17 +51,17 @@ def get_tenant(
     raise Unauthorized("invalid API key")
 
 
-def get_engine(request: Request) -> Scheduler | None:
+async def get_engine(request: Request) -> Scheduler | None:
     engine: Scheduler | None = request.app.state.engine
     return engine
 
 
-def get_tools(request: Request) -> ToolRegistry | None:
+async def get_tools(request: Request) -> ToolRegistry | None:
     tools: ToolRegistry | None = request.app.state.tools
     return tools
 
 
-def get_notifier(request: Request) -> SwarmNotifier:
+async def get_notifier(request: Request) -> SwarmNotifier:
     notifier: SwarmNotifier = request.app.state.notifier
     return notifier
 

@@ -14,7 +14,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 
 from app import tracing
-from app.api.admission import AdmissionDep, StreamGateDep, WaitSlotDep
+from app.api.admission import AdmissionInInsertDep, StreamGateDep, WaitSlotDep
 from app.api.deps import EngineDep, NotifierDep, SessionDep, SettingsDep, TenantDep, ToolsDep
 from app.api.errors import error_responses
 from app.api.follow import follow_events
@@ -57,7 +57,7 @@ SWARM_LINKS = _links(("GetSwarm", "get", ""), ("CancelSwarm", "post", "~1cancel"
 )
 async def create_swarm(body: SwarmCreate, response: Response, session: SessionDep,
                        tenant: TenantDep, settings: SettingsDep, engine: EngineDep,
-                       tools: ToolsDep, admission: AdmissionDep,
+                       tools: ToolsDep, admission: AdmissionInInsertDep,
                        idempotency_key: IdempotencyKey = None,
                        traceparent: TraceParent = None) -> SwarmRead:
     """Validate, store the swarm and its subtasks in one transaction, and queue it."""
@@ -67,24 +67,26 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
     if body.webhook_url is not None:
         await check_webhook_url(body.webhook_url, settings, tenant)
     local = engine if engine is not None and engine.has_capacity() else None
-    epoch = 0
+    position: int | None = None
 
     async def insert(s: AsyncSession) -> None:
-        nonlocal epoch
-        await queries.insert_swarm(s, new.swarm, new.subtasks)
-        if local is not None:  # this process runs it: claim now, skip wake-up and reload
-            epoch = await queries.claim_new(s, new.swarm.id, local.owner, settings.lease_seconds)
+        # one transaction: the rows, the NOTIFY, the local claim, the queue position, then the
+        # tenant's quotas (a refusal rolls it all back); the answer is built from what it
+        # inserted, nothing is read back
+        nonlocal position
+        position = await queries.insert_swarm(
+            s, new.swarm, new.subtasks, claim_for=local.owner if local else None,
+            lease_s=settings.lease_seconds, position=True)
+        await admission.check_in(s)
 
     if seen := await insert_once(session, response, tenant, idempotency_key, request_hash(body),
                                  settings.idempotency_ttl_s, insert):
         return seen
     response.headers["Location"] = f"/swarms/{new.swarm.id}"
-    # answer from what was just committed; only the queue position needs the database
-    async with session.begin():
-        position = await queries.queue_position(session, new.swarm)
     view = swarm_read(new.swarm, new.subtasks, queue_position=position)
-    if local is not None:
-        local.adopt(new.swarm, new.subtasks, epoch)  # after the view: the runner mutates rows
+    if local is not None:  # this process runs it: no wake-up, no reload
+        # after the view: the runner mutates rows
+        local.adopt(new.swarm, new.subtasks, new.swarm.lease_epoch)
     elif engine is not None:
         engine.wake()
     return view

@@ -1,0 +1,262 @@
+"""Creation: `POST /swarms` (1-agent swarms) under many concurrent clients and from one client,
+with the engine in the process and without (`serve --no-engine`), optionally for several builds
+of `swarm-api` back to back (an A/B in one run on a noisy machine), optionally profiled.
+
+    .venv/bin/python -m bench.bench_create [--clients 200] [--each 10] [--single 200]
+        [--cli base=/path/to/old/.venv/bin/swarm-api] [--cli new=.venv/bin/swarm-api]
+        [--modes engine,api] [--rounds 1] [--workers N] [--profile DIR]
+
+Every (build, mode) gets its own throwaway PostgreSQL database and `serve` process, started and
+stopped in turn (never two at once), with `BENCH_TENANTS` as SWARM_TENANTS_FILE (SPEC §8's
+rate, active-swarm and daily limits lifted: a 429 would measure the token bucket, not the API;
+`--checked`: every key set but none reached, so each request pays for the quota checks).
+Errors are counted by kind: an HTTP status other than 202, or the httpx exception.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support import free_port, throwaway_db, wait_http
+
+CLI = str(Path(sys.executable).with_name("swarm-api"))
+PY_SPY = Path(sys.executable).with_name("py-spy")
+# SPEC §8 without the limits a load test would measure instead of the API: no token bucket
+# (600 requests/min would refuse most of it with 429), no active-swarm count or daily cap;
+# budgets and per-process caps as SPEC's defaults
+BENCH_TENANTS = """[defaults]
+max_agents = 1000
+max_inflight_calls = 256
+default_budget_usd = "10"
+max_budget_usd = "100"
+max_streams = 10000
+"""
+# every SPEC §8 key set, none reached: each request pays for the bucket, the count, the cap
+CHECKED_TENANTS = """[defaults]
+requests_per_minute = 100000000
+burst = 10000000
+max_active_swarms = 10000000
+max_agents = 1000
+max_inflight_calls = 256
+default_budget_usd = "10"
+max_budget_usd = "100"
+daily_budget_usd = "1000000"
+max_streams = 10000
+"""
+BODY: dict[str, Any] = {"task": "benchmark", "agents": [
+    {"name": "agent_0", "system_prompt": "You are agent 0. [[sim latency_ms=0]]"}],
+    "synthesis": {"strategy": "none"}, "max_tokens": 200,
+    "limits": {"concurrency": 1, "deadline_s": 600}}
+
+
+def tenants_file(work: Path, text: str = BENCH_TENANTS) -> Path:
+    path = work / f"bench-tenants-{abs(hash(text))}.toml"
+    path.write_text(text)
+    return path
+
+
+async def post_load(api: str, clients: int, each: int,
+                    body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`clients` concurrent callers (one connection each), each POSTing `each` swarms in a
+    row: creations/s, p50/p99 latency, and the errors by kind."""
+    lat: list[float] = []
+    errors: Counter[str] = Counter()
+    body = body or BODY
+
+    async def caller() -> None:
+        async with httpx.AsyncClient(base_url=api, timeout=60) as c:
+            for _ in range(each):
+                t0 = time.perf_counter()
+                try:
+                    r = await c.post("/swarms", json=body)
+                    if r.status_code != 202:
+                        errors[f"HTTP {r.status_code}"] += 1
+                except httpx.HTTPError as exc:
+                    errors[type(exc).__name__] += 1
+                lat.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(clients)))
+    wall = time.perf_counter() - t0
+    lat.sort()
+    return {"per_s": clients * each / wall, "p50": lat[len(lat) // 2],
+            "p99": lat[max(int(len(lat) * 0.99) - 1, 0)], "errors": sum(errors.values()),
+            "kinds": dict(errors)}
+
+
+def errors_cell(result: dict[str, Any]) -> str:
+    if not result["errors"]:
+        return "0 errors"
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(result["kinds"].items(),
+                                                    key=lambda kv: -kv[1]))
+    return f"{result['errors']} errors ({kinds})"
+
+
+@contextlib.contextmanager
+def serve(cli: str, args: list[str], env: dict[str, str], url: str,
+          log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("w") as out:
+        proc = subprocess.Popen([cli, "serve", *args], env={**os.environ, **env}, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=log.parent)
+        try:
+            wait_http(f"{url}/readyz", timeout=60)
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@contextlib.contextmanager
+def profiled(pid: int, out: Path | None) -> Iterator[None]:
+    """py-spy (sampling, collapsed stacks) on `pid` for the block; nothing when out is None."""
+    if out is None:
+        yield
+        return
+    spy = subprocess.Popen([str(PY_SPY), "record", "-p", str(pid), "-f", "raw", "-r", "200",
+                            "--gil", "-o", str(out)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the load starts
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
+
+
+def top_frames(raw: Path, n: int = 12) -> list[tuple[str, float, float]]:
+    """(frame, self %, inclusive %) of a py-spy raw profile (`--gil`: samples of the thread
+    holding the GIL, i.e. Python CPU), by self time."""
+    own: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        k = int(count)
+        total += k
+        frames = stack.split(";")
+        own[frames[-1]] += k
+        for f in set(frames):
+            incl[f] += k
+    return [(f, 100 * k / total, 100 * incl[f] / total) for f, k in own.most_common(n)]
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(url: str, clients: int, each: int, single: int, pid: int,
+                  profile: Path | None) -> dict[str, dict[str, Any]]:
+    await post_load(url, 10, 5)  # warm-up: connections, caches, first rows
+    with profiled(pid, profile and profile.with_suffix(".load.raw")):
+        c0 = cpu_s(pid)
+        load = await post_load(url, clients, each)
+        load["cpu_ms"] = (cpu_s(pid) - c0) * 1000 / (clients * each)
+    with profiled(pid, profile and profile.with_suffix(".single.raw")):
+        c0 = cpu_s(pid)
+        one = await post_load(url, 1, single)
+        one["cpu_ms"] = (cpu_s(pid) - c0) * 1000 / single
+    return {"load": load, "single": one}
+
+
+def run(label: str, cli: str, mode: str, args: argparse.Namespace,
+        work: Path) -> dict[str, dict[str, Any]]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    extra = ["--no-engine"] if mode == "api" else []
+    if args.workers:
+        extra += ["--workers", str(args.workers)]
+    with throwaway_db("swarm_bench") as db:
+        tenants = tenants_file(work, CHECKED_TENANTS if args.checked else BENCH_TENANTS)
+        env = {"SWARM_DATABASE_URL": db, "SWARM_GATEWAY_URL": args.sim,
+               "SWARM_TENANTS_FILE": str(tenants), "SWARM_MAX_INFLIGHT": "256",
+               "SWARM_MAX_RUNNING_SWARMS": "64"}
+        with serve(cli, ["--port", str(port), *extra], env, url,
+                   work / f"{label}-{mode}.log") as proc:
+            prof = Path(args.profile) / f"{label}-{mode}" if args.profile else None
+            return asyncio.run(measure(url, args.clients, args.each, args.single, proc.pid,
+                                       prof))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=200)
+    ap.add_argument("--each", type=int, default=10)
+    ap.add_argument("--single", type=int, default=200)
+    ap.add_argument("--cli", action="append", default=[],
+                    help="label=path of a swarm-api to measure (repeatable)")
+    ap.add_argument("--modes", default="engine,api")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--checked", action="store_true",
+                    help="every SPEC §8 quota set (none reached): admission's cost included")
+    ap.add_argument("--profile", default="", help="directory for py-spy raw profiles")
+    args = ap.parse_args()
+    builds = {k: str(Path(v).absolute()) for k, v in (c.split("=", 1) for c in args.cli)} \
+        or {"this": CLI}
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-create-"))
+    sim_port = free_port()
+    args.sim = f"http://127.0.0.1:{sim_port}/v1"
+    got: dict[tuple[str, str], list[dict[str, dict[str, Any]]]] = {}
+    with subprocess.Popen([CLI, "simulator", "--port", str(sim_port)],
+                          env={**os.environ, "SWARM_SIM_LATENCY_MS": "0"},
+                          stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT) as sim:
+        try:
+            wait_http(f"{args.sim}/models")
+            for r in range(args.rounds):
+                order = list(builds.items()) if r % 2 == 0 else list(reversed(builds.items()))
+                for mode in args.modes.split(","):
+                    for label, cli in order:
+                        res = run(label, cli, mode, args, work)
+                        got.setdefault((label, mode), []).append(res)
+                        print(f"{label:>6} {mode:>6}: load {res['load']['per_s']:.0f}/s p50 "
+                              f"{res['load']['p50'] * 1000:.0f} ms p99 "
+                              f"{res['load']['p99'] * 1000:.0f} ms {errors_cell(res['load'])}"
+                              f" cpu {res['load']['cpu_ms']:.1f} ms/req"
+                              f" | one client p50 {res['single']['p50'] * 1000:.1f} ms "
+                              f"({res['single']['per_s']:.0f}/s) cpu "
+                              f"{res['single']['cpu_ms']:.1f} ms/req", flush=True)
+        finally:
+            sim.terminate()
+    print(f"\nmedians over {args.rounds} round(s), {args.clients} clients x {args.each}, "
+          f"one client x {args.single}; load average {os.getloadavg()[0]:.1f}")
+    for (label, mode), runs in got.items():
+        med = {k: statistics.median(x["load"][k] for x in runs) for k in ("per_s", "p50",
+                                                                           "p99")}
+        one = statistics.median(x["single"]["p50"] for x in runs)
+        errs = sum(x["load"]["errors"] for x in runs)
+        print(f"| {label} | {mode} | {med['per_s']:.0f}/s | {med['p50'] * 1000:.0f} ms | "
+              f"{med['p99'] * 1000:.0f} ms | {errs} | {one * 1000:.1f} ms |")
+    if args.profile:
+        for raw in sorted(Path(args.profile).glob("*.raw")):
+            print(f"\n{raw.name}:")
+            for frame, own, incl in top_frames(raw):
+                print(f"  {own:5.1f}% self {incl:5.1f}% incl  {frame}")
+
+
+if __name__ == "__main__":
+    main()
