@@ -53,6 +53,7 @@ class Admission:
     tenant: str
     limits: TenantLimits
     max_agents: int  # SWARM_MAX_AGENTS
+    checked: bool = True  # the dependency took the token (else the route's `check_in` does)
 
     async def check_active(self, session: AsyncSession) -> None:
         """`max_active_swarms`, for a route admitted by RateLimitDep that turns out to create
@@ -63,8 +64,9 @@ class Admission:
     async def check_in(self, session: AsyncSession, inserted: int = 1) -> None:
         """The bucket, `max_active_swarms` and the daily cap inside the caller's transaction,
         after it inserted `inserted` swarms: a refusal rolls the insert back with the token,
-        and the bucket's row lock is held only from here to the commit."""
-        if not _nothing_to_check(self.limits, count_swarms=True):
+        and the bucket's row lock is held only from here to the commit. Nothing when the
+        dependency already admitted the request (the facade's `agent_swarm`)."""
+        if not self.checked and not _nothing_to_check(self.limits, count_swarms=True):
             await _checks(session, self.tenant, self.limits, count_swarms=True, own=inserted)
 
     def check_budget(self, budget: Decimal | str | None) -> None:
@@ -268,7 +270,8 @@ async def stream_gate(request: Request, tenant: TenantDep,
 async def admit_in_insert(tenant: TenantDep, settings: SettingsDep) -> Admission:
     """For a route that runs `Admission.check_in` in its own insert's transaction: nothing
     here (no transaction of its own; a replayed Idempotency-Key never gets that far)."""
-    return Admission(tenant, settings.tenant_limits(tenant), settings.max_agents)
+    return Admission(tenant, settings.tenant_limits(tenant), settings.max_agents,
+                     checked=False)
 
 
 AdmissionDep = Annotated[Admission, Depends(admit)]

@@ -192,3 +192,17 @@ async def test_the_tenants_bucket_is_a_429_with_retry_after(sqlite_url: str,
         assert body["code"] == "rate_limited" and body["type"] == "rate_limit_error"
         assert int(caught.value.response.headers["retry-after"]) >= 1
         assert (await facade.usage())["total"]["gateway_calls"] == 1  # refused: not sent
+
+
+async def test_an_agent_swarm_takes_one_token_of_the_bucket(sqlite_url: str,
+                                                             tmp_path: Path) -> None:
+    """The facade admits an `agent_swarm` request once: the swarm it creates through
+    `POST /swarms`' code does not take a second token (burst 1 lets exactly one in)."""
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text("[defaults]\nrequests_per_minute = 1\nburst = 1\n")
+    async with start_facade(sqlite_url, tenants_file=str(tenants)) as facade:
+        sdk = facade.sdk(max_retries=0)
+        kw: Any = {**SWARM, "extra_body": {"agent_swarm": {"enabled": True}}}
+        assert (await sdk.chat.completions.create(**kw)).choices
+        with pytest.raises(openai.RateLimitError):
+            await sdk.chat.completions.create(**kw)
