@@ -43,6 +43,8 @@ class SubtaskKind(StrEnum):
     synthesizer = "synthesizer"
 
 
+# running, between queued and the end (a lease keeps it)
+ACTIVE_SWARM = (SwarmStatus.planning, SwarmStatus.running, SwarmStatus.synthesizing)
 TERMINAL_SWARM = frozenset({SwarmStatus.succeeded, SwarmStatus.failed, SwarmStatus.cancelled})
 TERMINAL_SUBTASK = frozenset(
     {SubtaskStatus.succeeded, SubtaskStatus.failed, SubtaskStatus.skipped, SubtaskStatus.cancelled}

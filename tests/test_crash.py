@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from app.db import queries
+from app.db import leases, writes
 from app.db.session import asyncpg_dsn, make_db_engine, make_session_factory
 from tests.conftest import make_settings, start_harness
 from tests.helpers import agent, until
@@ -196,21 +196,21 @@ async def test_a_paused_transaction_cannot_keep_a_swarm_locked(db_url: str, step
     paused = sessions()
     try:
         async with sessions() as session, session.begin():
-            (claim,) = await queries.claim_swarms(session, "paused", lease, 1)
+            (claim,) = await leases.claim_swarms(session, "paused", lease, 1)
         async with sessions() as session:
-            swarm, _ = (await queries.load_swarms_for_run(session, [swarm_id]))[swarm_id]
+            swarm, _ = (await leases.load_swarms_for_run(session, [swarm_id]))[swarm_id]
         await paused.begin()
         if step == "claim":
             await paused.execute(text("UPDATE swarms SET lease_expires_at = now()"))
             await paused.commit()
             await paused.begin()
-            assert await queries.claim_swarms(paused, "paused", lease, 1)
+            assert await leases.claim_swarms(paused, "paused", lease, 1)
         elif step == "heartbeat":
-            assert await queries.extend_leases(paused, "paused", {swarm_id: claim.epoch}, lease)
+            assert await leases.extend_leases(paused, "paused", {swarm_id: claim.epoch}, lease)
         else:
-            write = queries.SwarmWrite(swarm_id, claim.epoch, {
-                col: getattr(swarm, col) for col in queries.SWARM_STATE_COLUMNS})
-            assert await queries.apply_writes(paused, "paused", [write], lease_s=lease) == set()
+            write = writes.SwarmWrite(swarm_id, claim.epoch, {
+                col: getattr(swarm, col) for col in writes.SWARM_STATE_COLUMNS})
+            assert await writes.apply_writes(paused, "paused", [write], lease_s=lease) == set()
         locked = "SELECT id FROM swarms WHERE id = $1 FOR UPDATE NOWAIT"
         with pytest.raises(asyncpg.LockNotAvailableError):
             await Db(db_url).fetch(locked, swarm_id)  # held while the transaction lives

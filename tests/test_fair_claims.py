@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from app.db import queries
+from app.db import create, leases, queries
 from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.db.tables import Swarm
 from app.db.types import utcnow
@@ -36,14 +36,14 @@ async def queue(sessions: SessionFactory, database_url: str, tenant: str, n: int
         for i in range(n):
             new = build_swarm(body, settings, tenant)
             new.swarm.created_at = utcnow() - timedelta(seconds=start_s - i)
-            await queries.insert_swarm(s, new.swarm, new.subtasks)
+            await create.insert_swarm(s, new.swarm, new.subtasks)
             out.append(new.swarm)
     return out
 
 
 async def claim(sessions: SessionFactory, owner: str, limit: int) -> list[str]:
     async with sessions() as s, s.begin():
-        return [c.swarm_id for c in await queries.claim_swarms(s, owner, LEASE_S, limit)]
+        return [c.swarm_id for c in await leases.claim_swarms(s, owner, LEASE_S, limit)]
 
 
 async def test_claims_round_robin_across_tenants(sessions: SessionFactory,

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from sqlalchemy import select, update
 
-from app.db import queries
+from app.db import leases
 from app.db.tables import Event, Subtask, Swarm
 from app.db.types import utcnow
 from tests.conftest import make_settings, start_harness
@@ -53,7 +53,7 @@ async def test_cancel_of_a_claimed_queued_swarm_is_delivered_to_its_owner(
     try:
         swarm_id = (await h.post(BODY)).json()["id"]
         async with h.app.state.sessions() as s, s.begin():  # another process claimed it
-            await queries.claim_new(s, swarm_id, "ghost:1", 0.5)
+            await leases.claim_new(s, swarm_id, "ghost:1", 0.5)
         r = await h.client.post(f"/swarms/{swarm_id}/cancel")
         assert r.status_code == 202
         assert r.json()["status"] == "queued"  # not cancelled behind its owner's back

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import insert, select, update
 
-from app.db import queries
+from app.db import leases
 from app.db.tables import DailySpend, GatewayCall, Subtask, Swarm
 from app.db.types import utcnow
 from app.gateway.client import ChatRequest, GatewayClient
@@ -75,7 +75,7 @@ async def test_takeover_bills_a_dead_owners_attempt_at_its_reservation(database_
     reserved = PRICES["kimi-k2.5"].worst_case(400, 1500)
     now = utcnow()
     async with h.app.state.sessions() as s, s.begin():  # what the dead owner left behind
-        await queries.claim_new(s, swarm_id, "dead:1", 30)
+        await leases.claim_new(s, swarm_id, "dead:1", 30)
         await s.execute(update(Swarm).where(Swarm.id == swarm_id).values(
             status="running", started_at=now, lease_expires_at=now - timedelta(seconds=1),
             reserved_usd=reserved, event_seq=0))

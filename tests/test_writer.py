@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from app.db import queries
+from app.db import create, leases, writes
 from app.db.tables import Event, GatewayCall, Subtask, Swarm, Webhook
 from app.db.types import utcnow
 from app.db.webhooks import new_delivery
@@ -28,12 +28,12 @@ async def _claimed_swarm(h: Harness) -> tuple[str, int]:
     new = build_swarm(SwarmCreate(task="t", agents=[{"name": "a"}]),  # type: ignore[list-item]
                       h.app.state.settings, "default")
     async with h.app.state.sessions() as s, s.begin():
-        await queries.insert_swarm(s, new.swarm, new.subtasks)
-        epoch = await queries.claim_new(s, new.swarm.id, OWNER, 30)
+        await create.insert_swarm(s, new.swarm, new.subtasks)
+        epoch = await leases.claim_new(s, new.swarm.id, OWNER, 30)
     return new.swarm.id, epoch
 
 
-def _write(swarm_id: str, epoch: int, **overrides: Any) -> queries.SwarmWrite:
+def _write(swarm_id: str, epoch: int, **overrides: Any) -> writes.SwarmWrite:
     now = utcnow()
     swarm = {"status": "running", "spent_usd": Decimal("0.01"), "reserved_usd": Decimal(0),
              "unresolved_usd": Decimal(0),
@@ -49,11 +49,11 @@ def _write(swarm_id: str, epoch: int, **overrides: Any) -> queries.SwarmWrite:
         "ledger": [ledger],
         "events": [{"swarm_id": swarm_id, "seq": 1, "type": "swarm.status",
                     "data": {"status": "running"}, "created_at": now}],
-        "new_subtasks": [queries.insert_row(extra)],
+        "new_subtasks": [create.insert_row(extra)],
         "webhook": new_delivery(swarm_id, "https://hooks.example/x", now),
     }
     values.update(overrides)
-    return queries.SwarmWrite(swarm_id, epoch, swarm, **values)
+    return writes.SwarmWrite(swarm_id, epoch, swarm, **values)
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ async def test_a_batch_applied_twice_duplicates_nothing(idle: Harness) -> None:
     swarm_id, epoch = await _claimed_swarm(idle)
     for _ in range(2):  # a retry after a COMMIT whose outcome was lost
         async with idle.app.state.sessions() as s, s.begin():
-            fenced = await queries.apply_writes(s, OWNER, [_write(swarm_id, epoch)])
+            fenced = await writes.apply_writes(s, OWNER, [_write(swarm_id, epoch)])
         assert fenced == set()
     assert await _count(idle, GatewayCall) == 1
     assert await _count(idle, Event) == 1
@@ -83,7 +83,7 @@ async def test_a_batch_applied_twice_duplicates_nothing(idle: Harness) -> None:
 async def test_writes_of_another_epoch_are_fenced_out(idle: Harness) -> None:
     swarm_id, epoch = await _claimed_swarm(idle)
     async with idle.app.state.sessions() as s, s.begin():
-        fenced = await queries.apply_writes(s, OWNER, [_write(swarm_id, epoch - 1)])
+        fenced = await writes.apply_writes(s, OWNER, [_write(swarm_id, epoch - 1)])
     assert fenced == {swarm_id}
     assert await _count(idle, GatewayCall) == 0 and await _count(idle, Event) == 0
 
@@ -94,7 +94,7 @@ async def test_a_broken_batch_fails_at_once_instead_of_retrying(idle: Harness) -
     writer.start()
     bad = _write(swarm_id, epoch, ledger=[{**_write(swarm_id, epoch).ledger[0], "model": None}])
     t0 = time.monotonic()
-    with pytest.raises(queries.LeaseLost):
+    with pytest.raises(leases.LeaseLost):
         await writer.submit(bad)
     assert time.monotonic() - t0 < 2  # not stalled for the 10 s retry window
     await writer.submit(_write(swarm_id, epoch))  # the writer still works
@@ -109,7 +109,7 @@ async def test_one_swarms_unstorable_write_fails_alone_and_keeps_its_spend(idle:
     good, good_epoch = await _claimed_swarm(idle)
     bad, bad_epoch = await _claimed_swarm(idle)
     sub = new_subtask(bad, "a", 0, SubtaskKind.worker, "kimi-k2.5", 100)
-    state = {c: getattr(sub, c) for c in queries.SUBTASK_STATE_COLUMNS}
+    state = {c: getattr(sub, c) for c in writes.SUBTASK_STATE_COLUMNS}
     poisoned = _write(bad, bad_epoch, subtasks=[{"name_": "a", **state, "status": "succeeded",
                                                  "output": "answer \udfff"}],
                       new_subtasks=[], webhook=None)

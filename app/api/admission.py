@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import metrics
 from app.api.deps import SessionDep, SettingsDep, TenantDep
 from app.config import Settings
-from app.db import queries, quotas
+from app.db import create, quotas
 from app.errors import RequestInvalid, TooManyRequests
 from app.schemas import SwarmCreate
 from app.tenants import TenantLimits
@@ -163,7 +163,7 @@ async def _replayed(request: Request, session: AsyncSession, tenant: str,
     if not key or len(key) > 255 or "\x00" in key:
         return False
     async with session.begin():
-        found = await queries.find_by_idempotency_key(session, tenant, key,
+        found = await create.find_by_idempotency_key(session, tenant, key,
                                                       settings.idempotency_ttl_s)
     return found is not None
 

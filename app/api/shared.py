@@ -11,7 +11,7 @@ from fastapi import Header, Response
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db import queries, retry_copy
+from app.db import create, queries, retry_copy
 from app.db.tables import Swarm
 from app.errors import IdempotencyKeyReused, SwarmNotFound
 from app.schemas import SwarmRead
@@ -65,7 +65,7 @@ async def replay(session: AsyncSession, response: Response, tenant: str, key: st
                  digest: str, ttl_s: float) -> SwarmRead | None:
     """The swarm a live Idempotency-Key names (only for the same request), or None: key free."""
     async with session.begin():
-        existing = await queries.find_by_idempotency_key(session, tenant, key, ttl_s)
+        existing = await create.find_by_idempotency_key(session, tenant, key, ttl_s)
     if existing is None:
         return None
     if existing.request_hash != digest:
@@ -87,7 +87,7 @@ async def insert_once(session: AsyncSession, response: Response, tenant: str, ke
     try:
         async with session.begin():
             if key is not None:
-                await queries.expire_idempotency_key(session, tenant, key, ttl_s)
+                await create.expire_idempotency_key(session, tenant, key, ttl_s)
             await insert(session)
     except IntegrityError:
         # a concurrent request with the same key won the insert: answer with its swarm

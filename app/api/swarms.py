@@ -23,7 +23,7 @@ from app.api.shared import check_id as _check_id
 from app.api.shared import read_swarm as _read
 from app.api.shared import swarm_or_404 as _swarm_or_404
 from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
-from app.db import queries, retry_copy
+from app.db import create, queries, retry_copy
 from app.engine import finish
 from app.engine.specs import build_swarm, request_hash
 from app.engine.waiters import woken
@@ -74,7 +74,7 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
         # tenant's quotas (a refusal rolls it all back); the answer is built from what it
         # inserted, nothing is read back
         nonlocal position
-        position = await queries.insert_swarm(
+        position = await create.insert_swarm(
             s, new.swarm, new.subtasks, claim_for=local.owner if local else None,
             lease_s=settings.lease_seconds, position=True)
         await admission.check_in(s)

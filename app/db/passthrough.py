@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.queries import settling_insert
 from app.db.tables import GatewayCall
+from app.db.writes import settling_insert
 
 
 async def write_call(session: AsyncSession, row: Mapping[str, Any]) -> None:

@@ -19,10 +19,10 @@ from sqlalchemy import ColumnElement, delete, func, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.queries import ACTIVE, db_now
-from app.db.session import is_postgres
+from app.db.session import db_now, is_postgres
 from app.db.spend import DailyCheck
 from app.db.tables import Swarm, TenantBucket, TenantDailyReservation, TenantDailySpend
+from app.states import ACTIVE_SWARM as ACTIVE
 from app.states import SwarmStatus
 
 ACTIVE_VALUES = (SwarmStatus.queued.value, *(s.value for s in ACTIVE))

@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.queries import insert_swarm
+from app.db.create import insert_swarm
 from app.db.tables import Event, Subtask, Swarm
 from app.db.types import Money, UTCDateTime
 from app.states import SubtaskKind, SubtaskStatus

@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, func, select
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
     create_async_engine,
 )
+
+from app.db.types import utcnow
 
 SessionFactory = async_sessionmaker[AsyncSession]
 
@@ -65,3 +68,12 @@ def make_db_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
 
 def make_session_factory(engine: AsyncEngine) -> SessionFactory:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+async def db_now(session: AsyncSession) -> datetime:
+    """Database time on Postgres (leases never trust worker clocks); local time on SQLite,
+    which runs in this one process."""
+    if is_postgres(session):
+        value: datetime = (await session.execute(select(func.now()))).scalar_one()
+        return value
+    return utcnow()

@@ -30,8 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.queries import db_now, lock_leases
-from app.db.session import is_postgres
+from app.db.session import db_now, is_postgres
 from app.db.tables import (
     DailyReservation,
     DailySpend,
@@ -41,6 +40,7 @@ from app.db.tables import (
     TenantDailySpend,
 )
 from app.db.types import Money
+from app.db.writes import lock_leases
 from app.schemas import GroupBy
 
 

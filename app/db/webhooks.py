@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.queries import db_now
+from app.db.session import db_now
 from app.db.tables import Webhook, WebhookAttempt
 from app.states import WebhookState, webhook_transition
 

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import queries
 from app.db.notify import CANCEL, notify
+from app.db.session import db_now
 from app.db.tables import Event as EventTable
 from app.db.tables import Subtask, Swarm, Webhook
 from app.db.webhooks import new_delivery
@@ -71,7 +72,7 @@ async def cancel(session: AsyncSession, swarm: Swarm) -> bool:
     queued swarm without a live lease: it ends here (True). Otherwise its owner, or the next
     one, learns of the flag and ends it (False); an owner about to start it must not be
     raced, since a cancel here would not fence its writes."""
-    now = await queries.db_now(session)
+    now = await db_now(session)
     swarm.cancel_requested = True
     unowned = swarm.lease_owner is None or (
         swarm.lease_expires_at is not None and swarm.lease_expires_at < now)

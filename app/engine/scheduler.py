@@ -12,7 +12,7 @@ import uuid
 from contextlib import suppress
 
 from app.config import Settings
-from app.db import queries
+from app.db import leases
 from app.db.notify import CANCEL, QUEUED
 from app.db.retry import database_unavailable
 from app.db.session import SessionFactory
@@ -147,7 +147,7 @@ class Scheduler:
         if unfinished:
             with suppress(Exception):
                 async with self.sessions() as session, session.begin():
-                    await queries.release_leases(session, self.owner, unfinished)
+                    await leases.release_leases(session, self.owner, unfinished)
             log.info("released %d unfinished swarms for another process", len(unfinished))
 
     # ---- side tasks -----------------------------------------------------------------------
@@ -168,10 +168,10 @@ class Scheduler:
         if capacity <= 0:
             return
         async with self.sessions() as session, session.begin():
-            claims = await queries.claim_swarms(
+            claims = await leases.claim_swarms(
                 session, self.owner, self.settings.lease_seconds, capacity,
                 exclude=list(self.runners))
-            loaded = await queries.load_swarms_for_run(session, [c.swarm_id for c in claims])
+            loaded = await leases.load_swarms_for_run(session, [c.swarm_id for c in claims])
         for claim in claims:
             swarm, subs = loaded[claim.swarm_id]
             self._drive(SwarmRunner(self.ctx, swarm, subs, claim.epoch, claim.rescues))
@@ -200,7 +200,7 @@ class Scheduler:
         if task.cancelled():
             return
         exc = task.exception()
-        if isinstance(exc, queries.LeaseLost):
+        if isinstance(exc, leases.LeaseLost):
             log.warning("swarm %s: lease lost, stopped driving it", swarm_id)
         elif exc is not None:
             log.error("swarm %s: runner crashed", swarm_id, exc_info=exc)
@@ -219,7 +219,7 @@ class Scheduler:
             epochs = {sid: r.epoch for sid, (r, _) in self.runners.items()}
             try:
                 async with self.sessions() as session, session.begin():
-                    held = await queries.extend_leases(
+                    held = await leases.extend_leases(
                         session, self.owner, epochs, self.settings.lease_seconds)
             except Exception as exc:
                 _log_failure("heartbeat", exc)

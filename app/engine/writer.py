@@ -10,9 +10,10 @@ from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.queries import LeaseLost, SwarmWrite, apply_spend_only, apply_writes
+from app.db.leases import LeaseLost
 from app.db.retry import database_unavailable, in_transaction
 from app.db.session import SessionFactory
+from app.db.writes import SwarmWrite, apply_spend_only, apply_writes
 from app.text import storable
 
 log = logging.getLogger(__name__)
