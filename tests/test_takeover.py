@@ -7,6 +7,7 @@ from datetime import timedelta
 from sqlalchemy import select, update
 
 from app.db import leases
+from app.db.session import db_now
 from app.db.tables import Event, Subtask, Swarm
 from app.db.types import utcnow
 from tests.conftest import make_settings, start_harness
@@ -63,7 +64,7 @@ async def test_cancel_of_a_claimed_queued_swarm_is_delivered_to_its_owner(
         async with h.app.state.sessions() as s:
             expires = (await s.execute(select(Swarm.lease_expires_at)
                                        .where(Swarm.id == swarm_id))).scalar_one()
-            return bool(expires < await queries.db_now(s))
+            return bool(expires < await db_now(s))
 
     await until(lease_expired, 5, "the ghost's lease to expire")
     h2, close2 = await start_harness(settings)
