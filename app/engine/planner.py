@@ -100,7 +100,7 @@ def _item(raw: Any, index: int, allowed: Sequence[str] = ()) -> PlannedSubtask:
         raise PlanInvalid("wrong_shape", f"subtasks[{index}] is not an object", index=index)
     sid, desc = raw.get("id"), raw.get("description")
     deps, hint = raw.get("depends_on", []), raw.get("model_hint")
-    if not isinstance(sid, str) or not ID_PATTERN.match(sid):
+    if not isinstance(sid, str) or not ID_PATTERN.fullmatch(sid):
         raise PlanInvalid("bad_id", f"subtasks[{index}].id {sid!r} is not a valid id",
                           index=index)
     if not isinstance(desc, str) or not desc.strip():

@@ -33,6 +33,7 @@ def test_a_valid_plan_is_parsed() -> None:
     (plan(), "stop", "empty"),
     (plan(*[item(f"s{i}") for i in range(6)]), "stop", "too_many"),
     (plan({"id": "bad id!", "description": "x"}), "stop", "bad_id"),
+    (plan({"id": "a\n", "description": "x"}), "stop", "bad_id"),  # `$` alone would pass it
     (plan({"id": "a"}), "stop", "wrong_shape"),
     (plan(item("a"), item("a")), "stop", "duplicate_id"),
     (plan(item("a", "ghost")), "stop", "unknown_dependency"),
