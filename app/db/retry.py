@@ -42,13 +42,17 @@ def _log_retry(state: RetryCallState) -> None:
     log.warning("database unavailable (%s); retrying transaction", type(exc).__name__)
 
 
+# stateless: built once, not per transaction (every group commit goes through here)
+_RETRY = retry_if_exception(database_unavailable)
+_WAIT = wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05)
+
+
 async def in_transaction(sessions: SessionFactory, op: Callable[[AsyncSession], Awaitable[T]],
                          *, retry_for_s: float) -> T:
     """Run `op` in one transaction; while the database is unavailable, retry with jittered
     exponential backoff for up to `retry_for_s` seconds, then raise the last error."""
     async for attempt in AsyncRetrying(
-        retry=retry_if_exception(database_unavailable),
-        wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
+        retry=_RETRY, wait=_WAIT,
         stop=stop_after_delay(retry_for_s),
         before_sleep=_log_retry,
         reraise=True,

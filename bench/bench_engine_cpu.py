@@ -1,0 +1,78 @@
+"""The engine's CPU per subtask, A/B between `swarm-api` builds in one run: each build's `serve`
+(on its own throwaway PostgreSQL database, SPEC §8's limits lifted) runs the same wide swarm at
+0 ms gateway latency, builds alternating, and the server's user+system CPU seconds (from
+/proc) are divided by the subtasks. CPU, unlike wall time, hardly moves with other load.
+
+    .venv/bin/python -m bench.bench_engine_cpu --cli base=/path/to/swarm-api \\
+        --cli new=.venv/bin/swarm-api [--agents 1000] [--in-flight 64] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.bench_table import run_swarm, swarm_body
+from tests.support import free_port, process, throwaway_db
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def one_round(cli: str, agents: int, in_flight: int, work: Path) -> tuple[float, float]:
+    tenants = work / "tenants.toml"
+    tenants.write_text("[defaults]\n")  # a file naming no limit: none of SPEC §8's applies
+    sim_port, api_port = free_port(), free_port()
+    sim, api = f"http://127.0.0.1:{sim_port}/v1", f"http://127.0.0.1:{api_port}"
+    with throwaway_db("swarm_cpu") as db:
+        env = {"SWARM_DATABASE_URL": db, "SWARM_GATEWAY_URL": sim, "SWARM_MAX_INFLIGHT": "256",
+               "SWARM_TENANTS_FILE": str(tenants)}
+        with process(["simulator", "--port", str(sim_port)], {"SWARM_SIM_LATENCY_MS": "0"},
+                     f"{sim}/models", work / "sim.log"), \
+             process(["serve", "--port", str(api_port)], env, f"{api}/readyz", work / "api.log",
+                     cli=cli) as serve:
+            async def go() -> tuple[float, float]:
+                async with httpx.AsyncClient(base_url=api, timeout=600) as c:
+                    await run_swarm(c, swarm_body(50, 0, "none", in_flight))  # warm
+                    before, t0 = cpu_s(serve.pid), time.perf_counter()
+                    await run_swarm(c, swarm_body(agents, 0, "none", in_flight))
+                    return cpu_s(serve.pid) - before, time.perf_counter() - t0
+            return asyncio.run(go())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cli", action="append", required=True, help="name=path/to/swarm-api")
+    ap.add_argument("--agents", type=int, default=1000)
+    ap.add_argument("--in-flight", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    builds = {n: str(Path(p).absolute()) for n, p in (c.split("=", 1) for c in args.cli)}
+    cpu: dict[str, list[float]] = {n: [] for n in builds}
+    wall: dict[str, list[float]] = {n: [] for n in builds}
+    for _ in range(args.rounds):
+        for name, cli in builds.items():
+            c, w = one_round(cli, args.agents, args.in_flight, Path(tempfile.mkdtemp()))
+            cpu[name].append(c / args.agents * 1000)
+            wall[name].append(args.agents / w)
+    print(f"{args.agents} agents at 0 ms, {args.in_flight} in flight, {args.rounds} rounds, "
+          f"1-min load {os.getloadavg()[0]:.1f}")
+    for name in builds:
+        print(f"  {name}: serve CPU {statistics.median(cpu[name]):.2f} ms/subtask "
+              f"({', '.join(f'{x:.2f}' for x in cpu[name])}), "
+              f"{statistics.median(wall[name]):.0f} subtasks/s")
+
+
+if __name__ == "__main__":
+    main()
