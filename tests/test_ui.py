@@ -58,6 +58,17 @@ STATUSES_JS = """return Object.fromEntries([...document.querySelectorAll('.node[
     .map(g => [g.dataset.name, g.getAttribute('data-status')]))"""
 
 
+@pytest.fixture(autouse=True)
+def _page_left_behind(driver: WebDriver) -> Iterator[None]:
+    """The browser is shared by the module: after each test its page is closed and its logs
+    drained, so a page still polling a server its test stopped cannot put errors (refused
+    connections) into the next test's console."""
+    yield
+    driver.get("about:blank")
+    driver.get_log("browser")
+    driver.get_log("performance")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """The service with its engine and the simulator, as `swarm-api serve` runs it."""
