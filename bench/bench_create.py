@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from tests.support import free_port, throwaway_db, wait_http
+from tests.support import free_port, process, throwaway_db, wait_http
 
 CLI = str(Path(sys.executable).with_name("swarm-api"))
 PY_SPY = Path(sys.executable).with_name("py-spy")
@@ -108,24 +108,6 @@ def errors_cell(result: dict[str, Any]) -> str:
 
 
 @contextlib.contextmanager
-def serve(cli: str, args: list[str], env: dict[str, str], url: str,
-          log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("w") as out:
-        proc = subprocess.Popen([cli, "serve", *args], env={**os.environ, **env}, stdout=out,
-                                stderr=subprocess.STDOUT, cwd=log.parent)
-        try:
-            wait_http(f"{url}/readyz", timeout=60)
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-@contextlib.contextmanager
 def profiled(pid: int, out: Path | None) -> Iterator[None]:
     """py-spy (sampling, collapsed stacks) on `pid` for the block; nothing when out is None."""
     if out is None:
@@ -193,8 +175,8 @@ def run(label: str, cli: str, mode: str, args: argparse.Namespace,
         env = {"SWARM_DATABASE_URL": db, "SWARM_GATEWAY_URL": args.sim,
                "SWARM_TENANTS_FILE": str(tenants), "SWARM_MAX_INFLIGHT": "256",
                "SWARM_MAX_RUNNING_SWARMS": "64"}
-        with serve(cli, ["--port", str(port), *extra], env, url,
-                   work / f"{label}-{mode}.log") as proc:
+        with process(["serve", "--port", str(port), *extra], env, f"{url}/readyz",
+                     work / f"{label}-{mode}.log", cli=cli, ready_s=60) as proc:
             prof = Path(args.profile) / f"{label}-{mode}" if args.profile else None
             return asyncio.run(measure(url, args.clients, args.each, args.single, proc.pid,
                                        prof))

@@ -90,14 +90,15 @@ def wait_http(url: str, timeout: float = 30) -> None:
 
 @contextlib.contextmanager
 def process(args: list[str], env: dict[str, str], ready_url: str,
-            log: Path, cli: str = CLI) -> Iterator[subprocess.Popen[bytes]]:
+            log: Path, cli: str = CLI, ready_s: float = 30
+            ) -> Iterator[subprocess.Popen[bytes]]:
     """Run `swarm-api <args>` (or another build's `cli`) until the block ends (SIGTERM, then
     SIGKILL)."""
     with log.open("w") as out:
         proc = subprocess.Popen([cli, *args], env={**os.environ, **env}, stdout=out,
                                 stderr=subprocess.STDOUT, cwd=log.parent)
         try:
-            wait_http(ready_url)
+            wait_http(ready_url, ready_s)
             yield proc
         finally:
             proc.terminate()
