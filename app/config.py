@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     database_url: str = EMBEDDED_DATABASE_URL
     gateway_url: str | None = None
     gateway_api_key: SecretStr = SecretStr("")
+    # idle gateway connections are closed after this: below the gateway's own keep-alive
+    # timeout, or a request races the server's close (uvicorn, Node, Apache: 5 s)
+    gateway_keepalive_s: float = Field(default=4.0, ge=0, le=3600)
     api_keys: SecretStr = SecretStr("")
     allow_open: bool = False
     models_file: str | None = None

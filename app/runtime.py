@@ -34,7 +34,8 @@ def make_gateway(settings: Settings) -> GatewayClient:
     """The configured gateway, or the built-in simulator in-process when none is set."""
     if settings.gateway_url:
         return GatewayClient(settings.gateway_url, settings.gateway_api_key.get_secret_value(),
-                             max_inflight=settings.max_inflight)
+                             max_inflight=settings.max_inflight,
+                             keepalive_s=settings.gateway_keepalive_s)
     sim = create_simulator(SimulatorConfig(
         latency_ms=settings.simulator_latency_ms,
         latency_jitter_ms=settings.simulator_latency_jitter_ms))

@@ -508,3 +508,65 @@ async def test_calls_spread_over_lazily_created_small_pools(
     assert [len(served) for _, served in pools] == [5, 4, 4]
     assert all(limits.max_connections == 4 for limits, _ in pools)
     assert all(limits.max_keepalive_connections == 4 for limits, _ in pools)
+
+
+class ClosingServer:
+    """A real HTTP/1.1 server that, like uvicorn past its keep-alive timeout, has given up on
+    a connection idle for `idle_s`: a request arriving on it is dropped unanswered."""
+
+    def __init__(self, idle_s: float) -> None:
+        self.idle_s = idle_s
+        self.connections = 0
+        self.answered = 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/v1"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        body = json.dumps(completion()).encode()
+        idle_since = time.monotonic()
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if time.monotonic() - idle_since > self.idle_s:
+                    return  # closed unanswered: the client sees a ReadError
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+                self.answered += 1
+                idle_since = time.monotonic()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize(("keepalive_s", "attempts", "connections"),
+                         [(0.2, 1, 2), (5.0, 2, 2)])
+async def test_idle_connections_are_closed_before_the_server_closes_them(
+        keepalive_s: float, attempts: int, connections: int, waits: list[float]) -> None:
+    """A connection idle past the server's keep-alive timeout is one the server is closing: a
+    request sent on it fails unread and costs an attempt. Closed by the client first (its
+    keep-alive below the server's), the call goes out on a fresh connection at once."""
+    server = ClosingServer(idle_s=0.5)
+    async with server as url:
+        client = GatewayClient(url, keepalive_s=keepalive_s)
+        try:
+            await client.complete(REQUEST)
+            await asyncio.sleep(0.7)
+            result = await client.complete(REQUEST)
+        finally:
+            await client.aclose()
+    assert [a.outcome for a in result.attempts] == ["connection_error", "ok"][-attempts:]
+    assert (server.connections, server.answered) == (connections, 2)

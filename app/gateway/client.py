@@ -356,6 +356,7 @@ class GatewayClient:
         connections_per_client: int = 4,
         transport: httpx.AsyncBaseTransport | None = None,
         connect_timeout_s: float = 5.0,
+        keepalive_s: float = 4.0,
     ) -> None:
         if max_inflight < 1 or connections_per_client < 1:
             raise ValueError("max_inflight and connections_per_client must be positive")
@@ -368,6 +369,11 @@ class GatewayClient:
         self._transport = transport
         self._per_client = connections_per_client
         self._connect_timeout_s = connect_timeout_s
+        # An idle connection is closed by us before the server closes it: a request sent on
+        # a connection the server is closing fails unread (httpx ReadError), costing an attempt
+        # and a retry. httpx's default (5 s) is the keep-alive timeout of uvicorn, Node and
+        # Apache, so the two race at exactly the moment both let go.
+        self._keepalive_s = keepalive_s
         # httpcore scans every connection of a pool on each request (encode/httpcore#1035), so
         # one big pool costs CPU per call in proportion to its size; many small ones do not.
         shards = 1 if transport is not None else math.ceil(max_inflight / connections_per_client)
@@ -384,7 +390,8 @@ class GatewayClient:
                 if self._ssl is None:  # loading CA certificates once, not once per shard
                     self._ssl = httpx.create_ssl_context()
                 n = self._per_client
-                limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+                limits = httpx.Limits(max_connections=n, max_keepalive_connections=n,
+                                      keepalive_expiry=self._keepalive_s)
                 client = httpx.AsyncClient(headers=self._headers, limits=limits, verify=self._ssl)
             self._clients[shard] = client
         return client
