@@ -11,7 +11,7 @@ import ipaddress
 import logging
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from swarm_api_client import cli as client_cli
 
@@ -30,19 +30,64 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def serve(settings: Settings, host: str, port: int, engine: bool) -> int:
+def serve(settings: Settings, host: str, port: int, engine: bool, workers: int = 1) -> int:
     import uvicorn
-
-    from app.main import create_app
 
     if not settings.auth_enabled and not settings.allow_open and not _is_loopback(host):
         print(f"refusing to bind {host} without SWARM_API_KEYS (set SWARM_ALLOW_OPEN=1 to "
               "serve an open API)", file=sys.stderr)
         return 2
+    if workers > 1:
+        return _serve_workers(settings, host, port, engine, workers)
+
+    from app.main import create_app
+
     app = create_app(settings, run_engine=engine)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False,
                 timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
     return 1 if app.state.died else 0
+
+
+# the processes of `serve --workers N` are spawned: they log through this, not basicConfig
+_WORKER_LOGGING: dict[str, Any] = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"level": "INFO", "handlers": ["stderr"]},
+    "loggers": {"httpx": {"level": "WARNING"}, "httpx2": {"level": "WARNING"}},
+}
+
+
+def _serve_workers(settings: Settings, host: str, port: int, engine: bool,
+                   workers: int) -> int:
+    """N uvicorn processes on one socket, each an API (and engine) like one `serve`: they
+    share the database as replicas do (leases decide who runs a swarm) and their metrics
+    through prometheus-client's multiprocess directory; uvicorn restarts one that dies."""
+    import os
+    import tempfile
+
+    import uvicorn
+
+    if settings.is_sqlite:
+        print("swarm-api: serve --workers needs PostgreSQL (SWARM_DATABASE_URL): SQLite is "
+              "the one-process embedded default", file=sys.stderr)
+        return 2
+    if settings.migrate_on_start:  # once, here: N processes migrating at once would race
+        from app.db.migrate import upgrade_head
+
+        upgrade_head(settings.database_url, settings.migrations_dir)
+    # what the spawned processes read when they build their Settings and import metrics
+    os.environ["SWARM_AUTO_MIGRATE"] = "0"
+    os.environ["SWARM_ENGINE"] = "1" if engine else "0"
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="swarm-metrics-")
+    log.info("serving with %d worker processes (metrics in %s)", workers,
+             os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    uvicorn.run("app.main:create_app", factory=True, workers=workers, host=host, port=port,
+                log_config=_WORKER_LOGGING, access_log=False,
+                timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
+    return 0
 
 
 async def _worker(settings: Settings) -> int:
@@ -87,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--host", default="127.0.0.1")
     p_serve.add_argument("--port", type=int, default=8000)
     p_serve.add_argument("--no-engine", action="store_true", help="API only (scale-out)")
+    p_serve.add_argument("--workers", type=int, default=1,
+                         help="API processes on one port (PostgreSQL only; default 1)")
     sub.add_parser("worker", help="the engine alone")
     sub.add_parser("migrate", help="alembic upgrade head")
     p_sim = sub.add_parser("simulator", help="the simulated gateway as its own process")
@@ -126,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             return asyncio.run(_worker(settings))
         return 0
-    return serve(settings, args.host, args.port, engine=settings.engine and not args.no_engine)
+    if args.command == "serve" and args.workers < 1:
+        print("swarm-api: --workers must be at least 1", file=sys.stderr)
+        return 2
+    return serve(settings, args.host, args.port, engine=settings.engine and not args.no_engine,
+                 workers=args.workers)
 
 
 if __name__ == "__main__":

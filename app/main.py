@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -39,6 +40,24 @@ async def _stop_when_failed(app: FastAPI, runtime: Runtime) -> None:
     os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown
 
 
+def _stop_with_parent(app: FastAPI) -> None:
+    """In a process of `serve --workers N`: stop (gracefully) when the parent that supervises
+    it is gone, even killed with SIGKILL; an orphan would go on serving the port and running
+    swarms beside the next instance."""
+    parent = multiprocessing.parent_process()  # None unless spawned by multiprocessing
+    if parent is None:
+        return
+    loop = asyncio.get_running_loop()
+
+    def gone() -> None:  # the sentinel becomes readable when the parent exits
+        loop.remove_reader(parent.sentinel)
+        app.state.died = f"the parent process {parent.pid} exited"
+        log.critical("stopping: %s", app.state.died)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    loop.add_reader(parent.sentinel, gone)
+
+
 def create_app(settings: Settings | None = None, *, gateway: GatewayClient | None = None,
                run_engine: bool | None = None,
                webhook_transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
@@ -61,10 +80,12 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
             app.state.tenant_gates = runtime.tenants
             app.state.tools = runtime.tools
             watch = asyncio.create_task(_stop_when_failed(app, runtime), name="side-monitor")
+            _stop_with_parent(app)
             try:
                 yield
             finally:
                 watch.cancel()
+        metrics.process_exiting()
 
     # /docs and /redoc served offline, operation ids named after the route functions
     app = offline_fastapi(title="Swarm API", version="0.1.0", description=DESCRIPTION,

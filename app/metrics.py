@@ -131,7 +131,8 @@ _init_labels()
 def set_price_table(table: PriceTable) -> None:
     """At startup: publish the table's version and expose its models' series at zero (a
     models file may name models beyond the built-in ones; the table bounds the labels)."""
-    price_table_info.clear()
+    if not _multiprocess():  # one process, maybe several tables over its life (tests)
+        price_table_info.clear()  # not implemented by prometheus-client across processes
     price_table_info.labels(table.version).set(1)
     _init_models(table.names())
 
@@ -140,14 +141,25 @@ def finish_label(reason: str | None) -> str:
     return reason if reason in ("stop", "length", "content_filter") else "other"
 
 
-def _registry() -> CollectorRegistry:
+def _multiprocess() -> bool:
     # prometheus-client's own variable, not a setting: the library reads it at import (which
     # kind of value store every collector uses), before any Settings exists; read it likewise
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+def _registry() -> CollectorRegistry:
+    if _multiprocess():
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return registry
     return REGISTRY
+
+
+def process_exiting() -> None:
+    """In multiprocess mode, drop this process's live gauges (`livesum`, `livemax`) from the
+    merged view: a stopped `serve --workers` process no longer counts as in flight."""
+    if _multiprocess():
+        multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
 
 def render() -> tuple[bytes, str]:

@@ -4,7 +4,7 @@ of `swarm-api` back to back (an A/B in one run on a noisy machine), optionally p
 
     .venv/bin/python -m bench.bench_create [--clients 200] [--each 10] [--single 200]
         [--cli base=/path/to/old/.venv/bin/swarm-api] [--cli new=.venv/bin/swarm-api]
-        [--modes engine,api] [--rounds 1] [--workers N] [--profile DIR]
+        [--modes engine,api] [--rounds 1] [--workers 1,2] [--profile DIR]
 
 Every (build, mode) gets its own throwaway PostgreSQL database and `serve` process, started and
 stopped in turn (never two at once), with `BENCH_TENANTS` as SWARM_TENANTS_FILE (SPEC §8's
@@ -77,9 +77,12 @@ async def post_load(api: str, clients: int, each: int,
     lat: list[float] = []
     errors: Counter[str] = Counter()
     body = body or BODY
+    # one TLS context for every caller: httpx builds one per client otherwise (~15 ms of CPU
+    # each, even for http://), which put 3 s of the load generator's start-up in the p99
+    tls = httpx.create_ssl_context()
 
     async def caller() -> None:
-        async with httpx.AsyncClient(base_url=api, timeout=60) as c:
+        async with httpx.AsyncClient(base_url=api, timeout=60, verify=tls) as c:
             for _ in range(each):
                 t0 = time.perf_counter()
                 try:
@@ -90,11 +93,12 @@ async def post_load(api: str, clients: int, each: int,
                     errors[type(exc).__name__] += 1
                 lat.append(time.perf_counter() - t0)
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(caller() for _ in range(clients)))
     wall = time.perf_counter() - t0
     lat.sort()
     return {"per_s": clients * each / wall, "p50": lat[len(lat) // 2],
+            "client_cpu_ms": (time.process_time() - cpu0) * 1000 / (clients * each),
             "p99": lat[max(int(len(lat) * 0.99) - 1, 0)], "errors": sum(errors.values()),
             "kinds": dict(errors)}
 
@@ -144,18 +148,46 @@ def top_frames(raw: Path, n: int = 12) -> list[tuple[str, float, float]]:
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds so far of a process and its children (`serve --workers N`:
+    the worker processes do the work, their parent only watches them)."""
+    ticks, parents = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # gone since the listing
+            continue
+        ticks[int(stat.parent.name)] = int(fields[11]) + int(fields[12])
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, parent in parents.items() if parent in tree} - tree
+        grew, tree = bool(more), tree | more
+    return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu_s() -> float:
+    """CPU seconds so far of every PostgreSQL process of this machine (the database's share of
+    a request; backends that exit in between are missed, so it is a lower bound)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if "(postgres)" in text:
+            fields = text.rpartition(")")[2].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(url: str, clients: int, each: int, single: int, pid: int,
                   profile: Path | None) -> dict[str, dict[str, Any]]:
     await post_load(url, 10, 5)  # warm-up: connections, caches, first rows
     with profiled(pid, profile and profile.with_suffix(".load.raw")):
-        c0 = cpu_s(pid)
+        c0, db0 = cpu_s(pid), postgres_cpu_s()
         load = await post_load(url, clients, each)
         load["cpu_ms"] = (cpu_s(pid) - c0) * 1000 / (clients * each)
+        load["db_cpu_ms"] = (postgres_cpu_s() - db0) * 1000 / (clients * each)
     with profiled(pid, profile and profile.with_suffix(".single.raw")):
         c0 = cpu_s(pid)
         one = await post_load(url, 1, single)
@@ -168,8 +200,10 @@ def run(label: str, cli: str, mode: str, args: argparse.Namespace,
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     extra = ["--no-engine"] if mode == "api" else []
-    if args.workers:
-        extra += ["--workers", str(args.workers)]
+    workers = label.partition("/w")[2]
+    label = label.replace("/", "-")  # a file name below
+    if workers:
+        extra += ["--workers", workers]
     with throwaway_db("swarm_bench") as db:
         tenants = tenants_file(work, CHECKED_TENANTS if args.checked else BENCH_TENANTS)
         env = {"SWARM_DATABASE_URL": db, "SWARM_GATEWAY_URL": args.sim,
@@ -191,13 +225,16 @@ def main() -> None:
                     help="label=path of a swarm-api to measure (repeatable)")
     ap.add_argument("--modes", default="engine,api")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--workers", default="",
+                    help="serve --workers N for each N of a comma list (each its own build)")
     ap.add_argument("--checked", action="store_true",
                     help="every SPEC §8 quota set (none reached): admission's cost included")
     ap.add_argument("--profile", default="", help="directory for py-spy raw profiles")
     args = ap.parse_args()
     builds = {k: str(Path(v).absolute()) for k, v in (c.split("=", 1) for c in args.cli)} \
         or {"this": CLI}
+    if args.workers:  # "this/w2": the build `this` served by two processes
+        builds = {f"{k}/w{n}": v for k, v in builds.items() for n in args.workers.split(",")}
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-create-"))
@@ -219,6 +256,8 @@ def main() -> None:
                               f"{res['load']['p50'] * 1000:.0f} ms p99 "
                               f"{res['load']['p99'] * 1000:.0f} ms {errors_cell(res['load'])}"
                               f" cpu {res['load']['cpu_ms']:.1f} ms/req"
+                              f" (client {res['load']['client_cpu_ms']:.1f},"
+                              f" postgres {res['load']['db_cpu_ms']:.1f})"
                               f" | one client p50 {res['single']['p50'] * 1000:.1f} ms "
                               f"({res['single']['per_s']:.0f}/s) cpu "
                               f"{res['single']['cpu_ms']:.1f} ms/req", flush=True)

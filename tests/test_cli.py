@@ -114,3 +114,19 @@ def test_unreachable_service_and_refused_key(api_url: str, tmp_path: Path) -> No
     assert refused.returncode == 4 and "refused the API key" in refused.stderr
     invalid = cli(api_url, "submit", "-", stdin=json.dumps({"task": "x", "model": "nope"}))
     assert invalid.returncode == 2 and "unknown_model" in invalid.stderr
+
+
+@pytest.mark.parametrize(("workers", "database", "says"), [
+    ("2", "sqlite+aiosqlite:///./swarm.db", "serve --workers needs PostgreSQL"),
+    ("0", "sqlite+aiosqlite:///./swarm.db", "--workers must be at least 1"),
+])
+def test_serve_workers_refuses_what_it_cannot_run(workers: str, database: str, says: str,
+                                                  tmp_path: Path) -> None:
+    """Several processes need a database they can share (not the embedded SQLite file)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    env["SWARM_DATABASE_URL"] = database
+    run = subprocess.run([CLI, "serve", "--workers", workers, "--port", str(free_port())],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert run.returncode == 2 and says in run.stderr, run.stderr
+    assert not (tmp_path / "swarm.db").exists()  # refused before anything was created

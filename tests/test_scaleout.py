@@ -5,8 +5,10 @@ at once."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import httpx
@@ -22,6 +24,7 @@ from tests.procs import (
     sim_stats,
     wait_terminal,
 )
+from tests.support import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(150)]
 
@@ -165,3 +168,70 @@ async def test_api_replicas_agree_while_workers_run(db_url: str, tmp_path: Path)
         async with httpx.AsyncClient() as client:
             other = (await client.get(f"{api_1}/swarms/{swarm_id}")).json()
         assert done["status"] == "succeeded" and other == done
+
+
+async def test_serve_workers_share_a_port_the_database_and_their_metrics(
+        db_url: str, tmp_path: Path) -> None:
+    """`serve --workers 2`: two processes behind one port, each an API and an engine; both run
+    swarms, /metrics adds both up whichever answers, one killed with SIGKILL is replaced while
+    the other keeps serving (its swarms are taken over), and none outlives its parent."""
+    db = Db(db_url)
+    body = {"task": "two workers", "max_tokens": 60, "agents": [agent("x"), agent("y")]}
+    async with cluster(db_url, tmp_path, SWARM_MAX_RUNNING_SWARMS="3") as c:
+        await c.simulator(latency_ms=300)
+        port = free_port()
+        api = f"http://127.0.0.1:{port}"
+        parent = c.spawn("serve", ["serve", "--workers", "2", "--port", str(port)])
+        await until(lambda: _ready(api), 60, "serve --workers 2 to answer", every=0.2)
+        ids = [(await post_swarm(api, body))["id"] for _ in range(12)]
+
+        async def owners() -> set[int | None]:
+            rows = await db.fetch("SELECT lease_owner FROM swarms WHERE lease_owner IS NOT NULL")
+            return {owner_pid(r["lease_owner"]) for r in rows}
+
+        # three swarms at most per process: twelve at 0.6 s each need both of them
+        await until(lambda: _two(owners()), 30, "both processes to run swarms", every=0.1)
+        first = await owners()
+        victim = first.pop()
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        ids += [(await post_swarm(api, body))["id"] for _ in range(3)]  # the other one serves
+        for swarm_id in ids:
+            assert (await wait_terminal(api, swarm_id, timeout=60))["status"] == "succeeded"
+
+        async def replaced() -> bool:  # uvicorn started a new process in the dead one's place
+            pids = await owners()
+            return len(pids - {victim} - first) >= 1
+
+        ids.append((await post_swarm(api, body))["id"])
+        await until(replaced, 60, "a new process to run swarms", every=0.2)
+        assert (await wait_terminal(api, ids[-1], timeout=60))["status"] == "succeeded"
+        async with httpx.AsyncClient(timeout=10) as client:
+            for _ in range(4):  # whichever process answers, the figures are both processes'
+                text = (await client.get(f"{api}/metrics")).text
+                runs = [line for line in text.splitlines() if line.startswith("swarm_runs_")]
+                assert f'swarm_runs_total{{status="succeeded"}} {len(ids)}.0' in runs, runs
+        # the parent killed outright: its processes notice and stop, none is left orphaned
+        children = await owners() - {victim}
+        parent.kill()
+        await until(lambda: not any(_alive(p) for p in children if p), 30,
+                    f"the processes {children} to stop with their parent", every=0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def _ready(api: str) -> bool:
+    try:
+        async with httpx.AsyncClient(timeout=2) as client:
+            return (await client.get(f"{api}/readyz")).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def _two(pids: Awaitable[set[int | None]]) -> bool:
+    return len(await pids) >= 2

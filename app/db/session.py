@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from app.db.pool import FairQueuePool
 from app.db.types import utcnow
 
 SessionFactory = async_sessionmaker[AsyncSession]
@@ -61,8 +62,8 @@ def make_db_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
         return engine
     return create_async_engine(
-        url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=1800,
-        hide_parameters=True,
+        url, poolclass=FairQueuePool, pool_size=pool_size, max_overflow=pool_size,
+        pool_pre_ping=True, pool_recycle=1800, hide_parameters=True,
     )
 
 

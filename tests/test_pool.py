@@ -1,0 +1,51 @@
+"""The database pool serves waiting checkouts in arrival order (PostgreSQL, real connections)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+
+from app.db.pool import FairQueuePool
+from app.db.session import make_db_engine
+
+pytestmark = pytest.mark.postgres
+
+
+async def test_a_connection_goes_to_the_longest_waiter_not_to_whoever_asks_again(
+        db_url: str) -> None:
+    """Two connections, both held; three requests queue; each holder gives its connection back
+    and at once asks for one again (as a busy request handler does). Under SQLAlchemy's stock
+    async pool the holder takes it straight back and the waiters queue again behind it (the
+    order seen: h0, h1, w3, w1, w2); here the waiters go first, in the order they came. No
+    overflow: a returned overflow connection is closed, and opening a new one (like a
+    pre-ping's round trip) would blur the order of checkouts."""
+    assert isinstance(make_db_engine(db_url).pool, FairQueuePool)  # what the service uses
+    engine = create_async_engine(db_url, poolclass=FairQueuePool, pool_size=2, max_overflow=0)
+    order: list[str] = []
+    try:
+        held = [await engine.connect() for _ in range(2)]
+
+        async def waiter(name: str) -> None:
+            async with engine.connect() as conn:
+                order.append(name)  # checked out: the order under test
+                await conn.execute(text("SELECT 1"))
+
+        waiters = []
+        for name in ("w1", "w2", "w3"):
+            waiters.append(asyncio.create_task(waiter(name)))
+            await asyncio.sleep(0.05)  # queued one after the other
+
+        async def again(conn: AsyncConnection, name: str) -> None:
+            await conn.close()
+            async with engine.connect() as back:
+                order.append(name)
+                await back.execute(text("SELECT 1"))
+
+        await asyncio.wait_for(asyncio.gather(*(again(c, f"h{i}") for i, c in enumerate(held)),
+                                              *waiters), 30)
+    finally:
+        await engine.dispose()
+    assert order[:3] == ["w1", "w2", "w3"], order
