@@ -6,10 +6,14 @@ import asyncio
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
+from app.db import session as session_module
 from app.db.pool import FairQueuePool
 from app.db.session import make_db_engine
+from tests.helpers import until
+from tests.procs import Db
 
 pytestmark = pytest.mark.postgres
 
@@ -49,3 +53,34 @@ async def test_a_connection_goes_to_the_longest_waiter_not_to_whoever_asks_again
     finally:
         await engine.dispose()
     assert order[:3] == ["w1", "w2", "w3"], order
+
+
+@pytest.mark.parametrize(("idle_s", "survives"), [(0.0, True), (3600.0, False)])
+async def test_a_connection_idle_past_the_limit_is_pinged_and_replaced_when_dead(
+        db_url: str, monkeypatch: pytest.MonkeyPatch, idle_s: float, survives: bool) -> None:
+    """A pooled connection the server closed (a restart, an idle timeout) is found by a ping
+    at checkout once it has been idle for PING_IF_IDLE_S, and replaced without an error; one
+    returned more recently is used without the ping's round trip (here: the limit set past the
+    test's length, so the dead connection is used, and fails)."""
+    monkeypatch.setattr(session_module, "PING_IF_IDLE_S", idle_s)
+    engine = make_db_engine(db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+        db = Db(db_url)
+        await db.fetch("SELECT pg_terminate_backend($1)", pid)
+
+        async def gone() -> bool:
+            return not await db.fetch("SELECT 1 FROM pg_stat_activity WHERE pid = $1", pid)
+
+        await until(gone, 10, "the backend to exit")
+        if survives:
+            async with engine.connect() as conn:
+                again = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+            assert again != pid
+        else:
+            with pytest.raises(DBAPIError):
+                async with engine.connect() as conn:
+                    await conn.execute(text("SELECT 1"))
+    finally:
+        await engine.dispose()

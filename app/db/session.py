@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import event, func, select
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -61,10 +63,36 @@ def make_db_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         event.listen(engine.sync_engine, "connect", _sqlite_no_autobegin)
         event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
         return engine
-    return create_async_engine(
+    engine = create_async_engine(
         url, poolclass=FairQueuePool, pool_size=pool_size, max_overflow=pool_size,
-        pool_pre_ping=True, pool_recycle=1800, hide_parameters=True,
+        pool_recycle=1800, hide_parameters=True,
     )
+    event.listen(engine.sync_engine, "connect", _returned)
+    event.listen(engine.sync_engine, "checkin", _returned)
+    event.listen(engine.sync_engine, "checkout", _ping_if_idle)
+    return engine
+
+
+# SQLAlchemy's pool_pre_ping pings on every checkout: one round trip of the ~6 a `POST /swarms`
+# makes. A connection checked out within this of its return cannot have missed a database
+# restart (the server is down for longer than that: a connection returned before the restart
+# and taken after it has been idle for at least the downtime), so only one idle longer (where a
+# restart or an idle timeout may have closed it) is pinged first. Under load and from a busy
+# client, connections come back within milliseconds: the ping is skipped on nearly every POST.
+PING_IF_IDLE_S = 0.1
+
+
+def _returned(_dbapi_conn: Any, record: Any) -> None:
+    record.info["returned_at"] = time.monotonic()
+
+
+def _ping_if_idle(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+    if time.monotonic() - record.info.get("returned_at", 0.0) < PING_IF_IDLE_S:
+        return
+    try:
+        dbapi_conn.ping()
+    except Exception as exc:  # the pool invalidates it and checks out another (3 tries)
+        raise DisconnectionError(f"stale pooled connection: {exc!r}") from exc
 
 
 def make_session_factory(engine: AsyncEngine) -> SessionFactory:
