@@ -83,10 +83,11 @@ async def _settle_stale_passthrough(sessions: SessionFactory) -> None:
 
 # CPython collects generation 0 after 700 net allocations of container objects; a subtask
 # allocates thousands (request and response dicts, ORM rows, events), so with hundreds in
-# flight the collector ran many times per subtask, and every full collection walked every row
-# of every running swarm. At 20,000 the engine's CPU per subtask fell 1.50 -> 1.09 ms
-# (bench/RESULTS.md, "Garbage collection"); the memory it lets wait is a few MB at most.
-GC_THRESHOLDS = (20_000, 50, 100)
+# flight the collector ran many times per subtask, and every older-generation pass walked every
+# row of every running swarm. At 10,000 the engine's CPU per subtask fell by about a quarter
+# (bench/RESULTS.md, "Garbage collection"); the older generations keep CPython's ratios (10,
+# 10), so cyclic garbage of a long-running process is still collected as often, relatively.
+GC_THRESHOLDS = (10_000, 10, 10)
 
 
 def tune_gc() -> None:
