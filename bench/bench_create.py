@@ -147,37 +147,36 @@ def top_frames(raw: Path, n: int = 12) -> list[tuple[str, float, float]]:
     return [(f, 100 * k / total, 100 * incl[f] / total) for f, k in own.most_common(n)]
 
 
+def _processes() -> dict[int, tuple[int, str, int]]:
+    """Every process of this machine: pid -> (parent pid, name, user + system CPU ticks)."""
+    table = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            head, _, rest = stat.read_text().rpartition(")")
+        except OSError:  # gone since the listing
+            continue
+        fields = rest.split()
+        table[int(stat.parent.name)] = (int(fields[1]), head.partition("(")[2],
+                                        int(fields[11]) + int(fields[12]))
+    return table
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds so far of a process and its children (`serve --workers N`:
     the worker processes do the work, their parent only watches them)."""
-    ticks, parents = {}, {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:  # gone since the listing
-            continue
-        ticks[int(stat.parent.name)] = int(fields[11]) + int(fields[12])
-        parents[int(stat.parent.name)] = int(fields[1])
+    procs = _processes()
     tree, grew = {pid}, True
     while grew:
-        more = {p for p, parent in parents.items() if parent in tree} - tree
+        more = {p for p, (parent, _, _) in procs.items() if parent in tree} - tree
         grew, tree = bool(more), tree | more
-    return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
+    return sum(procs[p][2] for p in tree if p in procs) / os.sysconf("SC_CLK_TCK")
 
 
 def postgres_cpu_s() -> float:
     """CPU seconds so far of every PostgreSQL process of this machine (the database's share of
     a request; backends that exit in between are missed, so it is a lower bound)."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        if "(postgres)" in text:
-            fields = text.rpartition(")")[2].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    ticks = sum(t for _, name, t in _processes().values() if name == "postgres")
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(url: str, clients: int, each: int, single: int, pid: int,
