@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import logging.config
 import signal
 import sys
 from typing import TYPE_CHECKING, Any
@@ -48,8 +49,10 @@ def serve(settings: Settings, host: str, port: int, engine: bool, workers: int =
     return 1 if app.state.died else 0
 
 
-# the processes of `serve --workers N` are spawned: they log through this, not basicConfig
-_WORKER_LOGGING: dict[str, Any] = {
+# every process's logging: this one's (main), and the spawned ones of `serve --workers N`
+# (uvicorn applies it in each); httpx logs one line per gateway call, httpx2 (the MCP SDK's
+# client) the same: noise
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
@@ -85,7 +88,7 @@ def _serve_workers(settings: Settings, host: str, port: int, engine: bool,
     log.info("serving with %d worker processes (metrics in %s)", workers,
              os.environ["PROMETHEUS_MULTIPROC_DIR"])
     uvicorn.run("app.main:create_app", factory=True, workers=workers, host=host, port=port,
-                log_config=_WORKER_LOGGING, access_log=False,
+                log_config=LOGGING, access_log=False,
                 timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
     return 0
 
@@ -143,9 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in client_cli.COMMANDS:
         return client_cli.run(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per gateway call is noise
-    logging.getLogger("httpx2").setLevel(logging.WARNING)  # the MCP SDK's client: the same
+    logging.config.dictConfig(LOGGING)
 
     if args.command == "simulator":
         from app.simulator import run_simulator
