@@ -1,4 +1,4 @@
-"""Client CPU per gateway call: one big httpx pool vs GatewayClient's sharded 4-connection pools.
+"""Client CPU per gateway call: a bare httpx pool, a bare aiohttp session, and GatewayClient.
 
 Run: .venv/bin/python bench/bench_gateway_pool.py [--calls 3000] [--rounds 2]
 
@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from app.gateway.client import ChatRequest, GatewayClient  # noqa: E402
 
 LEVELS = (16, 64, 256)
-VARIANTS = ("single", "sharded")
+VARIANTS = ("single", "aiohttp", "gateway")
 # Retried attempts per variant, reported so a run that needed many is visible.
 RETRIES = dict.fromkeys(VARIANTS, 0)
 HEADING = "## Gateway client: per-call CPU vs in-flight calls"
@@ -136,15 +137,34 @@ async def _single_pool(base_url: str, calls: int, inflight: int) -> tuple[float,
         return await _measure(call, calls, inflight)
 
 
-async def _gateway_client(
-    base_url: str, calls: int, inflight: int, per_client: int
-) -> tuple[float, float]:
-    client = GatewayClient(base_url, max_inflight=inflight, connections_per_client=per_client)
+async def _bare_aiohttp(base_url: str, calls: int, inflight: int) -> tuple[float, float]:
+    url = base_url + "/chat/completions"
+    body = json.dumps({"model": "kimi-k2.5", "messages": MESSAGES, "max_tokens": 16}).encode()
+    headers = {"Content-Type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=inflight)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def call() -> None:
+            for _ in range(3):
+                try:
+                    async with session.post(url, data=body, headers=headers) as response:
+                        response.raise_for_status()
+                        json.loads(await response.read())
+                        return
+                except aiohttp.ClientConnectionError:
+                    RETRIES["aiohttp"] += 1
+            raise RuntimeError("three transport errors in a row")
+
+        return await _measure(call, calls, inflight)
+
+
+async def _gateway_client(base_url: str, calls: int, inflight: int) -> tuple[float, float]:
+    client = GatewayClient(base_url, max_inflight=inflight)
     request = ChatRequest(model="kimi-k2.5", messages=MESSAGES, max_tokens=16)
 
     async def call() -> None:
         result = await client.complete(request)
-        RETRIES["sharded"] += len(result.attempts) - 1
+        RETRIES["gateway"] += len(result.attempts) - 1
 
     try:
         return await _measure(call, calls, inflight)
@@ -160,10 +180,9 @@ async def _run(
     for _ in range(rounds):
         for inflight in LEVELS:
             for variant in VARIANTS:
-                if variant == "single":
-                    figures = await _single_pool(base_url, calls, inflight)
-                else:
-                    figures = await _gateway_client(base_url, calls, inflight, 4)
+                run = {"single": _single_pool, "aiohttp": _bare_aiohttp,
+                       "gateway": _gateway_client}[variant]
+                figures = await run(base_url, calls, inflight)
                 key = (variant, inflight)
                 if key not in best or figures[0] < best[key][0]:
                     best[key] = figures
@@ -172,12 +191,13 @@ async def _run(
 
 def _table(best: dict[tuple[str, int], tuple[float, float]]) -> str:
     lines = [
-        "| in flight N | httpx, one pool of N | GatewayClient, pools of 4 | sharded / one pool |",
-        "|---:|---:|---:|---:|",
+        "| in flight N | httpx, one pool of N | aiohttp, one session | GatewayClient "
+        "| GatewayClient / httpx |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for n in LEVELS:
         cells = [f"{best[v, n][0]:.2f} ms ({best[v, n][1]:,.0f}/s)" for v in VARIANTS]
-        ratio = best["sharded", n][0] / best["single", n][0]
+        ratio = best["gateway", n][0] / best["single", n][0]
         lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratio:.2f}x |")
     return "\n".join(lines)
 
@@ -240,15 +260,16 @@ Client CPU (`time.process_time()` of the client process) per call, best of {args
 The gateway is {server_name} under uvicorn in its own process, so its CPU is not
 counted (but it shares the machine's {os.cpu_count()} cores, which bounds calls/s).
 "httpx, one pool of N" is a bare `AsyncClient.post` + `json.loads` with `max_connections = N`;
-"GatewayClient, pools of 4" is the full client (body building, classification, tenacity,
-records) with its default sharding, `ceil(N / 4)` clients of 4 connections. The last column is
-GatewayClient CPU over the bare pool.
+"aiohttp, one session" the same over an aiohttp session of N connections; "GatewayClient" is
+the full client (body building, classification, tenacity, records; aiohttp underneath). The
+last column is GatewayClient CPU over the bare httpx pool.
 
 {table}
 
 - command: `{command}`
 - date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; Python {platform.python_version()}, \
-httpx {httpx.__version__}, {platform.machine()}; sniffio installed: {_has_sniffio()}
+httpx {httpx.__version__}, aiohttp {aiohttp.__version__}, {platform.machine()}; \
+sniffio installed: {_has_sniffio()}
 """
     _write_results(section)
     print("updated bench/RESULTS.md")

@@ -1,4 +1,5 @@
-"""GatewayClient against httpx.MockTransport: classification, retries, waits, hooks, pools."""
+"""GatewayClient against httpx.MockTransport (classification, retries, waits, hooks) and real
+sockets (the aiohttp path: its pool, hostile answers, keep-alive)."""
 
 from __future__ import annotations
 
@@ -470,64 +471,157 @@ async def test_cancelling_a_call_abandons_the_request_promptly(
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 1)
     assert time.monotonic() - started < 0.5
-    assert after_calls == [] and client._inflight == [0]
+    assert after_calls == []
 
 
-async def test_calls_spread_over_lazily_created_small_pools(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    real_client = httpx.AsyncClient
-    pools: list[tuple[httpx.Limits, list[int]]] = []
-    release = asyncio.Event()
-
-    def pool(**kwargs: Any) -> httpx.AsyncClient:
-        served: list[int] = []
-        pools.append((kwargs["limits"], served))
-
-        async def handler(request: httpx.Request) -> httpx.Response:
-            served.append(1)
-            await release.wait()
-            return ok_response()
-
-        return real_client(headers=kwargs["headers"], transport=httpx.MockTransport(handler))
-
-    monkeypatch.setattr(httpx, "AsyncClient", pool)
-    client = GatewayClient(BASE_URL, max_inflight=12, connections_per_client=4)
-    release.set()
-    try:
-        await client.complete(REQUEST)  # one call at a time needs one pool only
-        release.clear()
-        assert len(pools) == 1
-        calls = [asyncio.create_task(client.complete(REQUEST)) for _ in range(12)]
-        await until(lambda: sum(len(served) for _, served in pools) >= 13, 10,
-                    "13 requests held by the pools", every=0.01)
-        release.set()
-        await asyncio.gather(*calls)
-    finally:
-        await client.aclose()
-    assert [len(served) for _, served in pools] == [5, 4, 4]
-    assert all(limits.max_connections == 4 for limits, _ in pools)
-    assert all(limits.max_keepalive_connections == 4 for limits, _ in pools)
+def raw_answer(status: str, body: bytes, *headers: str, keep_alive: bool = False) -> bytes:
+    headers += (f"Content-Length: {len(body)}",) + (() if keep_alive else ("Connection: close",))
+    head = "".join(f"{h}\r\n" for h in headers)
+    return f"HTTP/1.1 {status}\r\n{head}\r\n".encode("latin-1") + body
 
 
-class ClosingServer:
-    """A real HTTP/1.1 server that, like uvicorn past its keep-alive timeout, has given up on
-    a connection idle for `idle_s`: a request arriving on it is dropped unanswered."""
+OK_BODY = json.dumps(completion()).encode()
 
-    def __init__(self, idle_s: float) -> None:
-        self.idle_s = idle_s
+
+class ScriptedServer:
+    """A real HTTP/1.1 server writing each request's planned bytes (None: never answers),
+    counting connections and the most requests it held at once; `close` ends each connection
+    after its answer (one that promised more than it sent is cut short there)."""
+
+    def __init__(self, *answers: bytes | None, close: bool = False) -> None:
+        self.answers = list(answers)
+        self.close = close
         self.connections = 0
-        self.answered = 0
+        self.requests = 0
+        self.held = 0
+        self.most_held = 0
+        self.release = asyncio.Event()
+        self.release.set()
         self.server: asyncio.Server | None = None
 
     async def __aenter__(self) -> str:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self.server.sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}/v1"
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
 
     async def __aexit__(self, *exc: object) -> None:
         assert self.server is not None
         self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                answer = self.answers[min(self.requests, len(self.answers) - 1)]
+                self.requests += 1
+                self.held += 1
+                self.most_held = max(self.most_held, self.held)
+                await self.release.wait()
+                self.held -= 1
+                if answer is None:
+                    await asyncio.sleep(30)
+                    return
+                writer.write(answer)
+                await writer.drain()
+                if self.close:
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_network_calls_share_one_pool_of_at_most_max_inflight_connections() -> None:
+    server = ScriptedServer(raw_answer("200 OK", OK_BODY, "Content-Type: application/json",
+                                       keep_alive=True))
+    async with server as url:
+        client = GatewayClient(url, max_inflight=4)
+        try:
+            server.release.clear()
+            calls = [asyncio.create_task(client.complete(REQUEST)) for _ in range(12)]
+            await until(lambda: server.held == 4, 10, "4 requests held", every=0.01)
+            await asyncio.sleep(0.05)  # the other 8 wait for a connection, not a new one
+            assert (server.held, server.connections) == (4, 4)
+            server.release.set()
+            results = await asyncio.gather(*calls)
+        finally:
+            await client.aclose()
+    assert all(r.content == "hi" and len(r.attempts) == 1 for r in results)
+    assert (server.requests, server.connections, server.most_held) == (12, 4, 4)
+
+
+def _gzipped(body: bytes) -> bytes:
+    import gzip
+    return gzip.compress(body)
+
+
+# What a hostile or broken gateway can answer on a real socket, and how each attempt is
+# classified (the aiohttp path: the mock-transport cases above go through httpx).
+NETWORK_ANSWERS = [
+    ("ok-gzip", raw_answer("200 OK", _gzipped(OK_BODY), "Content-Encoding: gzip"),
+     "ok", 200, None),
+    ("bad-gzip", raw_answer("200 OK", b"not gzip", "Content-Encoding: gzip"),
+     "invalid_response", None, "undecodable body"),
+    ("not-http", b"\x00\x01garbage\r\n\r\n", "connection_error", None, "Bad status line"),
+    ("bad-status", b"HTTP/1.1 abc OK\r\n\r\n", "connection_error", None, "status"),
+    ("truncated", b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"a\":",
+     "connection_error", None, "payload"),
+    ("closed-unanswered", b"", "connection_error", None, "disconnected"),
+    ("huge-header", raw_answer("200 OK", OK_BODY, "X-Pad: " + "a" * 20_000),
+     "connection_error", None, "8190"),
+    ("bad-chunks", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+     "connection_error", None, "chunk"),
+    ("latin-1-reason", raw_answer("503 \u00dcberlastet", b"{}"), "server_error", 503, "HTTP 503"),
+    ("silent", None, "timeout", None, "no response within"),
+]
+
+
+@pytest.mark.parametrize(("answer", "outcome", "status", "error"),
+                         [case[1:] for case in NETWORK_ANSWERS],
+                         ids=[case[0] for case in NETWORK_ANSWERS])
+async def test_hostile_answers_on_the_network_are_classified(
+        answer: bytes | None, outcome: str, status: int | None, error: str | None,
+        waits: list[float]) -> None:
+    good = raw_answer("200 OK", OK_BODY)
+    server = ScriptedServer(answer, good, close=True)
+    async with server as url:
+        client = GatewayClient(url, API_KEY)
+        try:
+            result = await client.complete(REQUEST, timeout_s=0.3)
+        finally:
+            await client.aclose()
+    first = result.attempts[0]
+    assert (first.outcome, first.status_code) == (outcome, status)
+    assert error is None or error.lower() in (first.error or "").lower()
+    assert API_KEY not in (first.error or "") and result.content == "hi"
+    assert len(result.attempts) == (1 if outcome == "ok" else 2)
+
+
+async def test_wait_hints_arrive_over_the_network_in_any_case() -> None:
+    server = ScriptedServer(raw_answer("429 Too Many Requests", b"{}", "RETRY-AFTER-MS: 150"),
+                            raw_answer("200 OK", OK_BODY))
+    async with server as url:
+        client = GatewayClient(url)
+        try:
+            started = time.monotonic()
+            result = await client.complete(REQUEST)
+        finally:
+            await client.aclose()
+    assert [a.outcome for a in result.attempts] == ["rate_limited", "ok"]
+    assert result.attempts[0].retry_after_s == 0.15 and time.monotonic() - started >= 0.15
+
+
+class ClosingServer(ScriptedServer):
+    """A real HTTP/1.1 server that, like uvicorn past its keep-alive timeout, has given up on
+    a connection idle for `idle_s`: a request arriving on it is dropped unanswered."""
+
+    def __init__(self, idle_s: float) -> None:
+        super().__init__()
+        self.idle_s = idle_s
+        self.answered = 0
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1

@@ -8,17 +8,19 @@ import math
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal, NoReturn
+from urllib.parse import urlsplit
 
 import httpx
 from tenacity import AsyncRetrying, RetryCallState
 
 from app import tracing
 from app.gateway.redact import Redactor
+from app.gateway.wire import AiohttpWire, Answer, HttpxWire, Wire, WireError
 from app.text import storable
 
 Outcome = Literal[
@@ -232,7 +234,7 @@ def _tool_calls_of(raw: Any) -> tuple[ToolCallRequest, ...] | None:
     return tuple(out)
 
 
-def _retry_after(headers: httpx.Headers) -> float | None:
+def _retry_after(headers: Mapping[str, str]) -> float | None:
     """The server's wait hint in seconds: retry-after-ms, else Retry-After (seconds or date)."""
     millis = headers.get("retry-after-ms")
     if millis is not None:
@@ -345,7 +347,12 @@ def _chat_span(call: _Call, server: str) -> Any:
 
 
 class GatewayClient:
-    """POSTs chat completions to one gateway, over pools sharded to keep per-call CPU flat."""
+    """POSTs chat completions to one gateway, at most `max_inflight` connections per pool.
+
+    Buffered calls go over an aiohttp pool (app/gateway/wire.py says why); streamed ones over
+    an httpx pool, for the event-stream parser they use (httpx-sse). A `transport` handed in
+    carries both.
+    """
 
     def __init__(
         self,
@@ -353,48 +360,55 @@ class GatewayClient:
         api_key: str = "",
         *,
         max_inflight: int = 256,
-        connections_per_client: int = 4,
         transport: httpx.AsyncBaseTransport | None = None,
         connect_timeout_s: float = 5.0,
         keepalive_s: float = 4.0,
     ) -> None:
-        if max_inflight < 1 or connections_per_client < 1:
-            raise ValueError("max_inflight and connections_per_client must be positive")
-        # A parsed URL object saves httpx re-parsing the string on every request.
-        self._url = httpx.URL(base_url.rstrip("/") + "/chat/completions")
+        if max_inflight < 1:
+            raise ValueError("max_inflight must be positive")
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._host = urlsplit(self._url).hostname or ""
         self._redact = Redactor(api_key, base_url)
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._transport = transport
-        self._per_client = connections_per_client
+        self._max_inflight = max_inflight
         self._connect_timeout_s = connect_timeout_s
         # An idle connection is closed by us before the server closes it: a request sent on
-        # a connection the server is closing fails unread (httpx ReadError), costing an attempt
-        # and a retry. httpx's default (5 s) is the keep-alive timeout of uvicorn, Node and
-        # Apache, so the two race at exactly the moment both let go.
+        # a connection the server is closing fails unread, costing an attempt and a retry.
+        # 5 s (httpx's default) is the keep-alive timeout of uvicorn, Node and Apache, so the
+        # two would race at exactly the moment both let go.
         self._keepalive_s = keepalive_s
-        # httpcore scans every connection of a pool on each request (encode/httpcore#1035), so
-        # one big pool costs CPU per call in proportion to its size; many small ones do not.
-        shards = 1 if transport is not None else math.ceil(max_inflight / connections_per_client)
-        self._clients: list[httpx.AsyncClient | None] = [None] * shards
-        self._inflight = [0] * shards
         self._ssl: ssl.SSLContext | None = None
+        self._streams: httpx.AsyncClient | None = None
+        self._wire: Wire
+        if transport is not None:
+            self._wire = HttpxWire(self._url, self.stream_client(), connect_timeout_s)
+        else:
+            self._wire = AiohttpWire(self._url, self._headers, limit=max_inflight,
+                                     keepalive_s=keepalive_s, connect_timeout_s=connect_timeout_s,
+                                     ssl_context=self._ssl_context())
 
-    def _client(self, shard: int) -> httpx.AsyncClient:
-        client = self._clients[shard]
-        if client is None:  # created lazily: a process that never calls the gateway opens nothing
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:  # CA certificates loaded once (httpx's: certifi, SSL_CERT_FILE)
+            self._ssl = httpx.create_ssl_context()
+        return self._ssl
+
+    def stream_client(self) -> httpx.AsyncClient:
+        """The httpx client streamed calls go through (made at first use: a process that never
+        streams opens nothing)."""
+        if self._streams is None:
             if self._transport is not None:
-                client = httpx.AsyncClient(headers=self._headers, transport=self._transport)
+                self._streams = httpx.AsyncClient(headers=self._headers,
+                                                  transport=self._transport)
             else:
-                if self._ssl is None:  # loading CA certificates once, not once per shard
-                    self._ssl = httpx.create_ssl_context()
-                n = self._per_client
+                n = self._max_inflight
                 limits = httpx.Limits(max_connections=n, max_keepalive_connections=n,
                                       keepalive_expiry=self._keepalive_s)
-                client = httpx.AsyncClient(headers=self._headers, limits=limits, verify=self._ssl)
-            self._clients[shard] = client
-        return client
+                self._streams = httpx.AsyncClient(headers=self._headers, limits=limits,
+                                                  verify=self._ssl_context())
+        return self._streams
 
     def _scrub(self, text: str) -> str:
         # Redact before truncating, so a key cut in half cannot slip through; by pattern, so
@@ -478,7 +492,7 @@ class GatewayClient:
         if not tracing.enabled():
             return await self._send(call, call.headers)
         # one `chat` span per attempt (retries are siblings); the gateway continues it
-        with _chat_span(call, self._url.host):
+        with _chat_span(call, self._host):
             return await self._send(call, tracing.inject(call.headers))
 
     async def _send(self, call: _Call, headers: dict[str, str] | None) -> ChatResult:
@@ -494,38 +508,31 @@ class GatewayClient:
                 return await call.finish(
                     AttemptRecord(number, None, "timeout", _NO_USAGE, 0.0, error, None)
                 )
-        shard = self._inflight.index(min(self._inflight))  # least loaded; C-speed over <=64 ints
-        client = self._client(shard)
-        timeouts = httpx.Timeout(timeout, connect=min(self._connect_timeout_s, timeout))
         started = time.perf_counter()
-        self._inflight[shard] += 1
         try:
-            # ASGITransport ignores httpx timeouts, and httpx's are per read, not per attempt.
+            # httpx's timeouts are per read (and ASGITransport ignores them): one for the attempt
             async with asyncio.timeout(timeout):
-                response = await client.post(
-                    self._url, content=call.body, headers=headers, timeout=timeouts
-                )
-        except (httpx.TimeoutException, TimeoutError):
+                answer = await self._wire.post(call.body, headers, timeout)
+        except TimeoutError:
             outcome: Outcome = "timeout"
             error = f"no response within {timeout:.3g} s"
-        except httpx.DecodingError:  # a body whose Content-Encoding does not decode
-            outcome, error = "invalid_response", "undecodable body"
-        except httpx.RequestError as exc:
-            outcome, error = "connection_error", self._scrub(f"{type(exc).__name__}: {exc}")
+        except WireError as exc:
+            if exc.undecodable:  # a body whose Content-Encoding does not decode
+                outcome, error = "invalid_response", "undecodable body"
+            else:
+                outcome, error = "connection_error", self._scrub(str(exc))
         else:
-            return await self._classified(call, number, response, time.perf_counter() - started)
-        finally:
-            self._inflight[shard] -= 1
+            return await self._classified(call, number, answer, time.perf_counter() - started)
         latency = time.perf_counter() - started
         return await call.finish(
             AttemptRecord(number, None, outcome, _NO_USAGE, latency, error, None)
         )
 
     async def _classified(
-        self, call: _Call, number: int, response: httpx.Response, latency: float
+        self, call: _Call, number: int, answer: Answer, latency: float
     ) -> ChatResult:
-        status = response.status_code
-        body = _loads(response.content)
+        status = answer.status
+        body = _loads(answer.content)
         usage = _usage_of(body)
         if 200 <= status < 300:
             if isinstance(body, dict) and isinstance(body.get("model"), str):
@@ -540,9 +547,9 @@ class GatewayClient:
                 AttemptRecord(number, status, "invalid_response", usage, latency, error, None)
             )
         return await call.finish(
-            self.failed_record(number, status, response.headers, response.content, latency))
+            self.failed_record(number, status, answer.headers, answer.content, latency))
 
-    def failed_record(self, number: int, status: int, headers: httpx.Headers, content: bytes,
+    def failed_record(self, number: int, status: int, headers: Mapping[str, str], content: bytes,
                       latency: float) -> AttemptRecord:
         """The record of a non-2xx answer: outcome, scrubbed detail, the server's wait hint."""
         body = _loads(content)
@@ -558,7 +565,7 @@ class GatewayClient:
     # ---- what app/gateway/streaming.py uses ----
 
     @property
-    def url(self) -> httpx.URL:
+    def url(self) -> str:
         return self._url
 
     @property
@@ -569,18 +576,9 @@ class GatewayClient:
         """Text safe to store or show: the gateway key masked, whitespace folded, cut short."""
         return self._scrub(text)
 
-    def lease_shard(self) -> tuple[int, httpx.AsyncClient]:
-        """The least-loaded pool, counted as busy until release_shard."""
-        shard = self._inflight.index(min(self._inflight))
-        self._inflight[shard] += 1
-        return shard, self._client(shard)
-
-    def release_shard(self, shard: int) -> None:
-        self._inflight[shard] -= 1
-
     async def aclose(self) -> None:
-        """Close every pool opened so far."""
-        clients = [c for c in self._clients if c is not None]
-        self._clients = [None] * len(self._clients)
-        for client in clients:
-            await client.aclose()
+        """Close the pools opened so far."""
+        streams, self._streams = self._streams, None
+        await self._wire.aclose()
+        if streams is not None:
+            await streams.aclose()

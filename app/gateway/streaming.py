@@ -43,7 +43,6 @@ class _Opened:
     events: AsyncIterator[ServerSentEvent]
     first: ServerSentEvent
     started: float
-    shard: int
 
 
 @dataclass
@@ -144,7 +143,6 @@ class GatewayStream:
                 self._error = "stream abandoned by the reader"
             await asyncio.shield(self._record())
         finally:
-            self._gateway.release_shard(self._opened.shard)
             await self._opened.response.aclose()
 
 
@@ -181,11 +179,11 @@ async def _attempt(gateway: GatewayClient, call: _Call) -> _Opened:
     if call.before is not None:
         await call.before(number)
     timeout = call.timeout_s
-    shard, client = gateway.lease_shard()
+    client = gateway.stream_client()
     started = time.perf_counter()
     response: httpx.Response | None = None
     failed: AttemptRecord | None = None
-    handed = False  # once the first event is in, the stream and the shard are GatewayStream's
+    handed = False  # once the first event is in, the stream is GatewayStream's
     try:
         try:
             async with asyncio.timeout(timeout):  # to the first event, like a plain attempt
@@ -203,7 +201,7 @@ async def _attempt(gateway: GatewayClient, call: _Call) -> _Opened:
                     events = EventSource(response).aiter_sse()
                     first = await anext(events)
                     handed = True
-                    return _Opened(number, response, events, first, started, shard)
+                    return _Opened(number, response, events, first, started)
         except (httpx.TimeoutException, TimeoutError):
             failed = _failed(number, response, "timeout",
                              f"no first event within {timeout:.3g} s", started)
@@ -217,10 +215,8 @@ async def _attempt(gateway: GatewayClient, call: _Call) -> _Opened:
             failed = _failed(number, response, "connection_error",
                              gateway.scrub(f"{type(exc).__name__}: {exc}"), started)
     finally:
-        if not handed:
-            gateway.release_shard(shard)
-            if response is not None:
-                await response.aclose()
+        if not handed and response is not None:
+            await response.aclose()
     assert failed is not None
     await call.finish(failed)  # raises: retried, rejected or given up
     raise AssertionError("unreachable: finish raises for a failed attempt")

@@ -1,0 +1,123 @@
+"""How a buffered gateway call travels: aiohttp on the network, or an httpx transport handed in.
+
+aiohttp is the network path because of what one call costs: its C parser and plain asyncio
+streams spend ~0.2 ms of CPU per call where httpx over httpcore (an anyio backend, a pool that
+scans its connections) spends ~1 ms even sharded into small pools (bench/RESULTS.md, "The
+gateway client on aiohttp"). On 2 cores that is most of the engine's CPU per subtask.
+The httpx path serves the in-process simulator (ASGITransport) and tests' MockTransports.
+"""
+
+from __future__ import annotations
+
+import ssl
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import aiohttp
+import httpx
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A complete HTTP answer; `headers` look up case-insensitively."""
+
+    status: int
+    headers: Mapping[str, str]
+    content: bytes
+
+
+class WireError(Exception):
+    """No usable answer: `undecodable` when the body's Content-Encoding did not decode, else
+    the connection failed (refused, reset, closed early, or the answer was not HTTP)."""
+
+    def __init__(self, message: str, *, undecodable: bool = False) -> None:
+        super().__init__(message)
+        self.undecodable = undecodable
+
+
+def _env_proxy(url: str) -> str | None:
+    """The proxy the environment names for `url` (HTTP(S)_PROXY, NO_PROXY), as httpx honours
+    it; read once, not per call."""
+    parts = urlsplit(url)
+    if urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return urllib.request.getproxies().get(parts.scheme)
+
+
+class AiohttpWire:
+    """One aiohttp session (one connection pool), opened at the first call."""
+
+    def __init__(self, url: str, headers: Mapping[str, str], *, limit: int,
+                 keepalive_s: float, connect_timeout_s: float, ssl_context: ssl.SSLContext
+                 ) -> None:
+        self._url = url
+        self._headers = dict(headers)
+        self._limit = limit
+        self._keepalive_s = keepalive_s
+        self._connect_timeout_s = connect_timeout_s
+        self._ssl = ssl_context
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        # a session binds to the running loop, so it is made inside one, at the first call
+        connector = aiohttp.TCPConnector(limit=self._limit, keepalive_timeout=self._keepalive_s,
+                                         ssl=self._ssl)
+        self._session = aiohttp.ClientSession(
+            connector=connector, headers=self._headers, proxy=_env_proxy(self._url),
+            # the attempt's whole deadline is the caller's asyncio.timeout; this bounds connecting
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s))
+        return self._session
+
+    async def post(self, body: bytes, headers: Mapping[str, str] | None, timeout: float
+                   ) -> Answer:
+        """One POST; the caller's asyncio.timeout bounds it as a whole (`timeout` is unused)."""
+        session = self._session or self._open()
+        try:
+            async with session.post(self._url, data=body, headers=headers) as response:
+                return Answer(response.status, response.headers, await response.read())
+        except aiohttp.ClientError as exc:
+            undecodable = "content-encoding" in str(exc).lower()
+            raise WireError(f"{type(exc).__name__}: {exc}", undecodable=undecodable) from exc
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+class Wire(Protocol):
+    async def post(self, body: bytes, headers: Mapping[str, str] | None, timeout: float
+                   ) -> Answer:
+        """The answer; raises WireError, or TimeoutError when the transport's own timer fires."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class HttpxWire:
+    """Calls through an httpx client (the in-process simulator, tests' mock transports)."""
+
+    def __init__(self, url: str, client: httpx.AsyncClient, connect_timeout_s: float) -> None:
+        self._url = url
+        self._client = client
+        self._connect_timeout_s = connect_timeout_s
+
+    async def post(self, body: bytes, headers: Mapping[str, str] | None, timeout: float
+                   ) -> Answer:
+        timeouts = httpx.Timeout(timeout, connect=min(self._connect_timeout_s, timeout))
+        try:
+            response = await self._client.post(self._url, content=body, headers=headers,
+                                               timeout=timeouts)
+        except httpx.TimeoutException as exc:
+            raise TimeoutError(str(exc)) from exc
+        except httpx.DecodingError as exc:
+            raise WireError(f"{type(exc).__name__}: {exc}", undecodable=True) from exc
+        except httpx.RequestError as exc:
+            raise WireError(f"{type(exc).__name__}: {exc}") from exc
+        return Answer(response.status_code, response.headers, response.content)
+
+    async def aclose(self) -> None:
+        """Nothing: the client is its owner's (GatewayClient streams through it too)."""
