@@ -3,6 +3,7 @@ rows settled by (idempotency_key, attempt)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -20,6 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.sql import Executable, Insert
 
+from app.db.batch import executemany
 from app.db.leases import idle_limit as _idle_limit
 from app.db.notify import CHANGED, notify
 from app.db.session import is_postgres as _is_pg
@@ -95,23 +97,23 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
         events.extend(w.events)
         tool_calls.extend(w.tool_calls)
         transcript.extend(w.transcript)
-    # Core executemany: the ORM's bulk paths cost several times more per row (measured)
+    # (app/db/batch.py: the ORM's bulk paths and even Core's cost several times more per row)
     conn = await session.connection()
-    await conn.execute(_SWARM_UPDATE, list(latest.values()))
+    await executemany(conn, _SWARM_UPDATE, list(latest.values()))
     if inserts:
-        await conn.execute(_ignoring_duplicates(conn, _SUBTASK_INSERT), inserts)
+        await executemany(conn, _ignoring_duplicates(conn, _SUBTASK_INSERT), inserts)
     if subtasks:
-        await conn.execute(_SUBTASK_UPDATE, subtasks)
+        await executemany(conn, _SUBTASK_UPDATE, subtasks)
     if ledger:
-        await conn.execute(settling_insert(conn), list(ledger.values()))
+        await executemany(conn, settling_insert(conn), list(ledger.values()))
     if events:
-        await conn.execute(_ignoring_duplicates(conn, _EVENT_INSERT), events)
+        await executemany(conn, _ignoring_duplicates(conn, _EVENT_INSERT), events)
     if hooks:
-        await conn.execute(_ignoring_duplicates(conn, _WEBHOOK_INSERT), hooks)
+        await executemany(conn, _ignoring_duplicates(conn, _WEBHOOK_INSERT), hooks)
     if tool_calls:
-        await conn.execute(_ignoring_duplicates(conn, _TOOL_CALL_INSERT), tool_calls)
+        await executemany(conn, _ignoring_duplicates(conn, _TOOL_CALL_INSERT), tool_calls)
     if transcript:
-        await conn.execute(_ignoring_duplicates(conn, _TRANSCRIPT_INSERT), transcript)
+        await executemany(conn, _ignoring_duplicates(conn, _TRANSCRIPT_INSERT), transcript)
     await notify(session, CHANGED, list(latest))
     return fenced
 
@@ -140,8 +142,12 @@ async def apply_spend_only(session: AsyncSession, owner: str, write: SwarmWrite,
 def _ignoring_duplicates(conn: AsyncConnection, stmt: Insert) -> Executable:
     """INSERT … ON CONFLICT DO NOTHING: a batch retried after a lost COMMIT outcome inserts
     nothing twice (events are unique by seq)."""
-    dialect = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    return dialect(stmt.table).on_conflict_do_nothing()
+    return _on_conflict_nothing(conn.dialect.name, cast(Table, stmt.table))
+
+
+@functools.cache  # one statement per dialect and table: batch.executemany's plans key on it
+def _on_conflict_nothing(dialect: str, table: Table) -> Executable:
+    return (pg_insert if dialect == "postgresql" else sqlite_insert)(table).on_conflict_do_nothing()
 
 
 _LEDGER_SETTLED = ("http_status", "outcome", "prompt_tokens", "completion_tokens",
@@ -153,8 +159,13 @@ def settling_insert(conn: AsyncConnection) -> Executable:
     ahead as `in_flight`), an `in_flight` one is settled by its answer, a settled one is never
     touched again (so a batch retried after a lost COMMIT outcome changes nothing, and a
     write-ahead never un-settles a row)."""
+    return _settling(conn.dialect.name)
+
+
+@functools.cache  # one statement per dialect: batch.executemany's plans key on it
+def _settling(dialect: str) -> Executable:
     table = cast(Table, GatewayCall.__table__)
-    stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(table)
+    stmt = (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
     return stmt.on_conflict_do_update(
         index_elements=["idempotency_key", "attempt"],
         set_={c: stmt.excluded[c] for c in _LEDGER_SETTLED},
