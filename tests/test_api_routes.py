@@ -109,10 +109,13 @@ async def test_finished_swarm_has_outputs_usage_and_timing(api: Harness) -> None
 @pytest.mark.parametrize("swarm_id", [str(uuid.uuid4()), "nope", "a%00b", "%FF", "x" * 300])
 async def test_unknown_or_malformed_id_is_404(api: Harness, swarm_id: str) -> None:
     for method, path in (("GET", f"/swarms/{swarm_id}"),
+                         ("GET", f"/swarms/{swarm_id}?wait=30"),  # answered at once
                          ("POST", f"/swarms/{swarm_id}/cancel"),
                          ("GET", f"/swarms/{swarm_id}/events")):
+        started = time.monotonic()
         r = await api.client.request(method, path)
         error_of(r, 404, "not_found")
+        assert time.monotonic() - started < 5  # not held for a swarm that is not there
 
 
 async def test_wait_bounds(api: Harness) -> None:
@@ -339,6 +342,8 @@ async def test_tenants_are_isolated(authed: Harness) -> None:
     sid = (await authed.post({"task": "t", "agents": [{"name": "a", "system_prompt": SLOW}]},
                              headers=T1)).json()["id"]
     error_of(await authed.client.get(f"/swarms/{sid}", headers=T2), 404, "not_found")
+    error_of(await authed.client.get(f"/swarms/{sid}", params={"wait": 30}, headers=T2), 404,
+             "not_found")
     error_of(await authed.client.get(f"/swarms/{sid}/events", headers=T2), 404, "not_found")
     error_of(await authed.client.post(f"/swarms/{sid}/cancel", headers=T2), 404, "not_found")
     assert (await authed.client.get("/swarms", headers=T2)).json()["items"] == []

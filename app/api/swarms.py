@@ -130,13 +130,19 @@ async def get_swarm(
                                         "the swarm is terminal")] = None,
 ) -> SwarmRead:
     """The swarm with its subtasks, progress, usage and timing."""
-    until = time.monotonic() + (wait or 0)
-    armed = notifier.arm(swarm_id) if wait else None  # before the read: no change missed
+    if not wait:
+        return await _read(session, swarm_id, tenant)
+    # Waiting looks only at the status; the view (every subtask: a 1,000-agent swarm's is
+    # ~1 MB of rows) is read once, when it is answered.
+    _check_id(swarm_id)
+    until = time.monotonic() + wait
+    armed = notifier.arm(swarm_id)  # before the first look: no change missed
     try:
-        view = await _read(session, swarm_id, tenant)
-        status = view.status
-        while (armed is not None and not SwarmStatus(status).terminal
-               and (left := until - time.monotonic()) > 0):
+        async with session.begin():
+            status = await queries.get_status(session, swarm_id, tenant)
+        if status is None:
+            raise SwarmNotFound.of(swarm_id)
+        while not SwarmStatus(status).terminal and (left := until - time.monotonic()) > 0:
             # woken on every commit of this swarm: re-check only the status, cheaply
             await woken(armed, min(left, FALLBACK_S))
             notifier.disarm(swarm_id, armed)
@@ -144,9 +150,8 @@ async def get_swarm(
             async with session.begin():
                 status = await queries.get_status(session, swarm_id, tenant) or status
     finally:
-        if armed is not None:
-            notifier.disarm(swarm_id, armed)
-    return view if status == view.status else await _read(session, swarm_id, tenant)
+        notifier.disarm(swarm_id, armed)
+    return await _read(session, swarm_id, tenant)
 
 
 @router.post("/{swarm_id}/cancel", status_code=202, response_model=SwarmRead,
