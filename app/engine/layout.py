@@ -5,12 +5,17 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from sqlalchemy.orm import configure_mappers
+from sqlalchemy.orm.instrumentation import manager_of_class
+
 from app.db.tables import Subtask
 from app.states import SubtaskKind, SubtaskStatus
 
 PLANNER = "@planner"
 SYNTHESIZER = "@synthesizer"
 COMPRESSOR_PREFIX = "@compress."  # '@' never starts an agent name: no collisions
+configure_mappers()  # instances made below skip the constructor, which would configure them
+_SUBTASK = manager_of_class(Subtask)
 
 
 def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, model: str,
@@ -23,7 +28,12 @@ def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, mode
     `prompt` None is the swarm's task, and a worker's `system_prompt` None the planned
     workers' one (built from the task): resolved when the call is made, so the task is never
     copied into a subtask."""
-    return Subtask(
+    sub: Subtask = _SUBTASK.new_instance()
+    # Filled like a row just loaded, without the declarative constructor's attribute events
+    # (~50 ms of CPU per 1,000 subtasks where this takes ~4: wide swarms' creation). Nothing
+    # is lost: a new subtask never joins a session (Core inserts it), so it has no history
+    # to keep.
+    sub.__dict__.update(
         swarm_id=swarm_id, name=name, position=position, kind=kind, model=model,
         depends_on=list(depends_on or []), system_prompt=system_prompt, prompt=prompt,
         max_tokens=max_tokens, temperature=temperature, weight=weight,
@@ -33,6 +43,7 @@ def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, mode
         ready_at=None, started_at=None, finished_at=None, reused=False,
         tools=list(tools or []), max_turns=max_turns, turns=0, tool_calls=0,
     )
+    return sub
 
 
 
