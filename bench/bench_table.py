@@ -1,15 +1,15 @@
 """`make bench`: the performance table of issue 14, each figure beside its peer measured in the
 same run, against one simulator process and one `swarm-api serve` on a throwaway PostgreSQL.
 
-    .venv/bin/python -m bench.bench_table [--runs 5] [--quick]
+    .venv/bin/python -m bench.bench_table [--runs 5] [--quick] [--cli NAME=PATH ...]
 
 Rows: fan-out overhead (100 agents + synthesis at 500 ms, over the configured floor 2 x 500 ms,
 beside a bare `asyncio.gather` script and LangGraph `Send`), throughput at 0 ms with 64 in
 flight (over a bare single-pool gather), one 1,000-agent swarm and 50 concurrent 100-agent swarms
 at 200 ms with 256 in flight (over their floors), serve's memory per in-flight call, and
 `POST /swarms` under 200 concurrent clients and from one client, with the engine in the process
-and from an API-only process (`serve --no-engine`, its own database). Appends to
-bench/RESULTS.md.
+and from an API-only process (`serve --no-engine`, its own database). With `--cli`, each named
+build runs every row in turn (before/after in one run). Appends to bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from bench.bench_create import errors_cell, post_load, tenants_file
-from tests.support import free_port, process, throwaway_db
+from tests.support import CLI, free_port, process, throwaway_db
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -201,12 +201,8 @@ async def creation_rows(api: str, quick: bool, where: str) -> list[str]:
             f"({single['per_s']:.0f}/s) | - | p50 <= 3 ms |"]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-table-"))
+def table(cli: str, runs: int, quick: bool, work: Path) -> list[str]:
+    """Every row for one build of `swarm-api` (the simulator is always this checkout's)."""
     sim_port, api_port, api2_port = free_port(), free_port(), free_port()
     sim, api = f"http://127.0.0.1:{sim_port}/v1", f"http://127.0.0.1:{api_port}"
     api2 = f"http://127.0.0.1:{api2_port}"
@@ -217,19 +213,39 @@ def main() -> None:
         with process(["simulator", "--port", str(sim_port)], {"SWARM_SIM_LATENCY_MS": "0"},
                      f"{sim}/models", work / "sim.log"), \
              process(["serve", "--port", str(api_port)], env, f"{api}/readyz",
-                     work / "api.log") as serve:
-            rows = asyncio.run(measure(api, sim, serve.pid, args.runs, args.quick))
+                     work / "api.log", cli=cli) as serve:
+            rows = asyncio.run(measure(api, sim, serve.pid, runs, quick))
         # the creation rows again from an API-only process on a database of its own
         with throwaway_db("swarm_bench") as db2, \
              process(["serve", "--no-engine", "--port", str(api2_port)],
-                     {**env, "SWARM_DATABASE_URL": db2}, f"{api2}/readyz", work / "api2.log"):
-            rows.extend(asyncio.run(creation_rows(api2, args.quick,
+                     {**env, "SWARM_DATABASE_URL": db2}, f"{api2}/readyz", work / "api2.log",
+                     cli=cli):
+            rows.extend(asyncio.run(creation_rows(api2, quick,
                                                   "API only (`serve --no-engine`)")))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    ap.add_argument("--cli", action="append", default=[], metavar="NAME=PATH",
+                    help="compare builds: each one's `swarm-api` runs every row, in order "
+                         "(default: this checkout's)")
+    args = ap.parse_args()
+    builds = [tuple(c.split("=", 1)) for c in args.cli] or [("", CLI)]
+    sections: list[str] = []
+    for name, cli in builds:
+        rows = table(str(Path(cli).absolute()) if name else cli, args.runs, args.quick,
+                     Path(tempfile.mkdtemp(prefix="bench-table-")))
+        sections += ([f"\nBuild `{name}`:\n"] if name else []) + [
+            "| workload | swarm-api | peers, same run | target |", "|---|---|---|---|", *rows]
     load = os.getloadavg()[0]
+    options = f"{' --quick' if args.quick else ''}" + "".join(f" --cli {c}" for c in args.cli)
     lines = [
         f"\n## The performance table (issue 14), {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC\n",
         f"Command: `make bench` (= `.venv/bin/python -m bench.bench_table --runs {args.runs}"
-        f"{' --quick' if args.quick else ''}`): one simulator process (latency per request by "
+        f"{options}`): one simulator process (latency per request by "
         "directive), one `swarm-api serve` on PostgreSQL, and the peers from this process, all "
         f"on one machine ({os.cpu_count()} cores, {platform.machine()}, Python "
         f"{platform.python_version()}; 1-min load average at the end {load:.1f}). "
@@ -237,9 +253,7 @@ def main() -> None:
         "daily limits (`bench/bench_create.py` BENCH_TENANTS; budgets as SPEC's defaults): "
         "without it the load rows measure the token bucket (600/min, 429s). Errors are "
         "counted by kind (HTTP status, or the httpx exception).\n",
-        "| workload | swarm-api | peers, same run | target |",
-        "|---|---|---|---|",
-        *rows,
+        *sections,
     ]
     with RESULTS.open("a") as f:
         f.write("\n".join(lines) + "\n")
