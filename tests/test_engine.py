@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -271,3 +273,37 @@ async def test_events_are_consecutive_and_end_with_completed(harness: Harness) -
     assert ids == list(range(1, len(ids) + 1))
     assert names[0] == "swarm.status" and names[-1] == "swarm.completed"
     assert names.count("subtask.started") == 3 and names.count("subtask.succeeded") == 3
+
+
+async def test_a_slot_is_free_while_the_previous_result_commits(
+        database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SWARM_MAX_INFLIGHT counts gateway calls in flight: with one slot, the next call goes out
+    while the previous subtask's result is still being committed (held up here for 2 s)."""
+    from app.db import writes
+    from app.engine import writer as writer_module
+    from tests.conftest import make_settings, start_harness
+
+    real = writes.apply_writes
+    held = 0
+
+    async def slow_success(session: Any, owner: str, batch: Any, lease_s: float | None = None
+                           ) -> set[str]:
+        nonlocal held
+        if any(row.get("name_") == "a" and row.get("status") == "succeeded"
+               for w in batch for row in w.subtasks) and not held:
+            held += 1
+            await asyncio.sleep(2)
+        return await real(session, owner, batch, lease_s)
+
+    monkeypatch.setattr(writer_module, "apply_writes", slow_success)
+    h, close = await start_harness(make_settings(database_url, max_inflight=1))
+    try:
+        data = await h.run({"task": "t", "agents": [agent("a"), agent("b")],
+                            "synthesis": {"strategy": "none"}}, timeout=30)
+    finally:
+        await close()
+    assert data["status"] == "succeeded" and held == 1
+    subs = by_name(data)
+    # b's call started (and ended) inside a's 2 s commit, not after it
+    assert ts(subs["b"]["started_at"]) < ts(subs["a"]["finished_at"]) + timedelta(seconds=1.5)
+    assert data["usage"]["gateway_calls"] == 2

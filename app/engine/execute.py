@@ -66,17 +66,24 @@ class SubtaskExecutor:
         inputs = await self._inputs(sub)  # compressors take their own slots
         if sub.tools:  # the turn loop takes a slot per turn, never while tools run
             return await self.turns.run(sub, self._messages(sub, inputs))
-        async with self.steps.slots(sub):
-            return await self._call(sub, self._messages(sub, inputs))
+        return await self._call(sub, self._messages(sub, inputs))
 
     async def _call(self, sub: Subtask, messages: list[dict[str, str]]) -> Outcome:
         steps = self.steps
-        t0 = steps.begin(sub)
-        crash_point("before_call", sub.name)
-        try:
-            result, rows = await steps.gateway(sub, messages, 1)
-        except CALL_FAILURES as exc:
-            return await steps.call_failed(sub, t0, exc)
+        # The slots count gateway calls in flight: they are given back once the answer is in,
+        # and the result's commit is awaited outside them (under load a group commit takes
+        # tens of milliseconds: held, it idled the slot that long per subtask).
+        async with steps.slots(sub):
+            t0 = steps.begin(sub)
+            crash_point("before_call", sub.name)
+            try:
+                result, rows = await steps.gateway(sub, messages, 1)
+            except CALL_FAILURES as exc:
+                failed: Exception | None = exc
+            else:
+                failed = None
+        if failed is not None:
+            return await steps.call_failed(sub, t0, failed)
         crash_point("after_response", sub.name)
         sub.truncated = result.finish_reason == "length"
         sub.sanitized = result.sanitized
