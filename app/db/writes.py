@@ -12,6 +12,7 @@ from sqlalchemy import (
     Table,
     Update,
     bindparam,
+    func,
     insert,
     select,
     update,
@@ -23,7 +24,7 @@ from sqlalchemy.sql import Executable, Insert
 
 from app.db.batch import executemany
 from app.db.leases import idle_limit as _idle_limit
-from app.db.notify import CHANGED, notify
+from app.db.notify import CHANGED
 from app.db.session import is_postgres as _is_pg
 from app.db.tables import (
     Event,
@@ -53,10 +54,12 @@ class SwarmWrite:
 
 
 async def lock_leases(session: AsyncSession, swarm_ids: Sequence[str],
-                      lease_s: float | None = None) -> dict[str, tuple[int, str | None]]:
+                      lease_s: float | None = None, *, changed: bool = False
+                      ) -> dict[str, tuple[int, str | None]]:
     """Lock the swarms' rows (`SELECT … FOR UPDATE`: holds off a concurrent claim until this
     transaction ends) and return {id: (lease_epoch, lease_owner)}. With `lease_s`, a pause of
-    this process inside the transaction cannot hold the rows locked for longer."""
+    this process inside the transaction cannot hold the rows locked for longer; with
+    `changed`, NOTIFY swarm_changed for each (sent at commit)."""
     lock = (
         select(Swarm.id, Swarm.lease_epoch, Swarm.lease_owner)
         .where(Swarm.id.in_(list(swarm_ids)))
@@ -64,6 +67,10 @@ async def lock_leases(session: AsyncSession, swarm_ids: Sequence[str],
     )
     if lease_s is not None and _is_pg(session):
         lock = lock.add_columns(_idle_limit(lease_s))  # in the same round trip as the lock
+    if changed and _is_pg(session):
+        # in the lock's round trip too: a group commit's NOTIFY cost one of its ~8 (a fenced
+        # swarm is notified needlessly: its readers re-read and find nothing new)
+        lock = lock.add_columns(func.pg_notify(CHANGED, Swarm.id))
     # through the connection: a Core select needs none of the ORM's result handling (measured)
     conn = await session.connection()
     return {r[0]: (r[1], r[2]) for r in await conn.execute(lock)}
@@ -73,7 +80,7 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
                        lease_s: float | None = None) -> set[str]:
     """Write many runners' changes in one transaction; returns the swarm ids fenced out
     (another process holds their lease now), whose writes were dropped."""
-    held = await lock_leases(session, list({w.swarm_id for w in writes}), lease_s)
+    held = await lock_leases(session, list({w.swarm_id for w in writes}), lease_s, changed=True)
     ok = [w for w in writes if held.get(w.swarm_id) == (w.epoch, owner)]
     fenced = {w.swarm_id for w in writes} - {w.swarm_id for w in ok}
     if not ok:
@@ -114,7 +121,6 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
         await executemany(conn, _ignoring_duplicates(conn, _TOOL_CALL_INSERT), tool_calls)
     if transcript:
         await executemany(conn, _ignoring_duplicates(conn, _TRANSCRIPT_INSERT), transcript)
-    await notify(session, CHANGED, list(latest))
     return fenced
 
 
