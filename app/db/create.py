@@ -23,6 +23,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql import Executable
 
+from app.db.batch import executemany
 from app.db.notify import QUEUED
 from app.db.queries import queue_position
 from app.db.session import db_now
@@ -45,7 +46,10 @@ SUBTASK_INSERT_COLUMNS = (
 
 def insert_row(sub: Subtask) -> dict[str, Any]:
     """Every column of a new subtask, for Core executemany inserts."""
-    return {c: getattr(sub, c) for c in SUBTASK_INSERT_COLUMNS}
+    # read from the instance's dict (new_subtask fills every column there): the instrumented
+    # getattr was 15 % of creating a 1,000-agent swarm
+    state = sub.__dict__
+    return {c: state[c] if c in state else getattr(sub, c) for c in SUBTASK_INSERT_COLUMNS}
 
 
 _SWARMS = cast(Table, Swarm.__table__)
@@ -130,7 +134,8 @@ async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[S
         if count:
             found = await queue_position(session, swarm)
     if subtasks:  # executemany: a hundred ORM objects cost a unit of work each
-        await session.execute(_SUBTASK_INSERT, [insert_row(s) for s in subtasks])
+        await executemany(await session.connection(), _SUBTASK_INSERT,
+                          [insert_row(s) for s in subtasks])
     return found
 
 
