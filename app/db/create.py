@@ -31,6 +31,7 @@ from app.db.session import is_postgres as _is_pg
 from app.db.tables import (
     Subtask,
     Swarm,
+    column_values,
 )
 from app.db.types import utcnow
 from app.states import SwarmStatus
@@ -45,11 +46,9 @@ SUBTASK_INSERT_COLUMNS = (
 
 
 def insert_row(sub: Subtask) -> dict[str, Any]:
-    """Every column of a new subtask, for Core executemany inserts."""
-    # read from the instance's dict (new_subtask fills every column there): the instrumented
-    # getattr was 15 % of creating a 1,000-agent swarm
-    state = sub.__dict__
-    return {c: state[c] if c in state else getattr(sub, c) for c in SUBTASK_INSERT_COLUMNS}
+    """Every column of a new subtask, for Core executemany inserts (instrumented getattrs
+    were 15 % of creating a 1,000-agent swarm)."""
+    return column_values(sub, SUBTASK_INSERT_COLUMNS)
 
 
 _SWARMS = cast(Table, Swarm.__table__)

@@ -15,7 +15,7 @@ from app import metrics, tracing
 from app.db import spend
 from app.db.create import insert_row
 from app.db.leases import LeaseLost
-from app.db.tables import Subtask, Swarm
+from app.db.tables import Subtask, Swarm, column_values
 from app.db.types import utcnow
 from app.db.writes import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite
 from app.engine import dag
@@ -113,9 +113,8 @@ class SwarmRunner:
         s = self.swarm
         s.spent_usd, s.reserved_usd = self.budget.spent, self.budget.reserved
         return self.ctx.writer.submit(SwarmWrite(
-            s.id, self.epoch, {c: getattr(s, c) for c in SWARM_STATE_COLUMNS},
-            [{"name_": sub.name, **{c: getattr(sub, c) for c in SUBTASK_STATE_COLUMNS}}
-             for sub in subs],
+            s.id, self.epoch, column_values(s, SWARM_STATE_COLUMNS),
+            [{"name_": sub.name, **column_values(sub, SUBTASK_STATE_COLUMNS)} for sub in subs],
             list(ledger), list(events), [insert_row(n) for n in new], webhook,
             *(tools or ([], []))))
 
