@@ -600,6 +600,36 @@ async def test_hostile_answers_on_the_network_are_classified(
     assert len(result.attempts) == (1 if outcome == "ok" else 2)
 
 
+async def test_a_connection_that_never_opens_is_a_timeout(waits: list[float]) -> None:
+    """A gateway whose accept queue is full never completes the handshake: the connect timer
+    runs out, and the attempt is a `timeout` (retried), not a broken connection."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    queued = []
+    try:
+        for _ in range(3):  # fill the accept queue: later handshakes get no answer
+            extra = socket.socket()
+            extra.setblocking(False)
+            extra.connect_ex(("127.0.0.1", port))
+            queued.append(extra)
+        await asyncio.sleep(0.1)
+        client = GatewayClient(f"http://127.0.0.1:{port}/v1", connect_timeout_s=0.2)
+        try:
+            with pytest.raises(GatewayUnavailable) as caught:
+                await client.complete(REQUEST, max_attempts=2, timeout_s=5)
+        finally:
+            await client.aclose()
+    finally:
+        for sock in (*queued, listener):
+            sock.close()
+    assert [a.outcome for a in caught.value.attempts] == ["timeout", "timeout"]
+    assert all(a.latency_s < 2 for a in caught.value.attempts)  # the connect timer, not 5 s
+
+
 async def test_wait_hints_arrive_over_the_network_in_any_case() -> None:
     server = ScriptedServer(raw_answer("429 Too Many Requests", b"{}", "RETRY-AFTER-MS: 150"),
                             raw_answer("200 OK", OK_BODY))

@@ -78,6 +78,8 @@ class AiohttpWire:
         try:
             async with session.post(self._url, data=body, headers=headers) as response:
                 return Answer(response.status, response.headers, await response.read())
+        except TimeoutError:
+            raise  # aiohttp's own timer (connecting) ran out: a timeout, not a broken connection
         except aiohttp.ClientError as exc:
             undecodable = "content-encoding" in str(exc).lower()
             raise WireError(f"{type(exc).__name__}: {exc}", undecodable=undecodable) from exc
