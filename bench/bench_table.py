@@ -174,19 +174,30 @@ async def measure(api: str, sim: str, serve_pid: int, runs: int, quick: bool) ->
                     f"{sampler.peak / 2**20:.0f} MB) | - | < 50 KB |")
 
         # 4. 50 concurrent 100-agent swarms at 200 ms
-        swarms = 10 if quick else 50
-        floor = swarms * 100 / 256 * 0.2
-        t0 = time.perf_counter()
-        await asyncio.gather(*(run_swarm(c, swarm_body(100, 200, "none", 100))
-                               for _ in range(swarms)))
-        wall = time.perf_counter() - t0
-        rows.append(f"| {swarms} concurrent 100-agent swarms at 200 ms: wall over floor "
-                    f"({swarms * 100} / 256 x 0.2 s) | **{wall / floor:.2f}x** ({wall:.2f} s) "
-                    "| - | <= 1.5x |")
+        rows.append(await many_swarms_row(c, quick, ""))
 
     # 5. creation under load, and from one client (this process's engine runs what it creates)
     rows.extend(await creation_rows(api, quick, "with the engine in the process"))
     return rows
+
+
+async def many_swarms_row(c: httpx.AsyncClient, quick: bool, where: str) -> str:
+    swarms = 10 if quick else 50
+    floor = swarms * 100 / 256 * 0.2
+    t0 = time.perf_counter()
+    await asyncio.gather(*(run_swarm(c, swarm_body(100, 200, "none", 100))
+                           for _ in range(swarms)))
+    wall = time.perf_counter() - t0
+    return (f"| {swarms} concurrent 100-agent swarms at 200 ms{where}: wall over floor "
+            f"({swarms * 100} / 256 x 0.2 s) | **{wall / floor:.2f}x** ({wall:.2f} s) "
+            "| - | <= 1.5x |")
+
+
+async def workers_row(api: str, quick: bool) -> str:
+    """Row 4 again from `serve --workers 2` (two engines, 128 calls in flight each)."""
+    async with httpx.AsyncClient(base_url=api, timeout=120) as c:
+        await run_swarm(c, swarm_body(100, 0, "none", 100))  # warm both workers' pools
+        return await many_swarms_row(c, quick, ", `serve --workers 2` (128 in flight each)")
 
 
 async def creation_rows(api: str, quick: bool, where: str) -> list[str]:
@@ -203,18 +214,24 @@ async def creation_rows(api: str, quick: bool, where: str) -> list[str]:
 
 def table(cli: str, runs: int, quick: bool, work: Path) -> list[str]:
     """Every row for one build of `swarm-api` (the simulator is always this checkout's)."""
-    sim_port, api_port, api2_port = free_port(), free_port(), free_port()
+    sim_port, api_port, api2_port, api3_port = free_port(), free_port(), free_port(), free_port()
     sim, api = f"http://127.0.0.1:{sim_port}/v1", f"http://127.0.0.1:{api_port}"
-    api2 = f"http://127.0.0.1:{api2_port}"
+    api2, api3 = f"http://127.0.0.1:{api2_port}", f"http://127.0.0.1:{api3_port}"
     tenants = tenants_file(work)
     with throwaway_db("swarm_bench") as db:
         env = {"SWARM_DATABASE_URL": db, "SWARM_GATEWAY_URL": sim, "SWARM_MAX_INFLIGHT": "256",
                "SWARM_MAX_RUNNING_SWARMS": "64", "SWARM_TENANTS_FILE": str(tenants)}
         with process(["simulator", "--port", str(sim_port)], {"SWARM_SIM_LATENCY_MS": "0"},
-                     f"{sim}/models", work / "sim.log"), \
-             process(["serve", "--port", str(api_port)], env, f"{api}/readyz",
-                     work / "api.log", cli=cli) as serve:
-            rows = asyncio.run(measure(api, sim, serve.pid, runs, quick))
+                     f"{sim}/models", work / "sim.log"):
+            with process(["serve", "--port", str(api_port)], env, f"{api}/readyz",
+                         work / "api.log", cli=cli) as serve:
+                rows = asyncio.run(measure(api, sim, serve.pid, runs, quick))
+            # the many-swarm row again from two engine processes sharing 256 calls in flight
+            with throwaway_db("swarm_bench") as db3, \
+                 process(["serve", "--workers", "2", "--port", str(api3_port)],
+                         {**env, "SWARM_DATABASE_URL": db3, "SWARM_MAX_INFLIGHT": "128"},
+                         f"{api3}/readyz", work / "api3.log", cli=cli):
+                rows.append(asyncio.run(workers_row(api3, quick)))
         # the creation rows again from an API-only process on a database of its own
         with throwaway_db("swarm_bench") as db2, \
              process(["serve", "--no-engine", "--port", str(api2_port)],
