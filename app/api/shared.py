@@ -39,6 +39,17 @@ def check_id(swarm_id: str) -> None:
         raise SwarmNotFound.of(swarm_id) from None
 
 
+async def status_or_404(session: AsyncSession, swarm_id: str, tenant: str) -> SwarmStatus:
+    """The tenant's swarm's status, read in a transaction of its own (cheap: one column),
+    else 404."""
+    check_id(swarm_id)
+    async with session.begin():
+        status = await queries.get_status(session, swarm_id, tenant)
+    if status is None:
+        raise SwarmNotFound.of(swarm_id)
+    return status
+
+
 async def swarm_or_404(session: AsyncSession, swarm_id: str, tenant: str, *,
                        for_update: bool = False) -> Swarm:
     """The tenant's swarm (in the caller's transaction, its row locked `for_update`), else

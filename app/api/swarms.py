@@ -21,13 +21,14 @@ from app.api.follow import follow_events
 from app.api.shared import IdempotencyKey, TraceParent, insert_once
 from app.api.shared import check_id as _check_id
 from app.api.shared import read_swarm as _read
+from app.api.shared import status_or_404 as _status_or_404
 from app.api.shared import swarm_or_404 as _swarm_or_404
 from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
 from app.db import create, queries, retry_copy
 from app.engine import finish
 from app.engine.specs import build_swarm, request_hash
 from app.engine.waiters import woken
-from app.errors import AlreadyTerminal, RequestInvalid, SwarmNotFound
+from app.errors import AlreadyTerminal, RequestInvalid
 from app.schemas import SwarmCreate, SwarmList, SwarmRead
 from app.states import SwarmStatus
 from app.views import swarm_read
@@ -134,14 +135,10 @@ async def get_swarm(
         return await _read(session, swarm_id, tenant)
     # Waiting looks only at the status; the view (every subtask: a 1,000-agent swarm's is
     # ~1 MB of rows) is read once, when it is answered.
-    _check_id(swarm_id)
     until = time.monotonic() + wait
     armed = notifier.arm(swarm_id)  # before the first look: no change missed
     try:
-        async with session.begin():
-            status = await queries.get_status(session, swarm_id, tenant)
-        if status is None:
-            raise SwarmNotFound.of(swarm_id)
+        status = await _status_or_404(session, swarm_id, tenant)
         while not SwarmStatus(status).terminal and (left := until - time.monotonic()) > 0:
             # woken on every commit of this swarm: re-check only the status, cheaply
             await woken(armed, min(left, FALLBACK_S))
@@ -185,10 +182,7 @@ async def stream_swarm_events(
     """`id:` is the per-swarm sequence number; `Last-Event-ID` resumes after it; the stream
     ends after `swarm.completed`."""
     after = resume_after(last_event_id)
-    _check_id(swarm_id)
-    async with session.begin():
-        if await queries.get_status(session, swarm_id, tenant) is None:
-            raise SwarmNotFound.of(swarm_id)
+    await _status_or_404(session, swarm_id, tenant)
     sessions = request.app.state.sessions
     slot = gate.take()  # one of the tenant's max_streams, until the stream ends
 
