@@ -29,10 +29,10 @@ _PLANS: dict[tuple[Executable, str, tuple[str, ...]], _Plan] = {}
 def _plan(stmt: Executable, conn: AsyncConnection, keys: tuple[str, ...]) -> _Plan:
     dialect = conn.dialect
     compiled = cast(ClauseElement, stmt).compile(dialect=dialect, column_keys=list(keys))
-    names = compiled.positiontup if isinstance(compiled, SQLCompiler) else None
-    if names is None or not isinstance(compiled, SQLCompiler) or compiled.insert_prefetch \
-            or compiled.update_prefetch:
+    if not isinstance(compiled, SQLCompiler) or compiled.positiontup is None \
+            or compiled.insert_prefetch or compiled.update_prefetch:
         return None  # defaults computed per row: SQLAlchemy's own path
+    names = compiled.positiontup
     params: list[_Param] = []
     present = set(keys)
     for name in names:

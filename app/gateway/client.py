@@ -388,7 +388,7 @@ class GatewayClient:
         else:
             self._wire = AiohttpWire(self._url, self._headers, limit=max_inflight,
                                      keepalive_s=keepalive_s, connect_timeout_s=connect_timeout_s,
-                                     ssl_context=self._ssl_context())
+                                     ssl_context=self._ssl_context)  # loaded at first call
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:  # CA certificates loaded once (httpx's: certifi, SSL_CERT_FILE)

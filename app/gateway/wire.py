@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ssl
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -51,8 +51,8 @@ class AiohttpWire:
     """One aiohttp session (one connection pool), opened at the first call."""
 
     def __init__(self, url: str, headers: Mapping[str, str], *, limit: int,
-                 keepalive_s: float, connect_timeout_s: float, ssl_context: ssl.SSLContext
-                 ) -> None:
+                 keepalive_s: float, connect_timeout_s: float,
+                 ssl_context: Callable[[], ssl.SSLContext]) -> None:
         self._url = url
         self._headers = dict(headers)
         self._limit = limit
@@ -64,7 +64,7 @@ class AiohttpWire:
     def _open(self) -> aiohttp.ClientSession:
         # a session binds to the running loop, so it is made inside one, at the first call
         connector = aiohttp.TCPConnector(limit=self._limit, keepalive_timeout=self._keepalive_s,
-                                         ssl=self._ssl)
+                                         ssl=self._ssl())
         self._session = aiohttp.ClientSession(
             connector=connector, headers=self._headers, proxy=_env_proxy(self._url),
             # the attempt's whole deadline is the caller's asyncio.timeout; this bounds connecting
