@@ -118,6 +118,12 @@ class Harness:
     async def post(self, body: dict[str, Any], **kw: Any) -> httpx.Response:
         return await self.client.post("/swarms", json=body, **kw)
 
+    async def release_db(self) -> None:
+        """Close what a closed harness's pool reopened (tests that write through it after
+        `close()`). Left to the garbage collector, an aiosqlite connection finishes on its own
+        thread after the test's loop has closed, and fails the next test's setup."""
+        await self.app.state.db_engine.dispose()
+
     async def run(self, body: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
         """Create a swarm and wait until it is terminal."""
         r = await self.post(body)

@@ -36,6 +36,7 @@ async def test_takeover_while_synthesizing_finishes_the_swarm(database_url: str)
             Event.swarm_id == swarm_id, Event.type == "swarm.completed"))
         await s.execute(update(Swarm).where(Swarm.id == swarm_id).values(
             event_seq=Swarm.event_seq - 1))
+    await h.release_db()
     h2, close2 = await start_harness(settings)
     try:
         data = await h2.wait(swarm_id, timeout=10)
@@ -67,6 +68,7 @@ async def test_cancel_of_a_claimed_queued_swarm_is_delivered_to_its_owner(
             return bool(expires < await db_now(s))
 
     await until(lease_expired, 5, "the ghost's lease to expire")
+    await h.release_db()
     h2, close2 = await start_harness(settings)
     try:
         data = await h2.wait(swarm_id, timeout=10)

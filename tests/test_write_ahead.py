@@ -88,10 +88,7 @@ async def test_takeover_bills_a_dead_owners_attempt_at_its_reservation(database_
             reserved_usd=reserved, latency_ms=0.0, created_at=now))
         await s.execute(insert(DailySpend).values(day=now.astimezone(UTC).date(),
                                                   spent_usd=Decimal(0)))
-    # the closed harness's pool opened a connection for those writes: closed on this loop (an
-    # aiosqlite connection left to the garbage collector finishes on its own thread after the
-    # test's loop has closed, and fails the next test's setup)
-    await h.app.state.db_engine.dispose()
+    await h.release_db()
     before = (unknown_count(), unresolved_metric())
     h2, close2 = await start_harness(settings)
     try:
