@@ -279,23 +279,21 @@ async def test_a_slot_is_free_while_the_previous_result_commits(
         database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """SWARM_MAX_INFLIGHT counts gateway calls in flight: with one slot, the next call goes out
     while the previous subtask's result is still being committed (held up here for 2 s)."""
-    from app.db import writes
-    from app.engine import writer as writer_module
+    from app.engine.writer import StateWriter
     from tests.conftest import make_settings, start_harness
 
-    real = writes.apply_writes
+    real = StateWriter._apply
     held = 0
 
-    async def slow_success(session: Any, owner: str, batch: Any, lease_s: float | None = None
-                           ) -> set[str]:
+    async def slow_success(self: StateWriter, batch: Any) -> set[str]:
         nonlocal held
         if any(row.get("name_") == "a" and row.get("status") == "succeeded"
                for w in batch for row in w.subtasks) and not held:
             held += 1
             await asyncio.sleep(2)
-        return await real(session, owner, batch, lease_s)
+        return await real(self, batch)
 
-    monkeypatch.setattr(writer_module, "apply_writes", slow_success)
+    monkeypatch.setattr(StateWriter, "_apply", slow_success)
     h, close = await start_harness(make_settings(database_url, max_inflight=1))
     try:
         data = await h.run({"task": "t", "agents": [agent("a"), agent("b")],

@@ -7,10 +7,13 @@ import time
 from decimal import Decimal
 from typing import Any
 
+import asyncpg
 import pytest
 from sqlalchemy import func, select
 
-from app.db import create, leases, writes
+from app.db import changes, create, leases, writes
+from app.db.notify import CHANGED
+from app.db.session import asyncpg_dsn
 from app.db.tables import Event, GatewayCall, Subtask, Swarm, Webhook
 from app.db.types import utcnow
 from app.db.webhooks import new_delivery
@@ -20,6 +23,7 @@ from app.engine.writer import StateWriter, WriteRejected
 from app.schemas import SwarmCreate
 from app.states import SubtaskKind
 from tests.conftest import Harness, make_settings, start_harness
+from tests.helpers import until
 
 OWNER = "test-owner"
 
@@ -33,7 +37,7 @@ async def _claimed_swarm(h: Harness) -> tuple[str, int]:
     return new.swarm.id, epoch
 
 
-def _write(swarm_id: str, epoch: int, **overrides: Any) -> writes.SwarmWrite:
+def _write(swarm_id: str, epoch: int, **overrides: Any) -> changes.SwarmWrite:
     now = utcnow()
     swarm = {"status": "running", "spent_usd": Decimal("0.01"), "reserved_usd": Decimal(0),
              "unresolved_usd": Decimal(0),
@@ -53,7 +57,7 @@ def _write(swarm_id: str, epoch: int, **overrides: Any) -> writes.SwarmWrite:
         "webhook": new_delivery(swarm_id, "https://hooks.example/x", now),
     }
     values.update(overrides)
-    return writes.SwarmWrite(swarm_id, epoch, swarm, **values)
+    return changes.SwarmWrite(swarm_id, epoch, swarm, **values)
 
 
 @pytest.fixture
@@ -109,7 +113,7 @@ async def test_one_swarms_unstorable_write_fails_alone_and_keeps_its_spend(idle:
     good, good_epoch = await _claimed_swarm(idle)
     bad, bad_epoch = await _claimed_swarm(idle)
     sub = new_subtask(bad, "a", 0, SubtaskKind.worker, "kimi-k2.5", 100)
-    state = {c: getattr(sub, c) for c in writes.SUBTASK_STATE_COLUMNS}
+    state = {c: getattr(sub, c) for c in changes.SUBTASK_STATE_COLUMNS}
     poisoned = _write(bad, bad_epoch, subtasks=[{"name_": "a", **state, "status": "succeeded",
                                                  "output": "answer \udfff"}],
                       new_subtasks=[], webhook=None)
@@ -131,3 +135,106 @@ async def test_one_swarms_unstorable_write_fails_alone_and_keeps_its_spend(idle:
     assert subs[(bad, "a")].status == "pending" and subs[(bad, "a")].output is None
     assert events == [good]  # nothing else of the refused write
     assert (good, "@compress.a") in subs and swarms[good].status == "running"
+
+
+def _state(swarm_id: str, name: str, **moved: Any) -> dict[str, Any]:
+    sub = new_subtask(swarm_id, name, 0, SubtaskKind.worker, "kimi-k2.5", 100)
+    return {"name_": name, **{c: getattr(sub, c) for c in changes.SUBTASK_STATE_COLUMNS},
+            **moved}
+
+
+async def _commit(h: Harness, batch: list[changes.SwarmWrite]) -> list[Any]:
+    """Through the StateWriter, as the engine commits: submitted together, one batch (one
+    statement on PostgreSQL)."""
+    writer = StateWriter(h.app.state.sessions, OWNER, retry_for_s=10)
+    writer.start()
+    try:
+        return await asyncio.gather(*(writer.submit(w) for w in batch), return_exceptions=True)
+    finally:
+        await writer.close()
+
+
+async def test_the_last_state_of_a_subtask_in_a_batch_wins(idle: Harness) -> None:
+    """A subtask moved twice between two commits (started, then succeeded), and one inserted
+    and moved in the same batch: each ends in its last state, as if written in order."""
+    swarm_id, epoch = await _claimed_swarm(idle)
+    first = _write(swarm_id, epoch, subtasks=[_state(swarm_id, "a", status="running")])
+    second = _write(swarm_id, epoch, new_subtasks=[], webhook=None, events=[], ledger=[],
+                    subtasks=[_state(swarm_id, "a", status="succeeded", output="done"),
+                              _state(swarm_id, "@compress.a", status="running", attempts=1)])
+    assert await _commit(idle, [first, second]) == [None, None]
+    async with idle.app.state.sessions() as s:
+        subs = {r.name: r for r in (await s.execute(
+            select(Subtask).where(Subtask.swarm_id == swarm_id))).scalars()}
+    assert (subs["a"].status, subs["a"].output) == ("succeeded", "done")
+    assert (subs["@compress.a"].status, subs["@compress.a"].attempts) == ("running", 1)
+
+
+async def test_an_attempt_written_ahead_and_settled_in_one_batch_is_one_settled_row(
+        idle: Harness) -> None:
+    swarm_id, epoch = await _claimed_swarm(idle)
+    settled = _write(swarm_id, epoch).ledger[0]
+    ahead = {**settled, "outcome": "in_flight", "http_status": None, "cost_usd": Decimal(0)}
+    batch = [_write(swarm_id, epoch, ledger=[ahead]),
+             _write(swarm_id, epoch, ledger=[settled], new_subtasks=[], webhook=None, events=[])]
+    assert await _commit(idle, batch) == [None, None]
+    # and a write-ahead that arrives after its settlement (a retried batch) un-settles nothing
+    assert await _commit(idle, [_write(swarm_id, epoch, ledger=[ahead], new_subtasks=[],
+                                       webhook=None, events=[])]) == [None]
+    async with idle.app.state.sessions() as s:
+        rows = list((await s.execute(select(GatewayCall))).scalars())
+    assert [(r.outcome, r.http_status, r.cost_usd) for r in rows] == [
+        ("ok", 200, Decimal("0.01"))]
+
+
+async def test_columns_a_row_leaves_out_get_their_defaults(idle: Harness) -> None:
+    swarm_id, epoch = await _claimed_swarm(idle)
+    ledger = {k: v for k, v in _write(swarm_id, epoch).ledger[0].items()
+              if k not in ("created_at", "cached_tokens")}
+    event = {k: v for k, v in _write(swarm_id, epoch).events[0].items() if k != "created_at"}
+    before = utcnow()
+    assert await _commit(idle, [_write(swarm_id, epoch, ledger=[ledger],
+                                       events=[event])]) == [None]
+    async with idle.app.state.sessions() as s:
+        (call,) = (await s.execute(select(GatewayCall))).scalars()
+        (stored,) = (await s.execute(select(Event))).scalars()
+    assert call.cached_tokens == 0 and call.created_at >= before
+    assert stored.created_at >= before
+
+
+async def test_a_mixed_batch_writes_the_held_swarm_and_drops_the_fenced_one(
+        idle: Harness) -> None:
+    held, held_epoch = await _claimed_swarm(idle)
+    lost, lost_epoch = await _claimed_swarm(idle)
+    results = await _commit(idle, [_write(lost, lost_epoch + 1), _write(held, held_epoch)])
+    assert results[0].__class__ is leases.LeaseLost and results[1] is None
+    async with idle.app.state.sessions() as s:
+        ledger = list((await s.execute(select(GatewayCall.swarm_id))).scalars())
+        events = list((await s.execute(select(Event.swarm_id))).scalars())
+        subs = list((await s.execute(select(Subtask.swarm_id).where(
+            Subtask.name == "@compress.a"))).scalars())
+        hooks = list((await s.execute(select(Webhook.swarm_id))).scalars())
+        status = {r.id: r.status for r in (await s.execute(select(Swarm.id, Swarm.status)))}
+    assert ledger == events == subs == hooks == [held]
+    assert status[held] == "running" and status[lost] == "queued"
+
+
+async def test_postgres_notifies_the_swarms_a_group_commit_wrote(database_url: str) -> None:
+    """Readers in other processes (an API's `?wait=`, its event streams) wake on NOTIFY
+    swarm_changed, sent by the commit itself: for each written swarm, not a fenced one."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    h, close = await start_harness(make_settings(database_url), run_engine=False)
+    heard: list[str] = []
+    listener = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        await listener.add_listener(CHANGED, lambda *args: heard.append(args[3]))
+        held, held_epoch = await _claimed_swarm(h)
+        lost, lost_epoch = await _claimed_swarm(h)
+        await _commit(h, [_write(held, held_epoch), _write(lost, lost_epoch - 1)])
+        await until(lambda: bool(heard), 5, "the notification")
+        await asyncio.sleep(0.2)  # a second one, if it came, has arrived by now
+        assert heard == [held]
+    finally:
+        await listener.close()
+        await close()

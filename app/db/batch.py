@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from sqlalchemy import JSON
+from sqlalchemy import JSON, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import ClauseElement, Executable
 from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.types import TypeEngine
 
 # (name in the row, or None for a constant; the bind processor or None; the constant)
 _Param = tuple[str | None, Callable[[Any], Any] | None, Any]
@@ -37,10 +38,7 @@ def _plan(stmt: Executable, conn: AsyncConnection, keys: tuple[str, ...]) -> _Pl
     present = set(keys)
     for name in names:
         bind = compiled.binds[name]
-        impl = bind.type.dialect_impl(dialect)
-        process: Callable[[Any], Any] | None = impl.bind_processor(dialect)
-        if process is not None and isinstance(impl, JSON):
-            process = _json_shortcuts(process)
+        process = bind_processor(bind.type, dialect)
         if name in present:
             params.append((name, process, None))
         elif bind.callable is None and not bind.required:  # a literal of the statement
@@ -48,6 +46,15 @@ def _plan(stmt: Executable, conn: AsyncConnection, keys: tuple[str, ...]) -> _Pl
         else:
             return None
     return compiled.string, tuple(params)
+
+
+def bind_processor(type_: TypeEngine[Any], dialect: Dialect) -> Callable[[Any], Any] | None:
+    """What SQLAlchemy applies to a value of this type before the driver sees it."""
+    impl = type_.dialect_impl(dialect)
+    process: Callable[[Any], Any] | None = impl.bind_processor(dialect)
+    if process is not None and isinstance(impl, JSON):
+        process = _json_shortcuts(process)
+    return process
 
 
 def _json_shortcuts(process: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -45,7 +45,7 @@ class Claim:
     rescues: int
 
 
-def _idle_ms(seconds: float) -> str:
+def idle_ms(seconds: float) -> str:
     return str(max(int(seconds * 1000), 1))
 
 
@@ -58,7 +58,7 @@ def idle_limit(seconds: float) -> ColumnElement[str]:
     paused. Bounded by the lease, PostgreSQL ends such a transaction (ours are never idle for
     more than milliseconds; a process silent for a lease may be taken over anyway). A statement
     that returns no row locked nothing, so it needs no bound."""
-    return func.set_config("idle_in_transaction_session_timeout", _idle_ms(seconds), True)
+    return func.set_config("idle_in_transaction_session_timeout", idle_ms(seconds), True)
 
 
 def _claimable(now: Any) -> ColumnElement[bool]:
@@ -121,7 +121,7 @@ async def claim_swarms(
     if _is_pg(session):
         rows = await session.execute(
             _PG_CLAIM, {"owner": owner, "lease": float(lease_s), "limit": limit,
-                        "exclude": list(exclude), "idle_ms": _idle_ms(lease_s)}
+                        "exclude": list(exclude), "idle_ms": idle_ms(lease_s)}
         )
         return [Claim(r[0], r[1], r[2]) for r in rows]
     now = utcnow()

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -51,6 +51,24 @@ async def in_transaction(sessions: SessionFactory, op: Callable[[AsyncSession], 
                          *, retry_for_s: float) -> T:
     """Run `op` in one transaction; while the database is unavailable, retry with jittered
     exponential backoff for up to `retry_for_s` seconds, then raise the last error."""
+    async def once() -> T:
+        async with sessions() as session, session.begin():
+            return await op(session)
+    return await _retrying(once, retry_for_s)
+
+
+async def in_autocommit(engine: AsyncEngine, op: Callable[[AsyncConnection], Awaitable[T]],
+                        *, retry_for_s: float) -> T:
+    """`in_transaction` for a single statement, which is its own transaction: no BEGIN and
+    no COMMIT round trip."""
+    async def once() -> T:
+        async with engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            return await op(conn)
+    return await _retrying(once, retry_for_s)
+
+
+async def _retrying(once: Callable[[], Awaitable[T]], retry_for_s: float) -> T:
     async for attempt in AsyncRetrying(
         retry=_RETRY, wait=_WAIT,
         stop=stop_after_delay(retry_for_s),
@@ -58,6 +76,5 @@ async def in_transaction(sessions: SessionFactory, op: Callable[[AsyncSession], 
         reraise=True,
     ):
         with attempt:
-            async with sessions() as session, session.begin():
-                return await op(session)
+            return await once()
     raise AssertionError("unreachable: tenacity re-raises")

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 from sqlalchemy import (
     Table,
     Update,
     bindparam,
-    func,
     insert,
     select,
     update,
@@ -23,8 +21,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.sql import Executable, Insert
 
 from app.db.batch import executemany
+from app.db.changes import (
+    LEDGER_SETTLED,
+    SUBTASK_STATE_COLUMNS,
+    SWARM_STATE_COLUMNS,
+    SWARM_TOTAL_COLUMNS,
+    SwarmWrite,
+)
 from app.db.leases import idle_limit as _idle_limit
-from app.db.notify import CHANGED
+from app.db.one_statement import write_batch
 from app.db.session import is_postgres as _is_pg
 from app.db.tables import (
     Event,
@@ -37,29 +42,11 @@ from app.db.tables import (
 )
 
 
-@dataclass
-class SwarmWrite:
-    """What one runner wants durable: the swarm's latest totals plus rows, fenced by epoch."""
-
-    swarm_id: str
-    epoch: int
-    swarm: dict[str, Any]
-    subtasks: list[dict[str, Any]] = field(default_factory=list)
-    ledger: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    new_subtasks: list[dict[str, Any]] = field(default_factory=list)  # planned, compressors
-    webhook: dict[str, Any] | None = None  # the terminal state's delivery, when one is asked
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # the tool ledger
-    transcript: list[dict[str, Any]] = field(default_factory=list)  # appended messages
-
-
 async def lock_leases(session: AsyncSession, swarm_ids: Sequence[str],
-                      lease_s: float | None = None, *, changed: bool = False
-                      ) -> dict[str, tuple[int, str | None]]:
+                      lease_s: float | None = None) -> dict[str, tuple[int, str | None]]:
     """Lock the swarms' rows (`SELECT … FOR UPDATE`: holds off a concurrent claim until this
     transaction ends) and return {id: (lease_epoch, lease_owner)}. With `lease_s`, a pause of
-    this process inside the transaction cannot hold the rows locked for longer; with
-    `changed`, NOTIFY swarm_changed for each (sent at commit)."""
+    this process inside the transaction cannot hold the rows locked for longer."""
     lock = (
         select(Swarm.id, Swarm.lease_epoch, Swarm.lease_owner)
         .where(Swarm.id.in_(list(swarm_ids)))
@@ -67,10 +54,6 @@ async def lock_leases(session: AsyncSession, swarm_ids: Sequence[str],
     )
     if lease_s is not None and _is_pg(session):
         lock = lock.add_columns(_idle_limit(lease_s))  # in the same round trip as the lock
-    if changed and _is_pg(session):
-        # in the lock's round trip too: a group commit's NOTIFY cost one of its ~8 (a fenced
-        # swarm is notified needlessly: its readers re-read and find nothing new)
-        lock = lock.add_columns(func.pg_notify(CHANGED, Swarm.id))
     # through the connection: a Core select needs none of the ORM's result handling (measured)
     conn = await session.connection()
     return {r[0]: (r[1], r[2]) for r in await conn.execute(lock)}
@@ -79,8 +62,18 @@ async def lock_leases(session: AsyncSession, swarm_ids: Sequence[str],
 async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[SwarmWrite],
                        lease_s: float | None = None) -> set[str]:
     """Write many runners' changes in one transaction; returns the swarm ids fenced out
-    (another process holds their lease now), whose writes were dropped."""
-    held = await lock_leases(session, list({w.swarm_id for w in writes}), lease_s, changed=True)
+    (another process holds their lease now), whose writes were dropped. On PostgreSQL, one
+    statement (app/db/one_statement.py, which also NOTIFYs); on SQLite, statement by
+    statement (its readers in this process are told by the writer's on_commit)."""
+    if _is_pg(session):
+        return await write_batch(await session.connection(), owner, writes, lease_s)
+    return await _statement_by_statement(session, owner, writes, lease_s)
+
+
+async def _statement_by_statement(session: AsyncSession, owner: str,
+                                  writes: Sequence[SwarmWrite], lease_s: float | None
+                                  ) -> set[str]:
+    held = await lock_leases(session, list({w.swarm_id for w in writes}), lease_s)
     ok = [w for w in writes if held.get(w.swarm_id) == (w.epoch, owner)]
     fenced = {w.swarm_id for w in writes} - {w.swarm_id for w in ok}
     if not ok:
@@ -124,9 +117,6 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
     return fenced
 
 
-SWARM_TOTAL_COLUMNS = ("spent_usd", "reserved_usd", "unresolved_usd", "prompt_tokens",
-                       "completion_tokens", "gateway_calls")
-
 
 async def apply_spend_only(session: AsyncSession, owner: str, write: SwarmWrite,
                            lease_s: float | None = None) -> bool:
@@ -156,9 +146,6 @@ def _on_conflict_nothing(dialect: str, table: Table) -> Executable:
     return (pg_insert if dialect == "postgresql" else sqlite_insert)(table).on_conflict_do_nothing()
 
 
-_LEDGER_SETTLED = ("http_status", "outcome", "prompt_tokens", "completion_tokens",
-                   "cached_tokens", "cost_usd", "latency_ms")
-
 
 def settling_insert(conn: AsyncConnection) -> Executable:
     """Ledger rows by (idempotency_key, attempt): a new row is inserted (an attempt written
@@ -174,7 +161,7 @@ def _settling(dialect: str) -> Executable:
     stmt = (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
     return stmt.on_conflict_do_update(
         index_elements=["idempotency_key", "attempt"],
-        set_={c: stmt.excluded[c] for c in _LEDGER_SETTLED},
+        set_={c: stmt.excluded[c] for c in LEDGER_SETTLED},
         where=table.c.outcome == "in_flight",
     )
 
@@ -188,15 +175,6 @@ def _update_by_key(table: Table, key: Sequence[str], columns: Sequence[str]) -> 
     )
 
 
-SWARM_STATE_COLUMNS = (
-    *SWARM_TOTAL_COLUMNS, "status", "result", "error", "started_at", "finished_at",
-    "event_seq",
-)
-SUBTASK_STATE_COLUMNS = (
-    "status", "attempts", "output", "error", "truncated", "sanitized", "prompt_tokens",
-    "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at", "finished_at",
-    "turns", "tool_calls",
-)
 _SWARM_UPDATE = _update_by_key(cast(Table, Swarm.__table__), ["id"], SWARM_STATE_COLUMNS)
 _SUBTASK_UPDATE = _update_by_key(
     cast(Table, Subtask.__table__), ["swarm_id", "name"], SUBTASK_STATE_COLUMNS)

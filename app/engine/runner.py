@@ -13,11 +13,11 @@ from typing import Any
 
 from app import metrics, tracing
 from app.db import spend
+from app.db.changes import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite
 from app.db.create import insert_row
 from app.db.leases import LeaseLost
 from app.db.tables import Subtask, Swarm, column_values
 from app.db.types import utcnow
-from app.db.writes import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite
 from app.engine import dag
 from app.engine.budget import SwarmBudget
 from app.engine.execute import SubtaskExecutor

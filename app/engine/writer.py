@@ -8,12 +8,14 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from app.db.changes import SwarmWrite
 from app.db.leases import LeaseLost
-from app.db.retry import database_unavailable, in_transaction
+from app.db.one_statement import write_batch
+from app.db.retry import database_unavailable, in_autocommit, in_transaction
 from app.db.session import SessionFactory
-from app.db.writes import SwarmWrite, apply_spend_only, apply_writes
+from app.db.writes import apply_spend_only, apply_writes
 from app.text import storable
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,7 @@ class StateWriter:
     def __init__(self, sessions: SessionFactory, owner: str, *, retry_for_s: float = 15.0,
                  max_batch: int = 500, on_commit: Callable[[str], None] | None = None) -> None:
         self._sessions = sessions
+        self._engine: AsyncEngine = sessions.kw["bind"]
         self._on_commit = on_commit
         self._owner = owner
         self._retry_for_s = retry_for_s
@@ -96,6 +99,9 @@ class StateWriter:
         # anyway; the batch is idempotent (inserts ignore rows already there, the ledger
         # settles only unsettled rows), so a retry after a COMMIT whose outcome was lost
         # duplicates nothing
+        if self._engine.dialect.name == "postgresql":  # one statement: one round trip
+            return await in_autocommit(self._engine, lambda conn: write_batch(
+                conn, self._owner, writes), retry_for_s=self._retry_for_s)
         return await self.transact(lambda session: apply_writes(
             session, self._owner, writes, lease_s=self._retry_for_s))
 
