@@ -25,6 +25,7 @@ from sqlalchemy.sql import Executable
 
 from app.db.batch import executemany
 from app.db.notify import QUEUED
+from app.db.one_statement import insert_rows
 from app.db.queries import queue_position
 from app.db.session import db_now
 from app.db.session import is_postgres as _is_pg
@@ -52,7 +53,8 @@ def insert_row(sub: Subtask) -> dict[str, Any]:
 
 
 _SWARMS = cast(Table, Swarm.__table__)
-_SUBTASK_INSERT = insert(cast(Table, Subtask.__table__))
+_SUBTASKS = cast(Table, Subtask.__table__)
+_SUBTASK_INSERT = insert(_SUBTASKS)
 # (attribute, column key) of every mapped column of a swarm row
 _SWARM_COLUMNS = tuple((p.key, p.columns[0].key) for p in sa_inspect(Swarm).column_attrs)
 _LEASED = ("lease_owner", "lease_epoch", "lease_expires_at")
@@ -132,9 +134,13 @@ async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[S
         await session.execute(insert(_SWARMS), values)
         if count:
             found = await queue_position(session, swarm)
-    if subtasks:  # executemany: a hundred ORM objects cost a unit of work each
-        await executemany(await session.connection(), _SUBTASK_INSERT,
-                          [insert_row(s) for s in subtasks])
+    if subtasks:  # Core, not ORM objects: a hundred of them cost a unit of work each
+        rows = [insert_row(s) for s in subtasks]
+        conn = await session.connection()
+        if _is_pg(session):  # one statement, not one per row
+            await insert_rows(conn, _SUBTASKS, rows)
+        else:
+            await executemany(conn, _SUBTASK_INSERT, rows)
     return found
 
 

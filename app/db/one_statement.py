@@ -20,7 +20,7 @@ one inserted in the same batch is inserted in that state.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Column, Table
@@ -100,16 +100,31 @@ async def write_batch(conn: AsyncConnection, owner: str, writes: Sequence[SwarmW
     sql, columns = _statement(shape, lease_s is not None)
     args: list[Any] = [owner, idle_ms(lease_s) if lease_s is not None else None]
     for (_, rows), cols in zip(parts, columns, strict=True):
-        for key, process, default in cols:
-            values = [row[key] for row in rows] if default is None else [default()] * len(rows)
-            args.append([process(v) for v in values] if process else values)
+        args += _arrays(rows, cols)
     result = await conn.exec_driver_sql(sql, tuple(args))
     written = {r[0] for r in result}
     return set(batch.swarms) - written
 
 
+async def insert_rows(conn: AsyncConnection, table: Table, rows: Sequence[dict[str, Any]]
+                      ) -> None:
+    """Many rows (with the first row's keys) in one INSERT … SELECT FROM unnest: one
+    statement on the server where executemany runs one per row (PostgreSQL only)."""
+    sql, cols = _insert_statement(table, tuple(rows[0]))
+    await conn.exec_driver_sql(sql, tuple(_arrays(rows, cols)))
+
+
 # (row key, bind processor, the column's Python-side default for a key no row has)
 _Columns = tuple[tuple[str, Callable[[Any], Any] | None, Callable[[], Any] | None], ...]
+
+
+def _arrays(rows: Sequence[dict[str, Any]], cols: _Columns) -> list[list[Any]]:
+    """One array per column, its values as SQLAlchemy would bind them."""
+    out: list[list[Any]] = []
+    for key, process, default in cols:
+        values = [row[key] for row in rows] if default is None else [default()] * len(rows)
+        out.append(list(map(process, values)) if process else values)
+    return out
 
 
 @functools.cache  # a handful of shapes: which tables have rows, with which keys
@@ -120,17 +135,30 @@ def _statement(shape: tuple[tuple[str, tuple[str, ...]], ...], bounded: bool
     columns: list[_Columns] = []
     for name, keys in shape:
         table = _TABLES[name]
-        defaults = _defaults(table, keys) if name not in ("sw", "st") else {}
-        keys = (*keys, *defaults)
-        cols = [_column(table, key) for key in keys]
-        columns.append(tuple((key, bind_processor(col.type, _DIALECT), defaults.get(key))
-                             for key, col in zip(keys, cols, strict=True)))
-        arrays = ", ".join(f"${next(params)}::{col.type.compile(dialect=_DIALECT)}[]"
-                           for col in cols)
-        names = ", ".join(_Q(k) for k in keys)
-        source = f"unnest({arrays}) AS v({names})"
-        ctes.append(f"{name} AS ({_dml(name, table, keys, source, bounded)})")
+        cols, source = _unnest(table, keys, params, defaults=name not in ("sw", "st"))
+        columns.append(cols)
+        ctes.append(f"{name} AS ({_dml(name, table, [c[0] for c in cols], source, bounded)})")
     return "WITH " + ",\n".join(ctes) + "\nSELECT id FROM sw", columns
+
+
+@functools.cache
+def _insert_statement(table: Table, keys: tuple[str, ...]) -> tuple[str, _Columns]:
+    cols, source = _unnest(table, keys, iter(range(1, 10_000)), defaults=True)
+    names = ", ".join(_Q(c[0]) for c in cols)
+    return f"INSERT INTO {_Q(table.name)} ({names}) SELECT * FROM {source}", cols
+
+
+def _unnest(table: Table, keys: tuple[str, ...], params: Iterator[int], *, defaults: bool
+            ) -> tuple[_Columns, str]:
+    """The columns the rows' keys (and, for an insert, the defaults of the columns they leave
+    out) bind, and `unnest($n::type[], …) AS v(key, …)` over their arrays."""
+    filled = _defaults(table, keys) if defaults else {}
+    keys = (*keys, *filled)
+    types = [_column(table, key).type for key in keys]
+    cols = tuple((key, bind_processor(type_, _DIALECT), filled.get(key))
+                 for key, type_ in zip(keys, types, strict=True))
+    arrays = ", ".join(f"${next(params)}::{type_.compile(dialect=_DIALECT)}[]" for type_ in types)
+    return cols, f"unnest({arrays}) AS v({', '.join(_Q(k) for k in keys)})"
 
 
 def _defaults(table: Table, keys: tuple[str, ...]) -> dict[str, Callable[[], Any]]:
@@ -154,7 +182,7 @@ def _column(table: Table, key: str) -> Column[Any]:
     return table.c[key.removesuffix("_")]
 
 
-def _dml(name: str, table: Table, keys: tuple[str, ...], source: str, bounded: bool) -> str:
+def _dml(name: str, table: Table, keys: Sequence[str], source: str, bounded: bool) -> str:
     t = _Q(table.name)
     if name == "sw":
         sets = ", ".join(f"{_Q(k)} = v.{_Q(k)}" for k in keys if k not in ("id", "epoch"))
