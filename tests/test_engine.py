@@ -275,10 +275,12 @@ async def test_events_are_consecutive_and_end_with_completed(harness: Harness) -
     assert names.count("subtask.started") == 3 and names.count("subtask.succeeded") == 3
 
 
+@pytest.mark.parametrize("limit", ["process", "swarm"])
 async def test_a_slot_is_free_while_the_previous_result_commits(
-        database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SWARM_MAX_INFLIGHT counts gateway calls in flight: with one slot, the next call goes out
-    while the previous subtask's result is still being committed (held up here for 2 s)."""
+        database_url: str, monkeypatch: pytest.MonkeyPatch, limit: str) -> None:
+    """SWARM_MAX_INFLIGHT and limits.concurrency count gateway calls in flight: with one slot,
+    the next call goes out while the previous subtask's result is still being committed (held
+    up here for 2 s)."""
     from app.engine.writer import StateWriter
     from tests.conftest import make_settings, start_harness
 
@@ -294,10 +296,12 @@ async def test_a_slot_is_free_while_the_previous_result_commits(
         return await real(self, batch)
 
     monkeypatch.setattr(StateWriter, "_apply", slow_success)
-    h, close = await start_harness(make_settings(database_url, max_inflight=1))
+    one = {"max_inflight": 1} if limit == "process" else {}
+    h, close = await start_harness(make_settings(database_url, **one))
     try:
         data = await h.run({"task": "t", "agents": [agent("a"), agent("b")],
-                            "synthesis": {"strategy": "none"}}, timeout=30)
+                            "synthesis": {"strategy": "none"},
+                            "limits": {"concurrency": 1 if limit == "swarm" else 8}}, timeout=30)
     finally:
         await close()
     assert data["status"] == "succeeded" and held == 1

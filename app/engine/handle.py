@@ -79,6 +79,7 @@ class SwarmHandle(Protocol):
     subs: dict[str, Subtask]  # by name, in creation order
     deps: dict[str, list[str]]
     budget: SwarmBudget
+    call_slots: asyncio.Semaphore  # limits.concurrency: this swarm's calls in flight
     deadline: float  # time.monotonic() at which the swarm's deadline passes
 
     def event(self, event: Event) -> EventRow: ...

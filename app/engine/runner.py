@@ -64,6 +64,10 @@ class SwarmRunner:
         # reservations die with the process that made them; spent is what the ledger settled
         # (a dead owner's attempts in flight included, at their reservations: see _start)
         self.budget = SwarmBudget(limit=swarm.budget_usd, spent=swarm.spent_usd)
+        # limits.concurrency counts this swarm's gateway calls in flight, like the process's
+        # and the tenant's slots (steps.slots): given back when an answer is in, not once the
+        # subtask's result has committed
+        self.call_slots = asyncio.Semaphore(int(self.limits["concurrency"]))
         self.deadline = time.monotonic() + float(self.limits["deadline_s"])
         self.executor = SubtaskExecutor(self)
         self._stop = asyncio.Event()
@@ -304,11 +308,13 @@ class SwarmRunner:
         drain_wait = asyncio.create_task(self._drain.wait())
         stop_wait.add_done_callback(finished.put_nowait)
         drain_wait.add_done_callback(finished.put_nowait)
-        concurrency = int(self.limits["concurrency"])
+        # twice the slots: the subtasks in calls, and as many again whose answers are being
+        # committed (a task per slot only kept each slot idle for a commit per subtask)
+        tasks = 2 * int(self.limits["concurrency"])
         try:
             while True:
                 self._collect_ready(ts, ready)
-                self._launch(ready, running, concurrency, finished)
+                self._launch(ready, running, tasks, finished)
                 if self._drain.is_set() and not running and not self._stop.is_set():
                     raise Drained
                 if self._stop.is_set() or not running:
@@ -349,10 +355,10 @@ class SwarmRunner:
         return done
 
     def _launch(self, ready: deque[str], running: dict[asyncio.Task[Outcome], str],
-                concurrency: int, finished: asyncio.Queue[asyncio.Future[Any]]) -> None:
-        """Start ready subtasks while the swarm has free slots and is neither stopping nor
-        draining."""
-        while ready and len(running) < concurrency and not (
+                tasks: int, finished: asyncio.Queue[asyncio.Future[Any]]) -> None:
+        """Start ready subtasks, up to `tasks` at once, while the swarm is neither stopping nor
+        draining (each then waits for the swarm's call slot, in launch order)."""
+        while ready and len(running) < tasks and not (
             self._stop.is_set() or self._drain.is_set()
         ):
             name = ready.popleft()

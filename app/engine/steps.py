@@ -37,10 +37,13 @@ class SubtaskSteps:
 
     @asynccontextmanager
     async def slots(self, sub: Subtask) -> AsyncIterator[None]:
-        """A per-model slot (when the model table limits it) and a process-wide one."""
+        """The swarm's slot, a per-model one (when the model table limits it), the tenant's
+        and a process-wide one: the swarm's first, so a swarm at its limit holds none of the
+        shared ones."""
         ctx = self.handle.ctx
         slot = ctx.model_slots.get(sub.model)
         async with AsyncExitStack() as stack:
+            await stack.enter_async_context(self.handle.call_slots)
             if slot is not None:
                 await stack.enter_async_context(slot)
             # the tenant's slot before the process's: a tenant at its limit holds none
