@@ -1,0 +1,129 @@
+"""The engine rows of `bench_table`, A/B between builds in alternating rounds, with `serve`'s CPU;
+or, with `--anatomy`, where one 1,000-agent swarm's time goes (timestamps from the database).
+
+    .venv/bin/python -m bench.bench_rows --cli before=/path/cli --cli after=/path/cli [--rounds 3]
+    .venv/bin/python -m bench.bench_rows --cli now=/path/cli --anatomy
+
+Rows per round: one 1,000-agent swarm at 200 ms (256 in flight) and 50 concurrent 100-agent
+swarms at 200 ms, over their floors, each with `serve`'s user+system CPU seconds; throughput at
+0 ms (64 in flight); the 100-agent fan-out + synthesis at 500 ms over its floor (3 runs); `POST
+/swarms` p50 from one client with the engine in the process. Each build gets its own `serve`
+and throwaway database per round; builds alternate, so drift hits both alike. Medians printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from bench.bench_create import post_load, tenants_file
+from bench.bench_engine_cpu import cpu_s
+from bench.bench_table import run_swarm, swarm_body
+from tests.support import free_port, process, throwaway_db
+
+Results = dict[str, list[float]]
+
+
+async def rows(api: str, pid: int, out: Results) -> None:
+    async with httpx.AsyncClient(base_url=api, timeout=120) as c:
+        await run_swarm(c, swarm_body(100, 0, "none", 100))  # warm
+        before = cpu_s(pid)
+        wall = await run_swarm(c, swarm_body(1000, 200, "none", 256))
+        out.setdefault("1000-agent / floor", []).append(wall / (1000 / 256 * 0.2))
+        out.setdefault("1000-agent serve CPU s", []).append(cpu_s(pid) - before)
+        before, t0 = cpu_s(pid), time.perf_counter()
+        await asyncio.gather(*(run_swarm(c, swarm_body(100, 200, "none", 100))
+                               for _ in range(50)))
+        out.setdefault("50 x 100 / floor", []).append(
+            (time.perf_counter() - t0) / (5000 / 256 * 0.2))
+        out.setdefault("50 x 100 serve CPU s", []).append(cpu_s(pid) - before)
+        out.setdefault("throughput /s", []).append(
+            1000 / await run_swarm(c, swarm_body(1000, 0, "none", 64)))
+        for _ in range(3):
+            out.setdefault("fan-out / floor", []).append(
+                await run_swarm(c, swarm_body(100, 500, "synthesize", 100)))
+    one = await post_load(api, 1, 200)
+    out.setdefault("POST one client p50 ms", []).append(one["p50"] * 1000)
+
+
+async def anatomy(api: str, db: str, pid: int) -> None:
+    async with httpx.AsyncClient(base_url=api, timeout=120) as c:
+        await run_swarm(c, swarm_body(100, 0, "none", 100))
+        before = cpu_s(pid)
+        wall = await run_swarm(c, swarm_body(1000, 200, "none", 256))
+        print(f"wall {wall:.3f} s, serve CPU {cpu_s(pid) - before:.2f} s")
+    conn = await asyncpg.connect(db.replace("+asyncpg", ""))
+    try:
+        swarm = await conn.fetchrow("SELECT id, created_at, started_at, finished_at FROM swarms "
+                                    "ORDER BY created_at DESC LIMIT 1")
+        subs = await conn.fetch("SELECT ready_at, started_at, finished_at, latency_ms FROM "
+                                "subtasks WHERE swarm_id = $1 AND kind = 'worker'", swarm["id"])
+        calls = await conn.fetch("SELECT latency_ms FROM gateway_calls WHERE swarm_id = $1",
+                                 swarm["id"])
+    finally:
+        await conn.close()
+    t0 = swarm["created_at"]
+
+    def deciles(xs: list[float]) -> str:
+        q = statistics.quantiles(xs, n=10)
+        return f"p10 {q[0]:.3f} / p50 {q[4]:.3f} / p90 {q[8]:.3f}"
+
+    def since(at: Any) -> float:
+        return float((at - t0).total_seconds())
+
+    print(f"created -> started {since(swarm['started_at']):.3f} s, -> finished "
+          f"{since(swarm['finished_at']):.3f} s")
+    print("ready -> started s:", deciles([(s["started_at"] - s["ready_at"]).total_seconds()
+                                          for s in subs]))
+    print("subtask latency ms:", deciles([s["latency_ms"] for s in subs]))
+    print("gateway latency ms:", deciles([r["latency_ms"] for r in calls]))
+    print(f"first start {min(since(s['started_at']) for s in subs):.3f} s, last start "
+          f"{max(since(s['started_at']) for s in subs):.3f} s, last finish "
+          f"{max(since(s['finished_at']) for s in subs):.3f} s")
+
+
+def one_round(cli: str, work: Path, out: Results | None) -> None:
+    sim_port, api_port = free_port(), free_port()
+    sim, api = f"http://127.0.0.1:{sim_port}/v1", f"http://127.0.0.1:{api_port}"
+    with throwaway_db("swarm_rows") as db:
+        env = {"SWARM_DATABASE_URL": db, "SWARM_GATEWAY_URL": sim, "SWARM_MAX_INFLIGHT": "256",
+               "SWARM_MAX_RUNNING_SWARMS": "64", "SWARM_TENANTS_FILE": str(tenants_file(work))}
+        with process(["simulator", "--port", str(sim_port)], {"SWARM_SIM_LATENCY_MS": "0"},
+                     f"{sim}/models", work / "sim.log"), \
+             process(["serve", "--port", str(api_port)], env, f"{api}/readyz",
+                     work / "api.log", cli=cli) as serve:
+            asyncio.run(rows(api, serve.pid, out) if out is not None
+                        else anatomy(api, db, serve.pid))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cli", action="append", required=True, help="name=path/to/swarm-api")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--anatomy", action="store_true", help="one 1,000-agent swarm's timeline")
+    args = ap.parse_args()
+    builds = {n: str(Path(p).absolute()) for n, p in (c.split("=", 1) for c in args.cli)}
+    if args.anatomy:
+        for name, cli in builds.items():
+            print(f"{name}:")
+            one_round(cli, Path(tempfile.mkdtemp()), None)
+        return
+    results: dict[str, Results] = {n: {} for n in builds}
+    for _ in range(args.rounds):
+        for name, cli in builds.items():
+            one_round(cli, Path(tempfile.mkdtemp()), results[name])
+    for name, res in results.items():
+        print(f"{name}: " + "; ".join(f"{k} {statistics.median(v):.3f}"
+                                      for k, v in res.items()))
+
+
+if __name__ == "__main__":
+    main()
