@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db import changes, create, leases, writes
+from app.db.direct import APPLICATION_NAME
 from app.db.notify import CHANGED
 from app.db.session import asyncpg_dsn
 from app.db.tables import Event, GatewayCall, Subtask, Swarm, Webhook
@@ -237,4 +238,34 @@ async def test_postgres_notifies_the_swarms_a_group_commit_wrote(database_url: s
         assert heard == [held]
     finally:
         await listener.close()
+        await close()
+
+
+async def test_the_group_commits_own_connection_is_replaced_when_lost(database_url: str
+                                                                      ) -> None:
+    """PostgreSQL: the writer's connection of its own is killed between two commits (a
+    failover, an idle-connection reaper); the next commit reconnects and lands."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("the direct connection is PostgreSQL's")
+    h, close = await start_harness(make_settings(database_url), run_engine=False)
+    writer = StateWriter(h.app.state.sessions, OWNER, retry_for_s=10)
+    writer.start()
+    try:
+        swarm_id, epoch = await _claimed_swarm(h)
+        await writer.submit(_write(swarm_id, epoch))
+        admin = await asyncpg.connect(asyncpg_dsn(database_url))
+        try:
+            killed = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = $1 AND datname = current_database()",
+                APPLICATION_NAME)
+        finally:
+            await admin.close()
+        assert killed == 1
+        second = _write(swarm_id, epoch, new_subtasks=[], webhook=None, events=[],
+                        ledger=[{**_write(swarm_id, epoch).ledger[0], "attempt": 2}])
+        await writer.submit(second)
+        assert await _count(h, GatewayCall) == 2
+    finally:
+        await writer.close()
         await close()

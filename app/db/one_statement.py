@@ -20,7 +20,8 @@ one inserted in the same batch is inserted in that state.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import Column, Table
@@ -80,12 +81,32 @@ class Batch:
         self.inserts["transcript"].extend(w.transcript)
 
 
+@dataclass(frozen=True)
+class Statement:
+    """A group commit's SQL and arguments; the rows it returns are the swarms it wrote."""
+
+    sql: str
+    args: tuple[Any, ...]
+    swarm_ids: frozenset[str]
+
+    def fenced(self, rows: Iterable[Sequence[Any]]) -> set[str]:
+        """The swarm ids fenced out (another process holds their lease): not written."""
+        return set(self.swarm_ids - {r[0] for r in rows})
+
+
 async def write_batch(conn: AsyncConnection, owner: str, writes: Sequence[SwarmWrite],
                       lease_s: float | None = None) -> set[str]:
-    """Run the writes as one statement; returns the swarm ids fenced out (not written). With
-    `lease_s`, for a caller's transaction the statement runs in: the bound of
-    `leases.idle_limit` on how long a paused process could keep the swarms' rows locked (a
-    statement in autocommit holds them no longer than it runs)."""
+    """Run the writes as one statement in the caller's transaction; returns the swarm ids
+    fenced out. `lease_s` bounds, like `leases.idle_limit`, how long a paused process could
+    keep the swarms' rows locked in that transaction."""
+    stmt = statement(owner, writes, lease_s)
+    return stmt.fenced(await conn.exec_driver_sql(stmt.sql, stmt.args))
+
+
+def statement(owner: str, writes: Sequence[SwarmWrite], lease_s: float | None = None
+              ) -> Statement:
+    """The writes as one statement (in autocommit it needs no idle bound: it holds its locks
+    no longer than it runs)."""
     batch = Batch(writes)
     swarms = sorted(batch.swarms.values(), key=lambda r: r["id"])  # one lock order everywhere
     parts: list[tuple[str, list[dict[str, Any]]]] = [("sw", swarms)]
@@ -101,9 +122,7 @@ async def write_batch(conn: AsyncConnection, owner: str, writes: Sequence[SwarmW
     args: list[Any] = [owner, idle_ms(lease_s) if lease_s is not None else None]
     for (_, rows), cols in zip(parts, columns, strict=True):
         args += _arrays(rows, cols)
-    result = await conn.exec_driver_sql(sql, tuple(args))
-    written = {r[0] for r in result}
-    return set(batch.swarms) - written
+    return Statement(sql, tuple(args), frozenset(batch.swarms))
 
 
 async def insert_rows(conn: AsyncConnection, table: Table, rows: Sequence[dict[str, Any]]

@@ -7,9 +7,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import asyncpg
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -31,10 +32,14 @@ def database_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError)):
             return True
-        state = str(getattr(exc.orig, "sqlstate", "") or "")
-        # SQLSTATE classes 08 (connection exception) and 57 (operator intervention: shutdown)
-        return state[:2] in ("08", "57") or isinstance(exc.orig, OSError)
-    return False
+        return _lost_connection(exc.orig) or isinstance(exc.orig, OSError)
+    # asyncpg's own errors, from a connection used without SQLAlchemy (the group commit's)
+    return isinstance(exc, asyncpg.InterfaceError) or _lost_connection(exc)
+
+
+def _lost_connection(exc: BaseException | None) -> bool:
+    # SQLSTATE classes 08 (connection exception) and 57 (operator intervention: shutdown)
+    return str(getattr(exc, "sqlstate", "") or "")[:2] in ("08", "57")
 
 
 def _log_retry(state: RetryCallState) -> None:
@@ -54,21 +59,11 @@ async def in_transaction(sessions: SessionFactory, op: Callable[[AsyncSession], 
     async def once() -> T:
         async with sessions() as session, session.begin():
             return await op(session)
-    return await _retrying(once, retry_for_s)
+    return await retrying(once, retry_for_s)
 
 
-async def in_autocommit(engine: AsyncEngine, op: Callable[[AsyncConnection], Awaitable[T]],
-                        *, retry_for_s: float) -> T:
-    """`in_transaction` for a single statement, which is its own transaction: no BEGIN and
-    no COMMIT round trip."""
-    async def once() -> T:
-        async with engine.connect() as conn:
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
-            return await op(conn)
-    return await _retrying(once, retry_for_s)
-
-
-async def _retrying(once: Callable[[], Awaitable[T]], retry_for_s: float) -> T:
+async def retrying(once: Callable[[], Awaitable[T]], retry_for_s: float) -> T:
+    """`once()`, retried like `in_transaction` while the database is unavailable."""
     async for attempt in AsyncRetrying(
         retry=_RETRY, wait=_WAIT,
         stop=stop_after_delay(retry_for_s),

@@ -11,9 +11,10 @@ from typing import TypeVar
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.db.changes import SwarmWrite
+from app.db.direct import DirectConnection
 from app.db.leases import LeaseLost
-from app.db.one_statement import write_batch
-from app.db.retry import database_unavailable, in_autocommit, in_transaction
+from app.db.one_statement import statement
+from app.db.retry import database_unavailable, in_transaction, retrying
 from app.db.session import SessionFactory
 from app.db.writes import apply_spend_only, apply_writes
 from app.text import storable
@@ -40,7 +41,9 @@ class StateWriter:
     def __init__(self, sessions: SessionFactory, owner: str, *, retry_for_s: float = 15.0,
                  max_batch: int = 500, on_commit: Callable[[str], None] | None = None) -> None:
         self._sessions = sessions
-        self._engine: AsyncEngine = sessions.kw["bind"]
+        engine: AsyncEngine = sessions.kw["bind"]
+        self._direct = (DirectConnection(engine.url.render_as_string(hide_password=False))
+                        if engine.dialect.name == "postgresql" else None)
         self._on_commit = on_commit
         self._owner = owner
         self._retry_for_s = retry_for_s
@@ -79,6 +82,8 @@ class StateWriter:
         if self._task is not None:
             await self._task
             self._task = None
+        if self._direct is not None:
+            await self._direct.close()
 
     async def _loop(self) -> None:
         while True:
@@ -99,9 +104,11 @@ class StateWriter:
         # anyway; the batch is idempotent (inserts ignore rows already there, the ledger
         # settles only unsettled rows), so a retry after a COMMIT whose outcome was lost
         # duplicates nothing
-        if self._engine.dialect.name == "postgresql":  # one statement: one round trip
-            return await in_autocommit(self._engine, lambda conn: write_batch(
-                conn, self._owner, writes), retry_for_s=self._retry_for_s)
+        if self._direct is not None:  # one statement, one round trip, on its own connection
+            stmt = statement(self._owner, writes)
+            direct = self._direct
+            return stmt.fenced(await retrying(lambda: direct.fetch(stmt.sql, stmt.args),
+                                              self._retry_for_s))
         return await self.transact(lambda session: apply_writes(
             session, self._owner, writes, lease_s=self._retry_for_s))
 
