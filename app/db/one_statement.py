@@ -55,7 +55,9 @@ class Batch:
     def __init__(self, writes: Sequence[SwarmWrite]) -> None:
         self.swarms: dict[str, dict[str, Any]] = {}  # id -> epoch and latest state
         self.updates: dict[tuple[str, str], dict[str, Any]] = {}  # (swarm, name) -> state
-        self.inserts: dict[str, list[dict[str, Any]]] = {name: [] for name in _INSERTS}
+        # rows only inserted (ignoring duplicates), by table; new subtasks apart, merged by key
+        self.inserts: dict[str, list[dict[str, Any]]] = {
+            name: [] for name in _INSERTS if name != "subtasks"}
         self.new_subtasks: dict[tuple[str, str], dict[str, Any]] = {}
         self.ledger: dict[tuple[str, int], dict[str, Any]] = {}
         for w in writes:

@@ -117,7 +117,6 @@ async def _statement_by_statement(session: AsyncSession, owner: str,
     return fenced
 
 
-
 async def apply_spend_only(session: AsyncSession, owner: str, write: SwarmWrite,
                            lease_s: float | None = None) -> bool:
     """The money of a write that cannot be stored whole (its text is refused): only its
@@ -144,7 +143,6 @@ def _ignoring_duplicates(conn: AsyncConnection, stmt: Insert) -> Executable:
 @functools.cache  # one statement per dialect and table: batch.executemany's plans key on it
 def _on_conflict_nothing(dialect: str, table: Table) -> Executable:
     return (pg_insert if dialect == "postgresql" else sqlite_insert)(table).on_conflict_do_nothing()
-
 
 
 def settling_insert(conn: AsyncConnection) -> Executable:
