@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import Column, Table
 from sqlalchemy.dialects import postgresql
@@ -32,20 +32,25 @@ from app.db.batch import bind_processor
 from app.db.changes import LEDGER_SETTLED, SwarmWrite
 from app.db.leases import idle_ms
 from app.db.notify import CHANGED
-from app.db.tables import Event, GatewayCall, Subtask, Swarm, ToolCall, TranscriptMessage, Webhook
+from app.db.tables import (
+    Event,
+    GatewayCall,
+    Subtask,
+    Swarm,
+    ToolCall,
+    TranscriptMessage,
+    Webhook,
+    table_of,
+)
 
 _DIALECT = postgresql.asyncpg.dialect()  # type: ignore[no-untyped-call]
 _Q = _DIALECT.identifier_preparer.quote
 
 
-def _table(model: Any) -> Table:
-    return cast(Table, model.__table__)
-
-
 # each table's part of the statement, by the name of its CTE
-_SWARMS, _SUBTASKS, _LEDGER = _table(Swarm), _table(Subtask), _table(GatewayCall)
-_INSERTS = {"subtasks": _SUBTASKS, "events": _table(Event), "webhooks": _table(Webhook),
-            "tool_calls": _table(ToolCall), "transcript": _table(TranscriptMessage)}
+_SWARMS, _SUBTASKS, _LEDGER = table_of(Swarm), table_of(Subtask), table_of(GatewayCall)
+_INSERTS = {"subtasks": _SUBTASKS, "events": table_of(Event), "webhooks": table_of(Webhook),
+            "tool_calls": table_of(ToolCall), "transcript": table_of(TranscriptMessage)}
 _TABLES = {"sw": _SWARMS, "st": _SUBTASKS, "ledger": _LEDGER, **_INSERTS}
 
 

@@ -5,7 +5,6 @@ Repository functions: they take a session and never commit; the caller owns the 
 
 from __future__ import annotations
 
-import typing
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +15,6 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Date,
-    Table,
     bindparam,
     case,
     cast,
@@ -38,15 +36,11 @@ from app.db.tables import (
     Subtask,
     Swarm,
     TenantDailySpend,
+    table_of,
 )
 from app.db.types import Money
 from app.db.writes import lock_leases
 from app.schemas import GroupBy
-
-
-def cast_table(model: type[Any]) -> Table:
-    return typing.cast(Table, model.__table__)
-
 
 # ---- the daily cap --------------------------------------------------------------------------
 
@@ -213,7 +207,7 @@ async def settle_lost_attempts(session: AsyncSession, swarm_id: str, epoch: int,
                 .where(TenantDailySpend.tenant == tenant, TenantDailySpend.day == day)
                 .values(spent_usd=TenantDailySpend.spent_usd + amount))
     if attempts:  # written-ahead attempts were counted only in the dead owner's memory
-        subs = cast_table(Subtask)
+        subs = table_of(Subtask)
         conn = await session.connection()
         await conn.execute(
             update(subs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
 )
@@ -38,6 +39,11 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements 
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def table_of(model: type[Base]) -> Table:
+    """A mapped class's Core table (typed: `__table__` is a FromClause to mypy)."""
+    return cast(Table, model.__table__)
 
 
 def column_values(row: Base, columns: Sequence[str]) -> dict[str, Any]:
