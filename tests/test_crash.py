@@ -178,11 +178,12 @@ async def test_paused_worker_is_fenced_after_takeover(db_url: str, tmp_path: Pat
         assert [stats[f"{swarm_id}:{n}:1"]["calls"] for n in ("s1", "s2")] == [2, 2]
 
 
-@pytest.mark.parametrize("step", ["claim", "heartbeat", "group_commit"])
+@pytest.mark.parametrize("step", ["claim", "heartbeat", "salvage"])
 async def test_a_paused_transaction_cannot_keep_a_swarm_locked(db_url: str, step: str) -> None:
     """A process paused inside one of the engine's transactions holds the swarm's row lock,
     and claims skip locked rows; PostgreSQL ends such a transaction after one lease, so the
-    swarm can be taken over (the paused process' commit then fails)."""
+    swarm can be taken over (the paused process' commit then fails). (The group commit is
+    one statement in autocommit: it holds no lock beyond the statement.)"""
     lease = 0.5
     api, close_api = await start_harness(make_settings(db_url), run_engine=False)
     try:  # an API without an engine, in this process: nothing claims the swarm but us
@@ -210,7 +211,7 @@ async def test_a_paused_transaction_cannot_keep_a_swarm_locked(db_url: str, step
         else:
             write = changes.SwarmWrite(swarm_id, claim.epoch, {
                 col: getattr(swarm, col) for col in changes.SWARM_STATE_COLUMNS})
-            assert await writes.apply_writes(paused, "paused", [write], lease_s=lease) == set()
+            assert await writes.apply_spend_only(paused, "paused", write, lease_s=lease)
         locked = "SELECT id FROM swarms WHERE id = $1 FOR UPDATE NOWAIT"
         with pytest.raises(asyncpg.LockNotAvailableError):
             await Db(db_url).fetch(locked, swarm_id)  # held while the transaction lives

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 from sqlalchemy import func, select
 
-from app.db import changes, create, leases, writes
+from app.db import changes, create, leases
 from app.db.direct import APPLICATION_NAME
 from app.db.notify import CHANGED
 from app.db.session import asyncpg_dsn
@@ -75,10 +75,13 @@ async def _count(h: Harness, model: Any) -> int:
 
 async def test_a_batch_applied_twice_duplicates_nothing(idle: Harness) -> None:
     swarm_id, epoch = await _claimed_swarm(idle)
-    for _ in range(2):  # a retry after a COMMIT whose outcome was lost
-        async with idle.app.state.sessions() as s, s.begin():
-            fenced = await writes.apply_writes(s, OWNER, [_write(swarm_id, epoch)])
-        assert fenced == set()
+    writer = StateWriter(idle.app.state.sessions, OWNER, retry_for_s=10)
+    writer.start()
+    try:
+        for _ in range(2):  # a retry after a COMMIT whose outcome was lost
+            await writer.submit(_write(swarm_id, epoch))
+    finally:
+        await writer.close()
     assert await _count(idle, GatewayCall) == 1
     assert await _count(idle, Event) == 1
     assert await _count(idle, Webhook) == 1
@@ -87,10 +90,15 @@ async def test_a_batch_applied_twice_duplicates_nothing(idle: Harness) -> None:
 
 async def test_writes_of_another_epoch_are_fenced_out(idle: Harness) -> None:
     swarm_id, epoch = await _claimed_swarm(idle)
-    async with idle.app.state.sessions() as s, s.begin():
-        fenced = await writes.apply_writes(s, OWNER, [_write(swarm_id, epoch - 1)])
-    assert fenced == {swarm_id}
+    writer = StateWriter(idle.app.state.sessions, OWNER, retry_for_s=10)
+    writer.start()
+    try:
+        with pytest.raises(leases.LeaseLost):
+            await writer.submit(_write(swarm_id, epoch - 1))
+    finally:
+        await writer.close()
     assert await _count(idle, GatewayCall) == 0 and await _count(idle, Event) == 0
+    assert await _count(idle, Subtask) == 2  # the compressor was not inserted
 
 
 async def test_a_broken_batch_fails_at_once_instead_of_retrying(idle: Harness) -> None:

@@ -7,7 +7,7 @@ executemany per table, COMMIT) and ~400 single-row statements on the server: p50
 50 ms under a 50-swarm load, and every subtask waits for one before its call is sent (its
 ledger row is written ahead). Here it is one round trip and one statement per table.
 
-Semantics kept from `writes.apply_writes` (SQLite still runs that): a swarm is written only
+Semantics kept from `writes.apply_writes` (SQLite runs that): a swarm is written only
 while its row still carries the writer's (epoch, owner) — the UPDATE checks it, and every
 other table's rows are filtered on the swarm ids it RETURNs (RETURNING is how data-modifying
 CTEs see each other); NOTIFY swarm_changed per written swarm; inserts ignore rows already
@@ -30,7 +30,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.batch import bind_processor
 from app.db.changes import LEDGER_SETTLED, SwarmWrite
-from app.db.leases import idle_ms
 from app.db.notify import CHANGED
 from app.db.tables import (
     Event,
@@ -101,19 +100,10 @@ class Statement:
         return set(self.swarm_ids - {r[0] for r in rows})
 
 
-async def write_batch(conn: AsyncConnection, owner: str, writes: Sequence[SwarmWrite],
-                      lease_s: float | None = None) -> set[str]:
-    """Run the writes as one statement in the caller's transaction; returns the swarm ids
-    fenced out. `lease_s` bounds, like `leases.idle_limit`, how long a paused process could
-    keep the swarms' rows locked in that transaction."""
-    stmt = statement(owner, writes, lease_s)
-    return stmt.fenced(await conn.exec_driver_sql(stmt.sql, stmt.args))
-
-
-def statement(owner: str, writes: Sequence[SwarmWrite], lease_s: float | None = None
-              ) -> Statement:
-    """The writes as one statement (in autocommit it needs no idle bound: it holds its locks
-    no longer than it runs)."""
+def statement(owner: str, writes: Sequence[SwarmWrite]) -> Statement:
+    """The writes as one statement, to run in autocommit (`StateWriter` runs it on a
+    connection of its own): it holds its row locks no longer than it runs, so unlike the
+    engine's transactions it needs no idle bound."""
     batch = Batch(writes)
     swarms = sorted(batch.swarms.values(), key=lambda r: r["id"])  # one lock order everywhere
     parts: list[tuple[str, list[dict[str, Any]]]] = [("sw", swarms)]
@@ -125,8 +115,8 @@ def statement(owner: str, writes: Sequence[SwarmWrite], lease_s: float | None = 
     if batch.ledger:
         parts.append(("ledger", list(batch.ledger.values())))
     shape = tuple((name, tuple(rows[0])) for name, rows in parts)
-    sql, columns = _statement(shape, lease_s is not None)
-    args: list[Any] = [owner, idle_ms(lease_s) if lease_s is not None else None]
+    sql, columns = _statement(shape)
+    args: list[Any] = [owner]
     for (_, rows), cols in zip(parts, columns, strict=True):
         args += _arrays(rows, cols)
     return Statement(sql, tuple(args), frozenset(batch.swarms))
@@ -154,16 +144,15 @@ def _arrays(rows: Sequence[dict[str, Any]], cols: _Columns) -> list[list[Any]]:
 
 
 @functools.cache  # a handful of shapes: which tables have rows, with which keys
-def _statement(shape: tuple[tuple[str, tuple[str, ...]], ...], bounded: bool
-               ) -> tuple[str, list[_Columns]]:
-    params = iter(range(3, 10_000))  # $1 is the owner, $2 the idle bound
+def _statement(shape: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, list[_Columns]]:
+    params = iter(range(2, 10_000))  # $1 is the owner
     ctes: list[str] = []
     columns: list[_Columns] = []
     for name, keys in shape:
         table = _TABLES[name]
         cols, source = _unnest(table, keys, params, defaults=name not in ("sw", "st"))
         columns.append(cols)
-        ctes.append(f"{name} AS ({_dml(name, table, [c[0] for c in cols], source, bounded)})")
+        ctes.append(f"{name} AS ({_dml(name, table, [c[0] for c in cols], source)})")
     return "WITH " + ",\n".join(ctes) + "\nSELECT id FROM sw", columns
 
 
@@ -208,15 +197,13 @@ def _column(table: Table, key: str) -> Column[Any]:
     return table.c[key.removesuffix("_")]
 
 
-def _dml(name: str, table: Table, keys: Sequence[str], source: str, bounded: bool) -> str:
+def _dml(name: str, table: Table, keys: Sequence[str], source: str) -> str:
     t = _Q(table.name)
     if name == "sw":
         sets = ", ".join(f"{_Q(k)} = v.{_Q(k)}" for k in keys if k not in ("id", "epoch"))
-        bound = (", set_config('idle_in_transaction_session_timeout', $2, true)" if bounded
-                 else ", $2::text")  # every parameter is used, or its type is unknown
         return (f"UPDATE {t} AS s SET {sets} FROM {source} WHERE s.id = v.id "
                 "AND s.lease_epoch = v.epoch AND s.lease_owner = $1 "
-                f"RETURNING s.id, pg_notify('{CHANGED}', s.id){bound}")
+                f"RETURNING s.id, pg_notify('{CHANGED}', s.id)")
     if name == "st":
         sets = ", ".join(f"{_Q(k)} = v.{_Q(k)}" for k in keys if not k.endswith("_"))
         return (f"UPDATE {t} AS t SET {sets} FROM {source} WHERE t.swarm_id = v.swarm_id_ "

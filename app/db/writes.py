@@ -1,5 +1,5 @@
-"""The group commit: many runners' writes in one transaction, fenced by lease epoch; ledger
-rows settled by (idempotency_key, attempt)."""
+"""The group commit on SQLite: many runners' writes in one transaction, fenced by lease epoch;
+ledger rows settled by (idempotency_key, attempt). Also the salvage of a refused write's money."""
 
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ from app.db.changes import (
     SwarmWrite,
 )
 from app.db.leases import idle_limit as _idle_limit
-from app.db.one_statement import write_batch
 from app.db.session import is_postgres as _is_pg
 from app.db.tables import (
     Event,
@@ -61,18 +60,11 @@ async def lock_leases(session: AsyncSession, swarm_ids: Sequence[str],
 
 async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[SwarmWrite],
                        lease_s: float | None = None) -> set[str]:
-    """Write many runners' changes in one transaction; returns the swarm ids fenced out
-    (another process holds their lease now), whose writes were dropped. On PostgreSQL, one
-    statement (app/db/one_statement.py, which also NOTIFYs); on SQLite, statement by
-    statement (its readers in this process are told by the writer's on_commit)."""
-    if _is_pg(session):
-        return await write_batch(await session.connection(), owner, writes, lease_s)
-    return await _statement_by_statement(session, owner, writes, lease_s)
-
-
-async def _statement_by_statement(session: AsyncSession, owner: str,
-                                  writes: Sequence[SwarmWrite], lease_s: float | None
-                                  ) -> set[str]:
+    """Write many runners' changes in one transaction, statement by statement; returns the
+    swarm ids fenced out (another process holds their lease now), whose writes were dropped.
+    The group commit on SQLite (its readers in this process are told by the writer's
+    on_commit); PostgreSQL's runs them as one statement in autocommit
+    (app/db/one_statement.py, which also NOTIFYs)."""
     held = await lock_leases(session, list({w.swarm_id for w in writes}), lease_s)
     ok = [w for w in writes if held.get(w.swarm_id) == (w.epoch, owner)]
     fenced = {w.swarm_id for w in writes} - {w.swarm_id for w in ok}
