@@ -194,18 +194,25 @@ async def test_serve_workers_share_a_port_the_database_and_their_metrics(
         first = await owners()
         victim = first.pop()
         assert victim is not None
+        born = _children(parent.pid)  # the two and multiprocessing's own helper
         os.kill(victim, signal.SIGKILL)
         ids += [(await post_swarm(api, body))["id"] for _ in range(3)]  # the other one serves
         for swarm_id in ids:
             assert (await wait_terminal(api, swarm_id, timeout=60))["status"] == "succeeded"
 
-        async def replaced() -> bool:  # uvicorn started a new process in the dead one's place
+        async def replaced() -> bool:  # and that process runs swarms
             pids = await owners()
             return len(pids - {victim} - first) >= 1
 
-        # more than the survivor's three at once: the new process must take some (one swarm
-        # could land on the survivor, which leases what it creates to itself)
-        more = [(await post_swarm(api, body))["id"] for _ in range(12)]
+        def respawned() -> bool:  # uvicorn started a new process in the dead one's place
+            return bool(_children(parent.pid) - born)
+
+        await until(respawned, 30, "uvicorn to start a new process", every=0.2)
+        # more than the survivor's three at once, slow enough to be queued for seconds: the
+        # new process must take some once it is up (the survivor leases what it creates to
+        # itself, and alone would have finished quick ones before the new one's engine starts)
+        slow = {**body, "agents": [agent("x", "[[sim latency_ms=2000]]"), agent("y")]}
+        more = [(await post_swarm(api, slow))["id"] for _ in range(12)]
         ids += more
         await until(replaced, 60, "a new process to run swarms", every=0.2)
         for swarm_id in more:
@@ -216,10 +223,17 @@ async def test_serve_workers_share_a_port_the_database_and_their_metrics(
                 runs = [line for line in text.splitlines() if line.startswith("swarm_runs_")]
                 assert f'swarm_runs_total{{status="succeeded"}} {len(ids)}.0' in runs, runs
         # the parent killed outright: its processes notice and stop, none is left orphaned
-        children = await owners() - {victim}
+        children = _children(parent.pid) - {victim}
         parent.kill()
-        await until(lambda: not any(_alive(p) for p in children if p), 30,
+        await until(lambda: not any(_alive(p) for p in children), 30,
                     f"the processes {children} to stop with their parent", every=0.2)
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
 
 
 def _alive(pid: int) -> bool:
