@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import agent
+from tests.helpers import agent, until
 from tests.procs import (
     Cluster,
     Db,
@@ -49,25 +49,33 @@ def swarm_body(i: int, budget: str | None = None) -> dict[str, Any]:
 
 
 async def chaos(c: Cluster, db: Db, workers: list[Proc], swarm_ids: list[str]) -> int:
-    """Every ~1.2 s for KILL_FOR_S, SIGKILL the worker that owns calls in flight (else any),
-    and start a replacement at once. Returns how many were killed."""
+    """For KILL_FOR_S, SIGKILL the worker that owns calls in flight (else any): first as soon
+    as one does, then every ~1.2 s, starting a replacement at once. Returns how many were
+    killed."""
     rng = random.Random(18)
     kills = 0
     deadline = time.monotonic() + KILL_FOR_S
-    while time.monotonic() < deadline:
-        await asyncio.sleep(rng.uniform(0.9, 1.5))
-        busy = await db.fetch(
+
+    async def busy() -> set[int | None]:
+        rows = await db.fetch(
             "SELECT DISTINCT s.lease_owner FROM swarms s JOIN gateway_calls g "
-            "ON g.swarm_id = s.id WHERE g.outcome = 'in_flight' AND s.id = ANY($1)", swarm_ids)
-        pids = {owner_pid(r[0]) for r in busy}
+            "ON g.swarm_id = s.id WHERE g.outcome = 'in_flight' AND s.id = ANY($1) "
+            "AND s.lease_owner IS NOT NULL", swarm_ids)
+        return {owner_pid(r[0]) for r in rows}
+
+    # the first kill cuts calls off for sure (a machine fast enough to end every swarm
+    # before a first kill ~1 s in would leave nothing to bound)
+    pids = await until(busy, 30, "a call in flight", every=0.02)
+    while time.monotonic() < deadline:
         alive = [w for w in workers if w.alive]
         victims = [w for w in alive if w.pid in pids] or alive
-        if not victims:
-            continue
-        victim = rng.choice(victims)
-        victim.send(signal.SIGKILL)
-        kills += 1
-        workers.append(c.spawn(f"worker_{len(workers)}", ["worker"]))
+        if victims:
+            victim = rng.choice(victims)
+            victim.send(signal.SIGKILL)
+            kills += 1
+            workers.append(c.spawn(f"worker_{len(workers)}", ["worker"]))
+        await asyncio.sleep(rng.uniform(0.9, 1.5))
+        pids = await busy()
     return kills
 
 
