@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
-from app.db.tables import Subtask, Swarm
+from app.db.tables import SubtaskView, Swarm
 from app.db.types import utcnow
 from app.engine import dag
 from app.engine.layout import COMPRESSOR_PREFIX
 from app.pricing import usd_str
-from app.schemas import (
-    LatencyPercentiles,
-    Progress,
-    SubtaskRead,
-    SubtaskUsage,
-    SwarmRead,
-    SwarmUsage,
-    Timing,
-)
-from app.states import SubtaskKind
+from app.schemas import SubtaskRead, SwarmRead
+from app.states import SubtaskKind, SubtaskStatus
 
 
 def _percentile(sorted_values: Sequence[float], q: float) -> float | None:
@@ -30,18 +24,24 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float | None:
     return round(sorted_values[rank - 1], 3)
 
 
-def timing(swarm: Swarm, subtasks: Sequence[Subtask]) -> Timing:
+def timing(swarm: Swarm, subtasks: Sequence[SubtaskView]) -> dict[str, Any]:
     """Wall time, the DAG's critical path (planner, workers, synthesis), serial sum, speedup."""
-    latency = {s.name: s.latency_ms / 1000 for s in subtasks if s.latency_ms is not None}
-    planners = [s.name for s in subtasks if s.kind == SubtaskKind.planner]
-    known = {s.name for s in subtasks}
+    latency: dict[str, float] = {}
+    planners: list[str] = []
+    for s in subtasks:
+        if s.latency_ms is not None:
+            latency[s.name] = s.latency_ms / 1000
+        if s.kind == SubtaskKind.planner:
+            planners.append(s.name)
     deps: dict[str, list[str]] = {}
     for s in subtasks:
         ds = list(s.depends_on) or (planners if s.kind == SubtaskKind.worker else [])
         if s.kind != SubtaskKind.compressor:
             # a compressed input reaches its consumer through its compressor
             ds += [f"{COMPRESSOR_PREFIX}{d}" for d in s.depends_on]
-        deps[s.name] = [d for d in ds if d in known]
+        deps[s.name] = ds
+    known = deps.keys()
+    deps = {n: [d for d in ds if d in known] for n, ds in deps.items()}
     critical = dag.critical_path(deps, latency)
     serial = sum(latency.values())
     wall: float | None = None
@@ -49,50 +49,61 @@ def timing(swarm: Swarm, subtasks: Sequence[Subtask]) -> Timing:
         end = swarm.finished_at or utcnow()
         wall = max((end - swarm.started_at).total_seconds(), 0.0)
     values = sorted(latency.values())
-    return Timing(
-        wall_s=None if wall is None else round(wall, 3),
-        critical_path_s=round(critical, 3),
-        serial_s=round(serial, 3),
-        speedup=round(serial / wall, 2) if wall else None,
-        subtask_latency_s=LatencyPercentiles(
-            p50=_percentile(values, 50), p95=_percentile(values, 95), p99=_percentile(values, 99)),
-    )
+    return {
+        "wall_s": None if wall is None else round(wall, 3),
+        "critical_path_s": round(critical, 3),
+        "serial_s": round(serial, 3),
+        "speedup": round(serial / wall, 2) if wall else None,
+        "subtask_latency_s": {"p50": _percentile(values, 50), "p95": _percentile(values, 95),
+                              "p99": _percentile(values, 99)},
+    }
 
 
-def subtask_read(s: Subtask, with_output: bool) -> SubtaskRead:
-    return SubtaskRead(
-        name=s.name, kind=s.kind, status=s.status, model=s.model, depends_on=list(s.depends_on),
-        attempts=s.attempts, output=s.output if with_output else None, truncated=s.truncated,
-        reused=bool(s.reused), sanitized=bool(s.sanitized), error=s.error,
-        usage=SubtaskUsage(prompt_tokens=s.prompt_tokens, completion_tokens=s.completion_tokens,
-                           cost_usd=usd_str(s.cost_usd)),
-        latency_ms=s.latency_ms, started_at=s.started_at, finished_at=s.finished_at,
-        turns=s.turns, tool_calls=s.tool_calls,
-    )
+def subtask_fields(s: SubtaskView, with_output: bool) -> dict[str, Any]:
+    """A subtask's view as the fields of SubtaskRead (validated with the whole swarm's, in
+    one call: a model per subtask cost ~20 µs, 20 ms for a 1,000-agent swarm)."""
+    return {
+        "name": s.name, "kind": s.kind, "status": s.status, "model": s.model,
+        "depends_on": s.depends_on, "attempts": s.attempts,
+        "output": s.output if with_output else None, "truncated": s.truncated,
+        "reused": bool(s.reused), "sanitized": bool(s.sanitized), "error": s.error,
+        "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+                  "cost_usd": usd_str(s.cost_usd)},
+        "latency_ms": s.latency_ms, "started_at": s.started_at, "finished_at": s.finished_at,
+        "turns": s.turns, "tool_calls": s.tool_calls,
+    }
 
 
-def swarm_read(swarm: Swarm, subtasks: Sequence[Subtask], *, with_outputs: bool = True,
+def subtask_read(s: SubtaskView, with_output: bool) -> SubtaskRead:
+    return SubtaskRead.model_validate(subtask_fields(s, with_output))
+
+
+def swarm_read(swarm: Swarm, subtasks: Sequence[SubtaskView], *, with_outputs: bool = True,
                with_result: bool | None = None, queue_position: int | None = None,
                retried_by: str | None = None) -> SwarmRead:
     """The resource; lists omit outputs and result, webhooks omit only subtask outputs."""
-    progress = Progress(total=len(subtasks))
-    for s in subtasks:
-        setattr(progress, s.status, getattr(progress, s.status) + 1)
-    return SwarmRead(
-        id=swarm.id, status=swarm.status, created_at=swarm.created_at,
-        started_at=swarm.started_at, finished_at=swarm.finished_at, task=swarm.task,
-        metadata=swarm.meta,
-        spec={"task": swarm.task, **swarm.spec},  # the task is stored once, beside the spec
-        progress=progress,
-        subtasks=[subtask_read(s, with_outputs) for s in subtasks],
-        usage=SwarmUsage(prompt_tokens=swarm.prompt_tokens,
-                         completion_tokens=swarm.completion_tokens,
-                         cost_usd=usd_str(swarm.spent_usd), gateway_calls=swarm.gateway_calls,
-                         unresolved_usd=usd_str(swarm.unresolved_usd)),
-        timing=timing(swarm, subtasks),
-        queue_position=queue_position,
-        result=swarm.result if (with_outputs if with_result is None else with_result) else None,
-        error=swarm.error,
-        retry_of=swarm.retry_of,
-        retried_by=retried_by,
-    )
+    progress = dict.fromkeys(_PROGRESS, 0)
+    progress.update(Counter(s.status for s in subtasks))
+    progress["total"] = len(subtasks)
+    return SwarmRead.model_validate({
+        "id": swarm.id, "status": swarm.status, "created_at": swarm.created_at,
+        "started_at": swarm.started_at, "finished_at": swarm.finished_at, "task": swarm.task,
+        "metadata": swarm.meta,
+        "spec": {"task": swarm.task, **swarm.spec},  # the task is stored once, beside the spec
+        "progress": progress,
+        "subtasks": [subtask_fields(s, with_outputs) for s in subtasks],
+        "usage": {"prompt_tokens": swarm.prompt_tokens,
+                  "completion_tokens": swarm.completion_tokens,
+                  "cost_usd": usd_str(swarm.spent_usd), "gateway_calls": swarm.gateway_calls,
+                  "unresolved_usd": usd_str(swarm.unresolved_usd)},
+        "timing": timing(swarm, subtasks),
+        "queue_position": queue_position,
+        "result": swarm.result if (with_outputs if with_result is None else with_result)
+        else None,
+        "error": swarm.error,
+        "retry_of": swarm.retry_of,
+        "retried_by": retried_by,
+    })
+
+
+_PROGRESS = tuple(s.value for s in SubtaskStatus)

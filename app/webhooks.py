@@ -101,8 +101,8 @@ class WebhookDispatcher:
     async def _attempt(self, hook: Webhook) -> None:
         async with self.sessions() as session, session.begin():
             swarm = await queries.get_swarm(session, hook.swarm_id, None)
-            subs = (await queries.get_subtasks(session, [hook.swarm_id],
-                                               outputs=False))[hook.swarm_id]
+            subs = (await queries.subtask_views(session, [hook.swarm_id],
+                                                outputs=False))[hook.swarm_id]
         assert swarm is not None
         view = swarm_read(swarm, subs, with_outputs=False, with_result=True)
         body = json.dumps(view.model_dump(mode="json"), separators=(",", ":")).encode()

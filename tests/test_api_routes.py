@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from app.db import queries
+from app.views import swarm_read
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import BODY, SLOW, assert_rejected, error_of, read_events, swarm_count, until
 
@@ -104,6 +106,29 @@ async def test_finished_swarm_has_outputs_usage_and_timing(api: Harness) -> None
         Decimal(s["usage"]["cost_usd"]) for s in data["subtasks"])
     assert data["usage"]["gateway_calls"] == 4
     assert data["queue_position"] is None and data["error"] is None
+
+
+async def test_views_from_core_rows_equal_views_from_orm_objects(harness: Harness) -> None:
+    """Reads build views from `queries.subtask_views` tuples; creation and the engine from
+    ORM objects: one swarm must look the same either way (with outputs and without)."""
+    body = {**BODY, "agents": [*BODY["agents"], {"name": "broken", "max_tokens": 10,
+                                                 "system_prompt": "[[sim status=400]]"}]}
+    swarm_id = (await harness.run(body))["id"]
+    async with harness.app.state.sessions() as s, s.begin():
+        swarm = await queries.get_swarm(s, swarm_id, None)
+        assert swarm is not None
+        orm = (await queries.get_subtasks(s, [swarm_id]))[swarm_id]
+        rows = (await queries.subtask_views(s, [swarm_id]))[swarm_id]
+        listed = (await queries.subtask_views(s, [swarm_id], outputs=False))[swarm_id]
+    assert {r.status for r in rows} == {"succeeded", "failed", "skipped"}  # the synthesizer
+    assert any(r.error for r in rows) and any(r.depends_on for r in rows)
+    for outputs in (True, False):
+        assert (swarm_read(swarm, rows, with_outputs=outputs).model_dump()
+                == swarm_read(swarm, orm, with_outputs=outputs).model_dump())
+    assert (swarm_read(swarm, listed, with_outputs=False).model_dump()
+            == swarm_read(swarm, orm, with_outputs=False).model_dump())
+    assert all(r.output is None for r in listed) and all(r.output for r in rows
+                                                        if r.status == "succeeded")
 
 
 @pytest.mark.parametrize("swarm_id", [str(uuid.uuid4()), "nope", "a%00b", "%FF", "x" * 300])

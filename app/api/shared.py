@@ -65,7 +65,7 @@ async def read_swarm(session: AsyncSession, swarm_id: str, tenant: str) -> Swarm
     check_id(swarm_id)
     async with session.begin():
         swarm = await swarm_or_404(session, swarm_id, tenant)
-        subs = (await queries.get_subtasks(session, [swarm.id]))[swarm.id]
+        subs = (await queries.subtask_views(session, [swarm.id]))[swarm.id]
         position = (await queries.queue_position(session, swarm)
                     if swarm.status == SwarmStatus.queued else None)
         retried_by = (await retry_copy.retried_by(session, [swarm.id])).get(swarm.id)

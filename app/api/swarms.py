@@ -113,7 +113,7 @@ async def list_swarms(
             raise RequestInvalid(str(exc), code="invalid_cursor",
                                  details={"field": "cursor"}) from exc
         ids = [s.id for s in rows]
-        subs = await queries.get_subtasks(session, ids, outputs=False)
+        subs = await queries.subtask_views(session, ids, outputs=False)
         retried_by = await retry_copy.retried_by(session, ids)
     return SwarmList(
         items=[swarm_read(s, subs[s.id], with_outputs=False, retried_by=retried_by.get(s.id))

@@ -85,8 +85,9 @@ def descendants(deps: Mapping[str, Sequence[str]], roots: Iterable[str]) -> set[
 def critical_path(deps: Mapping[str, Sequence[str]], weight: Mapping[str, float]) -> float:
     """Longest sum of weights along a dependency chain."""
     best: dict[str, float] = {}
-    for name in topological_order(deps, deps):
-        best[name] = weight.get(name, 0.0) + max((best[d] for d in deps[name]), default=0.0)
+    for name in graphlib.TopologicalSorter(deps).static_order():  # any order will do here
+        best[name] = weight.get(name, 0.0) + max((best[d] for d in deps.get(name, ())),
+                                                 default=0.0)
     return max(best.values(), default=0.0)
 
 
