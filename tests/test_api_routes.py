@@ -15,7 +15,16 @@ import pytest
 from app.db import queries
 from app.views import swarm_read
 from tests.conftest import Harness, make_settings, start_harness
-from tests.helpers import BODY, SLOW, assert_rejected, error_of, read_events, swarm_count, until
+from tests.helpers import (
+    BODY,
+    SLOW,
+    agent,
+    assert_rejected,
+    error_of,
+    read_events,
+    swarm_count,
+    until,
+)
 
 SWARM_KEYS = {"id", "status", "created_at", "started_at", "finished_at", "task", "metadata",
               "spec", "progress", "subtasks", "usage", "timing", "queue_position", "result",
@@ -163,6 +172,27 @@ async def test_wait_returns_when_terminal(api: Harness) -> None:
     assert r.status_code == 200
     assert r.json()["status"] == "succeeded"
     assert 0.25 < elapsed < 3, elapsed
+
+
+async def test_wait_asks_the_database_only_when_a_commit_ended_the_swarm(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`?wait=` is woken by every commit of its swarm, and each says the swarm's status:
+    the status is read at the start and once the swarm ended, not once per commit."""
+    reads = 0
+    read = queries.get_status
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await read(*args, **kwargs)
+
+    monkeypatch.setattr(queries, "get_status", counted)
+    body = {"task": "t", "limits": {"concurrency": 2},
+            "agents": [agent(f"a{i}", "[[sim latency_ms=30]]") for i in range(20)]}
+    sid = (await harness.post(body)).json()["id"]
+    r = await harness.client.get(f"/swarms/{sid}", params={"wait": 30})
+    assert r.json()["status"] == "succeeded"
+    assert reads <= 3, reads  # ten or more commits woke it
 
 
 async def test_wait_zero_does_not_hold(api: Harness) -> None:

@@ -175,13 +175,11 @@ class SwarmCall:
 
     async def answer(self, swarm_id: str) -> Response | ChatCompletion:
         """Wait until the swarm is terminal (up to its deadline), then the completion."""
-        status: SwarmStatus | None = None
-        while (left := self.deadline - time.monotonic()) > 0:
+        async def status() -> SwarmStatus | None:
             async with self.sessions() as s, s.begin():
-                status = await queries.get_status(s, swarm_id, self.tenant)
-            if status is None or status.terminal:
-                break
-            await self.notifier.wait(swarm_id, min(left, POLL_S))
+                return await queries.get_status(s, swarm_id, self.tenant)
+
+        await self.notifier.until_ended(swarm_id, self.deadline, status, POLL_S)
         swarm = await self._swarm(swarm_id)
         if swarm is None or not swarm.status.terminal:
             return openai_error(503, f"swarm {swarm_id} did not finish in time; read it at "

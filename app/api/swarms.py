@@ -17,7 +17,7 @@ from app import tracing
 from app.api.admission import AdmissionInInsertDep, StreamGateDep, WaitSlotDep
 from app.api.deps import EngineDep, NotifierDep, SessionDep, SettingsDep, TenantDep, ToolsDep
 from app.api.errors import error_responses
-from app.api.follow import follow_events
+from app.api.follow import FALLBACK_S, follow_events
 from app.api.shared import IdempotencyKey, TraceParent, insert_once
 from app.api.shared import check_id as _check_id
 from app.api.shared import read_swarm as _read
@@ -27,7 +27,6 @@ from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
 from app.db import create, queries, retry_copy
 from app.engine import finish
 from app.engine.specs import build_swarm, request_hash
-from app.engine.waiters import woken
 from app.errors import AlreadyTerminal, RequestInvalid
 from app.schemas import SwarmCreate, SwarmList, SwarmRead
 from app.states import SwarmStatus
@@ -35,9 +34,6 @@ from app.views import swarm_read
 from app.webhook_policy import check_webhook_url
 
 router = APIRouter(prefix="/swarms", tags=["swarms"])
-# readers are woken by commits (this process's engine, or NOTIFY from others); without a
-# wake-up they re-read this often, in case a notification was lost (a LISTEN reconnect)
-FALLBACK_S = 2.0
 
 def _links(*targets: tuple[str, str, str]) -> dict[str, Any]:
     """OpenAPI links from a swarm answer to what a client does next with its id (schema-aware
@@ -135,19 +131,10 @@ async def get_swarm(
         return await _read(session, swarm_id, tenant)
     # Waiting looks only at the status; the view (every subtask: a 1,000-agent swarm's is
     # ~1 MB of rows) is read once, when it is answered.
-    until = time.monotonic() + wait
-    armed = notifier.arm(swarm_id)  # before the first look: no change missed
-    try:
-        status = await _status_or_404(session, swarm_id, tenant)
-        while not SwarmStatus(status).terminal and (left := until - time.monotonic()) > 0:
-            # woken on every commit of this swarm: re-check only the status, cheaply
-            await woken(armed, min(left, FALLBACK_S))
-            notifier.disarm(swarm_id, armed)
-            armed = notifier.arm(swarm_id)
-            async with session.begin():
-                status = await queries.get_status(session, swarm_id, tenant) or status
-    finally:
-        notifier.disarm(swarm_id, armed)
+    async def status() -> SwarmStatus:  # 404 for a swarm not (or no longer) there
+        return await _status_or_404(session, swarm_id, tenant)
+
+    await notifier.until_ended(swarm_id, time.monotonic() + wait, status, FALLBACK_S)
     return await _read(session, swarm_id, tenant)
 
 

@@ -1,4 +1,5 @@
-"""NOTIFY channels (payload: one swarm id) and sending them inside a transaction."""
+"""NOTIFY channels (payload: one swarm id; swarm_changed adds its status) and sending them
+inside a transaction."""
 
 from __future__ import annotations
 

@@ -203,7 +203,7 @@ def _dml(name: str, table: Table, keys: Sequence[str], source: str) -> str:
         sets = ", ".join(f"{_Q(k)} = v.{_Q(k)}" for k in keys if k not in ("id", "epoch"))
         return (f"UPDATE {t} AS s SET {sets} FROM {source} WHERE s.id = v.id "
                 "AND s.lease_epoch = v.epoch AND s.lease_owner = $1 "
-                f"RETURNING s.id, pg_notify('{CHANGED}', s.id)")
+                f"RETURNING s.id, pg_notify('{CHANGED}', s.id || ' ' || s.status)")
     if name == "st":
         sets = ", ".join(f"{_Q(k)} = v.{_Q(k)}" for k in keys if not k.endswith("_"))
         return (f"UPDATE {t} AS t SET {sets} FROM {source} WHERE t.swarm_id = v.swarm_id_ "

@@ -4,36 +4,96 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+from app.states import SwarmStatus
+
+_TERMINAL = frozenset(s.value for s in SwarmStatus if s.terminal)
+_KNOWN = frozenset(s.value for s in SwarmStatus)
+
+
+class Change(asyncio.Event):
+    """An armed wake-up, and what the changes that set it said of the swarm's status since
+    it was last `take()`n: whether one of them ended it, whether one did not say."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended = False
+        self.unsaid = False
+
+    def take(self) -> tuple[bool, bool]:
+        """(ended, unsaid) since the last take; clears them and the event."""
+        seen = self.ended, self.unsaid
+        self.ended = self.unsaid = False
+        self.clear()
+        return seen
 
 
 class SwarmNotifier:
     """Wakes coroutines waiting on a swarm when it changed: on commits of this process's
-    engine, and (PostgreSQL) on `swarm_changed` notifications from other processes.
+    engine, and (PostgreSQL) on `swarm_changed` notifications from other processes (payload:
+    the swarm id and its status after the commit).
 
     A reader `arm()`s before it reads and waits on the event it got, so a change committed
-    between its read and its wait still wakes it; it `disarm()`s when it stops reading.
+    between its read and its wait still wakes it; the event stays armed (set again by every
+    change) until the reader `disarm()`s it, so a reader that clears it (`Change.take`) misses
+    no change either.
     """
 
     def __init__(self) -> None:
-        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._waiters: dict[str, set[Change]] = {}
 
-    def notify(self, swarm_id: str) -> None:
-        for ev in self._waiters.pop(swarm_id, ()):
+    def notify(self, swarm_id: str, status: str | None = None) -> None:
+        """The swarm changed; `status` is its status after the change, when known."""
+        waiting = self._waiters.get(swarm_id)
+        if not waiting:
+            return
+        ended, unsaid = status in _TERMINAL, status not in _KNOWN
+        for ev in waiting:
+            ev.ended |= ended
+            ev.unsaid |= unsaid
             ev.set()
 
-    def arm(self, swarm_id: str) -> asyncio.Event:
-        """An event the next change of this swarm sets (once)."""
-        ev = asyncio.Event()
+    def notified(self, payload: str) -> None:
+        """A `swarm_changed` notification: "<swarm id> <status>" (a bare id: status unsaid)."""
+        swarm_id, _, status = payload.partition(" ")
+        self.notify(swarm_id, status or None)
+
+    def arm(self, swarm_id: str) -> Change:
+        """An event the next change of this swarm sets (and every later one, until disarmed)."""
+        ev = Change()
         self._waiters.setdefault(swarm_id, set()).add(ev)
         return ev
 
-    def disarm(self, swarm_id: str, event: asyncio.Event) -> None:
+    def disarm(self, swarm_id: str, event: Change) -> None:
         """Forget an armed event nobody will wait on (a reader that ended)."""
         waiting = self._waiters.get(swarm_id)
         if waiting is not None:
             waiting.discard(event)
             if not waiting:
                 del self._waiters[swarm_id]
+
+    async def until_ended(self, swarm_id: str, deadline: float,
+                          read_status: Callable[[], Awaitable[SwarmStatus | None]],
+                          fallback_s: float) -> SwarmStatus | None:
+        """Wait until the swarm is terminal or the monotonic `deadline` passes; returns the
+        status last read (None: not found). Woken by every commit of the swarm, each saying
+        its status, the database is asked (`read_status`) only once one ended it or did not
+        say, or after `fallback_s` without a wake-up (a lost notification): a 100-agent
+        swarm's waiter had read it ~30 times."""
+        armed = self.arm(swarm_id)  # before the first look: no change missed
+        try:
+            status = await read_status()
+            while (status is not None and not status.terminal
+                   and (left := deadline - time.monotonic()) > 0):
+                fired = await woken(armed, min(left, fallback_s))
+                ended, unsaid = armed.take()
+                if not fired or ended or unsaid:
+                    status = await read_status()
+            return status
+        finally:
+            self.disarm(swarm_id, armed)
 
     async def wait(self, swarm_id: str, timeout: float) -> bool:
         """Return when the swarm changes (True) or after `timeout` seconds (False)."""

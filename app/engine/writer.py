@@ -39,7 +39,8 @@ class StateWriter:
     """
 
     def __init__(self, sessions: SessionFactory, owner: str, *, retry_for_s: float = 15.0,
-                 max_batch: int = 500, on_commit: Callable[[str], None] | None = None) -> None:
+                 max_batch: int = 500,
+                 on_commit: Callable[[str, str | None], None] | None = None) -> None:
         self._sessions = sessions
         engine: AsyncEngine = sessions.kw["bind"]
         self._direct = (DirectConnection(engine.url.render_as_string(hide_password=False))
@@ -169,7 +170,7 @@ class StateWriter:
             kind = type(getattr(exc, "orig", None) or exc).__name__
             fut.set_exception(WriteRejected(kind) if kept else LeaseLost(write.swarm_id))
         if kept and self._on_commit is not None:
-            self._on_commit(write.swarm_id)
+            self._on_commit(write.swarm_id, None)  # its money only, not its status
 
     def _lost(self, batch: list[Pending], exc: Exception) -> None:
         log.error("state write failed for good: %s", _reason(exc),
@@ -187,8 +188,9 @@ class StateWriter:
             else:
                 fut.set_result(None)
         if self._on_commit is not None:
-            for swarm_id in {w.swarm_id for w, _ in batch} - fenced:
-                self._on_commit(swarm_id)
+            status = {w.swarm_id: w.swarm.get("status") for w, _ in batch}  # the last write's
+            for swarm_id in status.keys() - fenced:
+                self._on_commit(swarm_id, status[swarm_id])
 
 
 def _reason(exc: BaseException) -> str:
