@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +92,9 @@ async def anatomy(api: str, db: str, pid: int) -> None:
           f"{max(since(s['finished_at']) for s in subs):.3f} s")
 
 
-def one_round(cli: str, work: Path, out: Results | None) -> None:
+@contextlib.contextmanager
+def serving(cli: str, work: Path) -> Iterator[tuple[str, str, int]]:
+    """A simulator at 0 ms and a build's `serve` on a throwaway database: (api, db, pid)."""
     sim_port, api_port = free_port(), free_port()
     sim, api = f"http://127.0.0.1:{sim_port}/v1", f"http://127.0.0.1:{api_port}"
     with throwaway_db("swarm_rows") as db:
@@ -100,8 +104,12 @@ def one_round(cli: str, work: Path, out: Results | None) -> None:
                      f"{sim}/models", work / "sim.log"), \
              process(["serve", "--port", str(api_port)], env, f"{api}/readyz",
                      work / "api.log", cli=cli) as serve:
-            asyncio.run(rows(api, serve.pid, out) if out is not None
-                        else anatomy(api, db, serve.pid))
+            yield api, db, serve.pid
+
+
+def one_round(cli: str, work: Path, out: Results | None) -> None:
+    with serving(cli, work) as (api, db, pid):
+        asyncio.run(rows(api, pid, out) if out is not None else anatomy(api, db, pid))
 
 
 def main() -> None:
