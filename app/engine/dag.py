@@ -84,6 +84,10 @@ def descendants(deps: Mapping[str, Sequence[str]], roots: Iterable[str]) -> set[
 
 def critical_path(deps: Mapping[str, Sequence[str]], weight: Mapping[str, float]) -> float:
     """Longest sum of weights along a dependency chain."""
+    if not weight:  # nothing has run (a new swarm's view)
+        return 0.0
+    if not any(deps.values()):  # a plain fan-out: no chain is longer than its longest node
+        return max(weight.values())
     best: dict[str, float] = {}
     for name in graphlib.TopologicalSorter(deps).static_order():  # any order will do here
         best[name] = weight.get(name, 0.0) + max((best[d] for d in deps.get(name, ())),

@@ -47,3 +47,10 @@ def test_depth_descendants_and_critical_path() -> None:
     weights = {"a": 1.0, "b": 5.0, "c": 2.0, "d": 1.0, "e": 6.5}
     assert dag.critical_path(DIAMOND, weights) == 7.0  # a -> b -> d
     assert dag.critical_path(DIAMOND, {"e": 9.0}) == 9.0
+
+
+def test_critical_path_of_a_new_swarm_and_of_a_plain_fan_out() -> None:
+    assert dag.critical_path(DIAMOND, {}) == 0.0  # nothing has run
+    flat = {f"w{i}": [] for i in range(5)}
+    assert dag.critical_path(flat, {"w1": 0.5, "w3": 2.5}) == 2.5
+    assert dag.critical_path(flat, {}) == 0.0
