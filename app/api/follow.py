@@ -11,7 +11,9 @@ from app.db.session import SessionFactory
 from app.db.tables import Event
 from app.engine.waiters import SwarmNotifier, woken
 
-POLL_S = 0.5  # how often ?wait= readers of the facade re-read (app/api/openai_swarm.py)
+# the OpenAI facade's swarm answers (app/api/openai_swarm.py) re-read the status this often
+# without a wake-up
+POLL_S = 0.5
 # readers are woken by commits (this process's engine, or NOTIFY from others); without a
 # wake-up they re-read this often, in case a notification was lost (a LISTEN reconnect)
 FALLBACK_S = 2.0
