@@ -166,6 +166,15 @@ async def test_oversized_inputs_are_compressed_by_compressor_subtasks(small: Har
         assert subs[f"d{i}"]["output"] not in sink_user
 
 
+async def test_compressors_run_with_one_slot(small: Harness) -> None:
+    """A compressor takes its slots once, as any call (it took them twice: with
+    `limits.concurrency` 1 the swarm waited for itself until its deadline)."""
+    body = {**fanin(3), "limits": {"concurrency": 1, "deadline_s": 20}}
+    data = await small.run(body, timeout=30)
+    assert data["status"] == "succeeded", data["error"]
+    assert sum(s["kind"] == "compressor" for s in data["subtasks"]) == 3
+
+
 async def test_inputs_that_fit_are_not_compressed(small: Harness) -> None:
     data = await small.run(fanin(1))
     assert data["status"] == "succeeded"

@@ -63,7 +63,7 @@ class SubtaskExecutor:
         if sub.kind == SubtaskKind.planner:
             async with self.steps.slots(sub):
                 return await self._plan(sub)
-        inputs = await self._inputs(sub)  # compressors take their own slots
+        inputs = await self._inputs(sub)  # compressors take their own slots (in _call)
         if sub.tools:  # the turn loop takes a slot per turn, never while tools run
             return await self.turns.run(sub, self._messages(sub, inputs))
         return await self._call(sub, self._messages(sub, inputs))
@@ -235,8 +235,7 @@ class SubtaskExecutor:
             await self.handle.commit(new=[sub])
         if sub.status == SubtaskStatus.pending:
             sub.ready_at = utcnow()
-            async with self.steps.slots(sub):
-                await self._call(sub, [{"role": "system", "content": self._system(sub)},
-                                       {"role": "user", "content": self._prompt(sub)}])
+            await self._call(sub, [{"role": "system", "content": self._system(sub)},
+                                   {"role": "user", "content": self._prompt(sub)}])
         return sub.output if sub.status == SubtaskStatus.succeeded else None
 
