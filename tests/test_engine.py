@@ -299,7 +299,9 @@ async def test_a_slot_is_free_while_the_previous_result_commits(
     one = {"max_inflight": 1} if limit == "process" else {}
     h, close = await start_harness(make_settings(database_url, **one))
     try:
-        data = await h.run({"task": "t", "agents": [agent("a"), agent("b")],
+        # a's call outlasts b's write-ahead, which is then not in the commit held up
+        data = await h.run({"task": "t", "agents": [agent("a", "[[sim latency_ms=300]]"),
+                                                     agent("b")],
                             "synthesis": {"strategy": "none"},
                             "limits": {"concurrency": 1 if limit == "swarm" else 8}}, timeout=30)
     finally:

@@ -169,3 +169,30 @@ async def test_a_body_nested_10000_deep_is_a_bad_answer_and_retried() -> None:
         await client.aclose()
     assert result.content == "fine"
     assert [a.outcome for a in result.attempts] == ["invalid_response", "ok"]
+
+
+async def test_the_next_call_is_written_ahead_while_it_waits_for_its_slot(harness: Harness
+                                                                          ) -> None:
+    """The first attempt's row is committed before the subtask waits for its slots (so the
+    commit overlaps the call in flight); the subtask stays pending until it has them, and a
+    cancel while it waits settles the row as never sent."""
+    body = {"task": "t", "agents": [agent("a", SLOW), agent("b")],
+            "synthesis": {"strategy": "none"}, "limits": {"concurrency": 1}}
+    swarm_id = (await harness.post(body)).json()["id"]
+
+    async def b_ahead() -> bool:
+        return any(r.subtask_name == "b" and r.outcome == "in_flight"
+                   for r in await rows(harness, swarm_id))
+
+    await until(b_ahead, 10, "b's attempt written ahead", every=0.02)
+    status = {s["name"]: s["status"]
+              for s in (await harness.client.get(f"/swarms/{swarm_id}")).json()["subtasks"]}
+    assert status == {"a": "running", "b": "pending"}  # one slot: a's
+    assert harness.sim_stats.in_flight == 1
+    assert (await harness.client.post(f"/swarms/{swarm_id}/cancel")).status_code == 202
+    data = await harness.wait(swarm_id)
+    assert data["status"] == "cancelled"
+    b_rows = [(r.attempt, r.outcome, r.cost_usd) for r in await rows(harness, swarm_id)
+              if r.subtask_name == "b"]
+    assert b_rows == [(1, "cancelled", Decimal(0))]  # never sent: no cost
+    assert "b" not in {k.split(":")[1] for k in (await harness.stats())["by_key"]}

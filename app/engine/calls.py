@@ -49,14 +49,31 @@ class CallMeter:
     _held_daily: list[Reservation] = field(default_factory=list)
     _last_outcome: str | None = None
     _open: bool = False  # an attempt is on the wire: its row is written ahead, unsettled
+    _ahead: bool = False  # the first attempt's row is written ahead (prepare), not yet sent
 
     @property
     def _daily(self) -> SharedCap | None:
         return self.handle.ctx.cap_for(self.handle.swarm.tenant)
 
+    async def prepare(self) -> None:
+        """Write the first attempt's row ahead now, before the caller waits for its slots
+        (its `before(1)` then has nothing left to do): the commit overlaps the calls in
+        flight instead of idling a slot. Until it is sent, `release` settles it `cancelled`;
+        a crash meanwhile bills it `unknown` at its reservation, like any written-ahead
+        attempt whose outcome is lost."""
+        await self._write_ahead()
+        self._ahead = True
+
     async def before(self, attempt: int) -> None:
+        if self._ahead:  # prepared: durable already
+            self._ahead, self._open = False, True
+            return
         if attempt > 1 and self._last_outcome is not None:
             metrics.gateway_retries.labels(self.label, self._last_outcome).inc()
+        await self._write_ahead()
+        self._open = True
+
+    async def _write_ahead(self) -> None:
         asked = time.monotonic()
         reservation = await self.handle.budget.reserve(self.worst)
         if (waited := time.monotonic() - asked) > 0.001:
@@ -80,7 +97,6 @@ class CallMeter:
                                                       0.0)])
             await self.release()
             raise
-        self._open = True
 
     async def after(self, rec: AttemptRecord) -> None:
         u = rec.usage
@@ -109,6 +125,10 @@ class CallMeter:
         """Free what an abandoned call still holds; an attempt cut off after it was sent may
         have been billed, so it is recorded as `unknown` at its reservation."""
         lost = Decimal(0)
+        if self._ahead:  # written ahead, never sent: no cost, no gateway call in any count
+            self._ahead = False
+            self.handle.commit_soon(ledger=[self._row(CANCELLED, None, Usage(), Decimal(0),
+                                                      0.0)])
         if self._open:
             self._open = False
             row = self._bill(UNKNOWN, None, Usage(self.prompt_bound, self.sub.max_tokens),

@@ -70,18 +70,25 @@ class SubtaskExecutor:
 
     async def _call(self, sub: Subtask, messages: list[dict[str, str]]) -> Outcome:
         steps = self.steps
-        # The slots count gateway calls in flight: they are given back once the answer is in,
-        # and the result's commit is awaited outside them (under load a group commit takes
-        # tens of milliseconds: held, it idled the slot that long per subtask).
-        async with steps.slots(sub):
-            t0 = steps.begin(sub)
-            crash_point("before_call", sub.name)
-            try:
-                result, rows = await steps.gateway(sub, messages, 1)
-            except CALL_FAILURES as exc:
-                failed: Exception | None = exc
-            else:
-                failed = None
+        # The slots count gateway calls in flight: the first attempt's ledger row is written
+        # ahead before they are taken, they are given back once the answer is in, and the
+        # result's commit is awaited outside them (under load a group commit takes tens of
+        # milliseconds: inside, each idled the slot that long per subtask).
+        meter = steps.meter(sub, messages, 1)
+        try:
+            async with steps.slots(sub, ahead=meter):
+                t0 = steps.begin(sub)
+                crash_point("before_call", sub.name)
+                try:
+                    result, rows = await steps.gateway(sub, messages, 1, meter=meter)
+                except CALL_FAILURES as exc:
+                    failed: Exception | None = exc
+                else:
+                    failed = None
+        except CALL_FAILURES as exc:  # its write-ahead failed: it starts only to fail
+            return await steps.call_failed(sub, steps.begin(sub), exc)
+        finally:
+            await meter.release()  # written ahead but never sent (cancelled): no cost
         if failed is not None:
             return await steps.call_failed(sub, t0, failed)
         crash_point("after_response", sub.name)

@@ -80,6 +80,9 @@ class SwarmHandle(Protocol):
     deps: dict[str, list[str]]
     budget: SwarmBudget
     call_slots: asyncio.Semaphore  # limits.concurrency: this swarm's calls in flight
+    # calls whose first attempt is written ahead and waiting for their slots (as many as
+    # limits.concurrency): what a crash could bill at reservations for calls never sent
+    ahead_slots: asyncio.Semaphore
     deadline: float  # time.monotonic() at which the swarm's deadline passes
 
     def event(self, event: Event) -> EventRow: ...

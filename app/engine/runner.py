@@ -68,6 +68,10 @@ class SwarmRunner:
         # and the tenant's slots (steps.slots): given back when an answer is in, not once the
         # subtask's result has committed
         self.call_slots = asyncio.Semaphore(int(self.limits["concurrency"]))
+        # as many calls may be written ahead and wait for their slots as the slots take: fewer
+        # throttle the calls to what that many commits pass (a quarter of 8 slots at 20 ms a
+        # call kept 4 in flight); a crash bills those waiting at their reservations too
+        self.ahead_slots = asyncio.Semaphore(int(self.limits["concurrency"]))
         self.deadline = time.monotonic() + float(self.limits["deadline_s"])
         self.executor = SubtaskExecutor(self)
         self._stop = asyncio.Event()

@@ -3,6 +3,7 @@ call, and its end — succeeded, failed, or stopping the whole swarm."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -36,19 +37,35 @@ class SubtaskSteps:
         self.handle = handle
 
     @asynccontextmanager
-    async def slots(self, sub: Subtask) -> AsyncIterator[None]:
+    async def slots(self, sub: Subtask, ahead: CallMeter | None = None
+                    ) -> AsyncIterator[None]:
         """The swarm's slot, a per-model one (when the model table limits it), the tenant's
         and a process-wide one: the swarm's first, so a swarm at its limit holds none of the
-        shared ones."""
+        shared ones. With `ahead`, that call's first attempt is written ahead before them
+        (`CallMeter.prepare`), by at most `ahead_slots` of the swarm's calls at a time: the
+        write-ahead commit then overlaps the calls in flight instead of idling a slot (it was
+        ~90 ms of a 1,000-agent swarm's ~340 ms per subtask at 200 ms a call)."""
         ctx = self.handle.ctx
         slot = ctx.model_slots.get(sub.model)
+        permit: list[asyncio.Semaphore] = []  # a write-ahead permit, given back once
+
+        def give_back() -> None:
+            if permit:
+                permit.pop().release()
+
         async with AsyncExitStack() as stack:
+            stack.callback(give_back)
+            if ahead is not None:
+                await self.handle.ahead_slots.acquire()
+                permit.append(self.handle.ahead_slots)
+                await ahead.prepare()
             await stack.enter_async_context(self.handle.call_slots)
             if slot is not None:
                 await stack.enter_async_context(slot)
             # the tenant's slot before the process's: a tenant at its limit holds none
             await stack.enter_async_context(ctx.tenant_slot(self.handle.swarm.tenant))
             await stack.enter_async_context(ctx.inflight)
+            give_back()  # on its way to the wire: the next call may write ahead
             yield
 
     def begin(self, sub: Subtask) -> float:
@@ -63,18 +80,28 @@ class SubtaskSteps:
         self.handle.commit_soon([sub], events=[self.handle.event(event)])
         return time.monotonic()
 
-    async def gateway(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
-                      response_format: dict[str, str] | None = None,
-                      tools: list[dict[str, Any]] | None = None
-                      ) -> tuple[ChatResult, list[LedgerRow]]:
-        """One logical call with retries; raises the client's errors or BudgetExceeded."""
+    def meter(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
+              tools: list[dict[str, Any]] | None = None) -> CallMeter:
+        """The meter of one logical call: its key, its label, its worst case."""
         handle, ctx = self.handle, self.handle.ctx
         key = idempotency_key(handle.swarm.id, sub.name, call_no)
         label = metric_model_label(sub.model, ctx.prices)
         bound = (estimate_prompt_tokens(messages) if tools is None
                  else estimate_request_tokens(messages, tools))
         worst = ctx.prices[sub.model].worst_case(bound, sub.max_tokens)
-        meter = CallMeter(handle, sub, worst, key, label, bound)
+        return CallMeter(handle, sub, worst, key, label, bound)
+
+    async def gateway(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
+                      response_format: dict[str, str] | None = None,
+                      tools: list[dict[str, Any]] | None = None,
+                      meter: CallMeter | None = None
+                      ) -> tuple[ChatResult, list[LedgerRow]]:
+        """One logical call with retries; raises the client's errors or BudgetExceeded.
+        `meter`: one made (and maybe prepared) by the caller for this call."""
+        handle, ctx = self.handle, self.handle.ctx
+        if meter is None:
+            meter = self.meter(sub, messages, call_no, tools)
+        key, label = meter.key, meter.label
         metrics.subtasks_in_flight.labels(label).inc()
         try:
             result = await ctx.gateway.complete(
@@ -154,3 +181,4 @@ class SubtaskSteps:
             sub.kind, metric_model_label(sub.model, self.handle.ctx.prices), status
         ).observe(sub.latency_ms / 1000)
         return sub.latency_ms
+
