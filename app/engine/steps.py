@@ -3,7 +3,6 @@ call, and its end — succeeded, failed, or stopping the whole swarm."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -47,25 +46,17 @@ class SubtaskSteps:
         ~90 ms of a 1,000-agent swarm's ~340 ms per subtask at 200 ms a call)."""
         ctx = self.handle.ctx
         slot = ctx.model_slots.get(sub.model)
-        permit: list[asyncio.Semaphore] = []  # a write-ahead permit, given back once
-
-        def give_back() -> None:
-            if permit:
-                permit.pop().release()
-
         async with AsyncExitStack() as stack:
-            stack.callback(give_back)
-            if ahead is not None:
-                await self.handle.ahead_slots.acquire()
-                permit.append(self.handle.ahead_slots)
-                await ahead.prepare()
-            await stack.enter_async_context(self.handle.call_slots)
-            if slot is not None:
-                await stack.enter_async_context(slot)
-            # the tenant's slot before the process's: a tenant at its limit holds none
-            await stack.enter_async_context(ctx.tenant_slot(self.handle.swarm.tenant))
-            await stack.enter_async_context(ctx.inflight)
-            give_back()  # on its way to the wire: the next call may write ahead
+            async with AsyncExitStack() as waiting:  # the write-ahead permit, until the slots
+                if ahead is not None:
+                    await waiting.enter_async_context(self.handle.ahead_slots)
+                    await ahead.prepare()
+                await stack.enter_async_context(self.handle.call_slots)
+                if slot is not None:
+                    await stack.enter_async_context(slot)
+                # the tenant's slot before the process's: a tenant at its limit holds none
+                await stack.enter_async_context(ctx.tenant_slot(self.handle.swarm.tenant))
+                await stack.enter_async_context(ctx.inflight)
             yield
 
     def begin(self, sub: Subtask) -> float:
