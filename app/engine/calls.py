@@ -92,9 +92,7 @@ class CallMeter:
             await self.handle.commit(ledger=[row])  # durable before a byte is sent
         except BaseException:
             # not sent: if the row was (or will be) written anyway, it settles as cancelled
-            # (no cost, and no gateway call in any count)
-            self.handle.commit_soon(ledger=[self._row(CANCELLED, None, Usage(), Decimal(0),
-                                                      0.0)])
+            self._cancel_ahead()
             await self.release()
             raise
 
@@ -125,10 +123,9 @@ class CallMeter:
         """Free what an abandoned call still holds; an attempt cut off after it was sent may
         have been billed, so it is recorded as `unknown` at its reservation."""
         lost = Decimal(0)
-        if self._ahead:  # written ahead, never sent: no cost, no gateway call in any count
+        if self._ahead:  # written ahead, never sent
             self._ahead = False
-            self.handle.commit_soon(ledger=[self._row(CANCELLED, None, Usage(), Decimal(0),
-                                                      0.0)])
+            self._cancel_ahead()
         if self._open:
             self._open = False
             row = self._bill(UNKNOWN, None, Usage(self.prompt_bound, self.sub.max_tokens),
@@ -143,6 +140,11 @@ class CallMeter:
             # settled even while being cancelled
             held, self._held_daily = self._held_daily, []
             await asyncio.shield(_settle_all(self._daily, held, lost))
+
+    def _cancel_ahead(self) -> None:
+        """Settle the row written ahead for an attempt never sent: `cancelled`, no cost and
+        no gateway call in any count."""
+        self.handle.commit_soon(ledger=[self._row(CANCELLED, None, Usage(), Decimal(0), 0.0)])
 
     def _row(self, outcome: str, status: int | None, u: Usage, cost: Decimal,
              latency_s: float) -> LedgerRow:
