@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -21,7 +20,7 @@ from app.db import webhooks as repo
 from app.db.session import SessionFactory
 from app.db.tables import Webhook
 from app.outbound import PinnedTransport
-from app.views import swarm_read
+from app.views import swarm_json
 from app.webhook_policy import SIGNATURE_HEADER, sign, webhook_secret
 
 log = logging.getLogger(__name__)
@@ -104,8 +103,7 @@ class WebhookDispatcher:
             subs = (await queries.subtask_views(session, [hook.swarm_id],
                                                 outputs=False))[hook.swarm_id]
         assert swarm is not None
-        view = swarm_read(swarm, subs, with_outputs=False, with_result=True)
-        body = json.dumps(view.model_dump(mode="json"), separators=(",", ":")).encode()
+        body = swarm_json(swarm, subs, with_outputs=False, with_result=True)
         secret = webhook_secret(self.settings, swarm.tenant, self._secrets)
         t0 = time.perf_counter()
         status, error = await self._post(hook, body, secret)

@@ -156,7 +156,7 @@ class SwarmCall:
         try:
             async with self.sessions() as session:
                 await admission.check_active(session)  # SPEC §8: it creates a swarm
-                view = await swarms.create_swarm(
+                answer = await swarms.create_swarm(
                     body=body, response=Response(), session=session, tenant=self.tenant,
                     settings=self.settings, engine=request.app.state.engine,
                     tools=request.app.state.tools, admission=admission,
@@ -167,7 +167,7 @@ class SwarmCall:
                 exc.details = {**exc.details, "field": request_field(exc.details["field"])}
             raise
         self.deadline = time.monotonic() + body.limits.deadline_s + WAIT_GRACE_S
-        return view.id
+        return answer.headers["location"].removeprefix("/swarms/")  # a new one's, or a replay's
 
     async def _swarm(self, swarm_id: str) -> Swarm | None:
         async with self.sessions() as s, s.begin():

@@ -17,6 +17,7 @@ from app.api.shared import (
     check_id,
     insert_once,
     read_swarm,
+    swarm_answer,
     swarm_or_404,
 )
 from app.db import retry_copy
@@ -38,7 +39,7 @@ async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, te
                       settings: SettingsDep, engine: EngineDep, admission: AdmissionDep,
                       body: SwarmRetry | None = None,
                       idempotency_key: IdempotencyKey = None,
-                      traceparent: TraceParent = None) -> SwarmRead:
+                      traceparent: TraceParent = None) -> Response:
     """A new swarm (`retry_of` = this one): subtasks that succeeded here are copied with their
     outputs (`reused`, no call, no cost); the others and the synthesis run again. `limits`
     override the old run's limits key by key. The old swarm is not changed."""
@@ -66,10 +67,10 @@ async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, te
 
     if seen := await insert_once(session, response, tenant, idempotency_key, digest,
                                  settings.idempotency_ttl_s, insert):
-        return seen
+        return swarm_answer(seen, 202, response)
     for kind, n in Counter(r.kind for r in reused).items():
         metrics.subtasks_reused.labels(kind).inc(n)
     if engine is not None:
         engine.wake()
     response.headers["Location"] = f"/swarms/{created[0]}"
-    return await read_swarm(session, created[0], tenant)
+    return swarm_answer(await read_swarm(session, created[0], tenant), 202, response)

@@ -14,9 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.db import create, queries, retry_copy
 from app.db.tables import Swarm
 from app.errors import IdempotencyKeyReused, SwarmNotFound
-from app.schemas import SwarmRead
 from app.states import SwarmStatus
-from app.views import swarm_read
+from app.views import swarm_json
 
 IdempotencyKey = Annotated[
     str | None,
@@ -60,8 +59,20 @@ async def swarm_or_404(session: AsyncSession, swarm_id: str, tenant: str, *,
     return swarm
 
 
-async def read_swarm(session: AsyncSession, swarm_id: str, tenant: str) -> SwarmRead:
-    """The swarm with its subtasks (404 when unknown to this tenant)."""
+def swarm_answer(view: bytes, status_code: int = 200, response: Response | None = None
+                 ) -> Response:
+    """A swarm's view (`views.swarm_json`, serialized as SwarmRead) as a route's answer, with
+    the headers the route set on its `response` (FastAPI adds those only to answers it
+    serializes itself)."""
+    answer = Response(view, status_code, media_type="application/json")
+    if response is not None:
+        answer.headers.raw.extend(h for h in response.headers.raw
+                                  if h[0] not in (b"content-length", b"content-type"))
+    return answer
+
+
+async def read_swarm(session: AsyncSession, swarm_id: str, tenant: str) -> bytes:
+    """The swarm with its subtasks, as JSON (404 when unknown to this tenant)."""
     check_id(swarm_id)
     async with session.begin():
         swarm = await swarm_or_404(session, swarm_id, tenant)
@@ -69,11 +80,11 @@ async def read_swarm(session: AsyncSession, swarm_id: str, tenant: str) -> Swarm
         position = (await queries.queue_position(session, swarm)
                     if swarm.status == SwarmStatus.queued else None)
         retried_by = (await retry_copy.retried_by(session, [swarm.id])).get(swarm.id)
-    return swarm_read(swarm, subs, queue_position=position, retried_by=retried_by)
+    return swarm_json(swarm, subs, queue_position=position, retried_by=retried_by)
 
 
 async def replay(session: AsyncSession, response: Response, tenant: str, key: str,
-                 digest: str, ttl_s: float) -> SwarmRead | None:
+                 digest: str, ttl_s: float) -> bytes | None:
     """The swarm a live Idempotency-Key names (only for the same request), or None: key free."""
     async with session.begin():
         existing = await create.find_by_idempotency_key(session, tenant, key, ttl_s)
@@ -89,7 +100,7 @@ async def replay(session: AsyncSession, response: Response, tenant: str, key: st
 
 async def insert_once(session: AsyncSession, response: Response, tenant: str, key: str | None,
                       digest: str, ttl_s: float,
-                      insert: Callable[[AsyncSession], Awaitable[None]]) -> SwarmRead | None:
+                      insert: Callable[[AsyncSession], Awaitable[None]]) -> bytes | None:
     """Run `insert` (which stores a swarm carrying `key` and `digest`) in one transaction,
     unless a live `key` already names a swarm: then answer with that swarm (same request) or
     422 (another request). None when this call inserted."""

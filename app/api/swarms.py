@@ -22,6 +22,7 @@ from app.api.shared import IdempotencyKey, TraceParent, insert_once
 from app.api.shared import check_id as _check_id
 from app.api.shared import read_swarm as _read
 from app.api.shared import status_or_404 as _status_or_404
+from app.api.shared import swarm_answer as _answer
 from app.api.shared import swarm_or_404 as _swarm_or_404
 from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
 from app.db import create, queries, retry_copy
@@ -30,7 +31,7 @@ from app.engine.specs import build_swarm
 from app.errors import AlreadyTerminal, RequestInvalid
 from app.schemas import SwarmCreate, SwarmList, SwarmRead
 from app.states import SwarmStatus
-from app.views import swarm_read
+from app.views import swarm_fields, swarm_json, to_json
 from app.webhook_policy import check_webhook_url
 
 router = APIRouter(prefix="/swarms", tags=["swarms"])
@@ -56,7 +57,7 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
                        tenant: TenantDep, settings: SettingsDep, engine: EngineDep,
                        tools: ToolsDep, admission: AdmissionInInsertDep,
                        idempotency_key: IdempotencyKey = None,
-                       traceparent: TraceParent = None) -> SwarmRead:
+                       traceparent: TraceParent = None) -> Response:
     """Validate, store the swarm and its subtasks in one transaction, and queue it."""
     body = admission.swarm(body)  # the tenant's quotas on agents and budget (SPEC §8)
     new = build_swarm(body, settings, tenant, idempotency_key, tools=tools)
@@ -81,15 +82,15 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
     if seen := await insert_once(session, response, tenant, idempotency_key,
                                  new.swarm.request_hash or "", settings.idempotency_ttl_s,
                                  insert):
-        return seen
+        return _answer(seen, 202, response)
     response.headers["Location"] = f"/swarms/{new.swarm.id}"
-    view = swarm_read(new.swarm, new.subtasks, queue_position=position)
+    view = swarm_json(new.swarm, new.subtasks, queue_position=position)
     if local is not None:  # this process runs it: no wake-up, no reload
         # after the view: the runner mutates rows
         local.adopt(new.swarm, new.subtasks, new.swarm.lease_epoch)
     elif engine is not None:
         engine.wake()
-    return view
+    return _answer(view, 202, response)
 
 
 @router.get("", response_model=SwarmList, responses=error_responses(400, 401, 422),
@@ -101,7 +102,7 @@ async def list_swarms(
     cursor: Annotated[str | None, Query(max_length=500)] = None,
     retry_of: Annotated[uuid.UUID | None, Query(description="only the retries of this swarm "
                                                 "(POST /swarms/{id}/retry)")] = None,
-) -> SwarmList:
+) -> Response:
     """Tenant-scoped, keyset-paged; items omit subtask outputs and results."""
     async with session.begin():
         try:
@@ -114,10 +115,10 @@ async def list_swarms(
         ids = [s.id for s in rows]
         subs = await queries.subtask_views(session, ids, outputs=False)
         retried_by = await retry_copy.retried_by(session, ids)
-    return SwarmList(
-        items=[swarm_read(s, subs[s.id], with_outputs=False, retried_by=retried_by.get(s.id))
-               for s in rows],
-        next_cursor=next_cursor)
+    return _answer(to_json({  # SwarmList's fields
+        "items": [swarm_fields(s, subs[s.id], with_outputs=False,
+                               retried_by=retried_by.get(s.id)) for s in rows],
+        "next_cursor": next_cursor}))
 
 
 @router.get("/{swarm_id}", response_model=SwarmRead,
@@ -128,24 +129,24 @@ async def get_swarm(
     _stream: WaitSlotDep,
     wait: Annotated[float | None, Query(ge=0, le=60, description="hold up to S seconds until "
                                         "the swarm is terminal")] = None,
-) -> SwarmRead:
+) -> Response:
     """The swarm with its subtasks, progress, usage and timing."""
     if not wait:
-        return await _read(session, swarm_id, tenant)
+        return _answer(await _read(session, swarm_id, tenant))
     # Waiting looks only at the status; the view (every subtask: a 1,000-agent swarm's is
     # ~1 MB of rows) is read once, when it is answered.
     async def status() -> SwarmStatus:  # 404 for a swarm not (or no longer) there
         return await _status_or_404(session, swarm_id, tenant)
 
     await notifier.until_ended(swarm_id, time.monotonic() + wait, status, FALLBACK_S)
-    return await _read(session, swarm_id, tenant)
+    return _answer(await _read(session, swarm_id, tenant))
 
 
 @router.post("/{swarm_id}/cancel", status_code=202, response_model=SwarmRead,
              responses=error_responses(401, 404, 409, 422),
              summary="Cancel a swarm")
 async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
-                       engine: EngineDep, notifier: NotifierDep) -> SwarmRead:
+                       engine: EngineDep, notifier: NotifierDep) -> Response:
     """Stops launching, cancels in-flight calls within a second; finished outputs stay."""
     _check_id(swarm_id)
     async with session.begin():
@@ -158,7 +159,7 @@ async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
         notifier.notify(swarm_id)
     elif engine is not None:
         engine.cancel_local(swarm_id)
-    return await _read(session, swarm_id, tenant)
+    return _answer(await _read(session, swarm_id, tenant), 202)
 
 
 @router.get("/{swarm_id}/events", response_class=EventSourceResponse, responses={

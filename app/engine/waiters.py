@@ -9,23 +9,23 @@ from collections.abc import Awaitable, Callable
 
 from app.states import SwarmStatus
 
-_TERMINAL = frozenset(s.value for s in SwarmStatus if s.terminal)
-_KNOWN = frozenset(s.value for s in SwarmStatus)
+_STATUSES = {s.value: s for s in SwarmStatus}
 
 
 class Change(asyncio.Event):
     """An armed wake-up, and what the changes that set it said of the swarm's status since
-    it was last `take()`n: whether one of them ended it, whether one did not say."""
+    it was last `take()`n: the terminal status one of them ended it in, whether one did not
+    say."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.ended = False
+        self.ended: SwarmStatus | None = None
         self.unsaid = False
 
-    def take(self) -> tuple[bool, bool]:
+    def take(self) -> tuple[SwarmStatus | None, bool]:
         """(ended, unsaid) since the last take; clears them and the event."""
         seen = self.ended, self.unsaid
-        self.ended = self.unsaid = False
+        self.ended, self.unsaid = None, False
         self.clear()
         return seen
 
@@ -49,10 +49,11 @@ class SwarmNotifier:
         waiting = self._waiters.get(swarm_id)
         if not waiting:
             return
-        ended, unsaid = status in _TERMINAL, status not in _KNOWN
+        said = _STATUSES.get(status) if status is not None else None
+        ended = said if said is not None and said.terminal else None
         for ev in waiting:
-            ev.ended |= ended
-            ev.unsaid |= unsaid
+            ev.ended = ev.ended or ended
+            ev.unsaid |= said is None
             ev.set()
 
     def notified(self, payload: str) -> None:
@@ -78,10 +79,11 @@ class SwarmNotifier:
                           read_status: Callable[[], Awaitable[SwarmStatus | None]],
                           fallback_s: float) -> SwarmStatus | None:
         """Wait until the swarm is terminal or the monotonic `deadline` passes; returns the
-        status last read (None: not found). Woken by every commit of the swarm, each saying
-        its status, the database is asked (`read_status`) only once one ended it or did not
-        say, or after `fallback_s` without a wake-up (a lost notification): re-read on every
-        wake-up, a 20-agent swarm's waiter had read it 30 times."""
+        status last read or said (None: not found). Woken by every commit of the swarm, each
+        saying its status after it committed, the database is asked (`read_status`) only when
+        one did not say, or after `fallback_s` without a wake-up (a lost notification): re-read
+        on every wake-up, a 20-agent swarm's waiter had read it 30 times. A terminal status
+        said is final (nothing moves a swarm out of one): it is answered without a read."""
         armed = self.arm(swarm_id)  # before the first look: no change missed
         try:
             status = await read_status()
@@ -89,7 +91,9 @@ class SwarmNotifier:
                    and (left := deadline - time.monotonic()) > 0):
                 fired = await woken(armed, min(left, fallback_s))
                 ended, unsaid = armed.take()
-                if not fired or ended or unsaid:
+                if ended is not None:
+                    return ended
+                if not fired or unsaid:
                     status = await read_status()
             return status
         finally:

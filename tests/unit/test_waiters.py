@@ -1,0 +1,62 @@
+"""SwarmNotifier: what a wake-up says of the swarm's status, and `until_ended` reading the
+database only when no commit said it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from app.engine.waiters import SwarmNotifier
+from app.states import SwarmStatus
+
+
+async def test_a_change_keeps_the_terminal_status_and_what_went_unsaid() -> None:
+    n = SwarmNotifier()
+    armed = n.arm("s")
+    n.notify("s", "running")
+    assert armed.is_set() and armed.take() == (None, False) and not armed.is_set()
+    n.notified("s succeeded")
+    n.notify("s", "running")  # a later change never hides the end
+    assert armed.take() == (SwarmStatus.succeeded, False)
+    n.notified("s")  # an older process's bare id
+    n.notify("s", "no-such-status")
+    assert armed.take() == (None, True)
+    n.disarm("s", armed)
+    n.notify("s", "failed")
+    assert not armed.is_set()
+
+
+async def test_until_ended_answers_a_terminal_status_said_without_a_read() -> None:
+    n = SwarmNotifier()
+    reads: list[SwarmStatus] = []
+
+    async def read() -> SwarmStatus:
+        reads.append(SwarmStatus.running)
+        return SwarmStatus.running
+
+    async def commits() -> None:
+        for status in ("running", "running", "cancelled"):
+            await asyncio.sleep(0.01)
+            n.notify("s", status)
+
+    task = asyncio.create_task(commits())
+    got = await n.until_ended("s", time.monotonic() + 5, read, fallback_s=5)
+    await task
+    assert got == SwarmStatus.cancelled and len(reads) == 1  # the first look only
+
+
+async def test_until_ended_reads_when_a_change_did_not_say_or_nothing_came() -> None:
+    n = SwarmNotifier()
+    answers = iter([SwarmStatus.running, SwarmStatus.running, SwarmStatus.failed])
+
+    async def read() -> SwarmStatus:
+        return next(answers)
+
+    async def bare() -> None:
+        await asyncio.sleep(0.01)
+        n.notified("s")  # unsaid: read again (running), then the fallback read (failed)
+
+    task = asyncio.create_task(bare())
+    got = await n.until_ended("s", time.monotonic() + 5, read, fallback_s=0.05)
+    await task
+    assert got == SwarmStatus.failed
