@@ -4,18 +4,20 @@ same run, against one simulator process and one `swarm-api serve` on a throwaway
     .venv/bin/python -m bench.bench_table [--runs 5] [--quick] [--cli NAME=PATH ...]
 
 Rows: fan-out overhead (100 agents + synthesis at 500 ms, over the configured floor 2 x 500 ms,
-beside a bare `asyncio.gather` script and LangGraph `Send`), throughput at 0 ms with 64 in
-flight (over a bare single-pool gather), one 1,000-agent swarm and 50 concurrent 100-agent swarms
-at 200 ms with 256 in flight (over their floors), serve's memory per in-flight call, and
-`POST /swarms` under 200 concurrent clients and from one client, with the engine in the process
-and from an API-only process (`serve --no-engine`, its own database). With `--cli`, each named
-build runs every row in turn (before/after in one run). Appends to bench/RESULTS.md.
+beside a bare `asyncio.gather` script on httpx and on aiohttp, and LangGraph `Send`),
+throughput at 0 ms with 64 in flight (over a bare single-pool gather), one 1,000-agent swarm
+and 50 concurrent 100-agent swarms at 200 ms with 256 in flight (over their floors), serve's
+memory per in-flight call, and `POST /swarms` under 200 concurrent clients and from one client,
+with the engine in the process and from an API-only process (`serve --no-engine`, its own
+database). With `--cli`, each named build runs every row in turn (before/after in one run).
+Appends to bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import os
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 from bench.bench_create import errors_cell, post_load, tenants_file
@@ -73,21 +76,39 @@ async def run_swarm(client: httpx.AsyncClient, body: dict[str, Any]) -> float:
 
 
 async def bare_gather(sim: str, calls: int, in_flight: int, latency_ms: float,
-                      synthesis: bool) -> float:
-    """The hand-written script: one AsyncClient (one pool), a semaphore, asyncio.gather."""
+                      synthesis: bool, *, on_aiohttp: bool = False) -> float:
+    """The hand-written script: one client (one pool), a semaphore, asyncio.gather. On httpx
+    as the issue's peer; `on_aiohttp` the same script over one aiohttp session (the service's
+    own gateway client underneath): what any client gets from this simulator on this machine."""
     directive = f"[[sim latency_ms={latency_ms:g}]]"
-    limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
-    async with httpx.AsyncClient(limits=limits, timeout=120) as c:
+    url = f"{sim}/chat/completions"
+    async with contextlib.AsyncExitStack() as stack:
+        if on_aiohttp:
+            session = await stack.enter_async_context(aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=in_flight)))
+
+            async def post(body: dict[str, Any]) -> Any:
+                async with session.post(url, json=body) as r:
+                    r.raise_for_status()
+                    return await r.json()
+        else:
+            limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
+            c = await stack.enter_async_context(httpx.AsyncClient(limits=limits, timeout=120))
+
+            async def post(body: dict[str, Any]) -> Any:
+                r = await c.post(url, json=body)
+                r.raise_for_status()
+                return r.json()
+
         gate = asyncio.Semaphore(in_flight)
 
         async def one(system: str) -> str:
             async with gate:
-                r = await c.post(f"{sim}/chat/completions", json={
+                answer = await post({
                     "model": "kimi-k2.5", "max_tokens": 200,
                     "messages": [{"role": "system", "content": f"{system} {directive}"},
                                  {"role": "user", "content": "benchmark"}]})
-                r.raise_for_status()
-                return str(r.json()["choices"][0]["message"]["content"])
+                return str(answer["choices"][0]["message"]["content"])
 
         await one("warm-up")
         t0 = time.perf_counter()
@@ -142,12 +163,15 @@ async def measure(api: str, sim: str, serve_pid: int, runs: int, quick: bool) ->
         await run_swarm(c, body)  # warm process: connections, caches
         ours = [await run_swarm(c, body) for _ in range(runs)]
         bare = [await bare_gather(sim, 100, 100, 500, True) for _ in range(runs)]
+        bare_aio = [await bare_gather(sim, 100, 100, 500, True, on_aiohttp=True)
+                    for _ in range(runs)]
         lg = langgraph_walls(sim, 100, 500, runs)
         floor = 1.0
         lg_cell = f"{statistics.median(lg) / floor:.3f}" if lg else "not measured"
         rows.append(f"| 100-agent fan-out + synthesis at 500 ms, over floor (2 x 500 ms), median "
                     f"of {runs} | **{statistics.median(ours) / floor:.3f}** | bare gather "
-                    f"{statistics.median(bare) / floor:.3f}; LangGraph `Send` {lg_cell} | "
+                    f"{statistics.median(bare) / floor:.3f} (the same on aiohttp "
+                    f"{statistics.median(bare_aio) / floor:.3f}); LangGraph `Send` {lg_cell} | "
                     "<= 1.05 |")
 
         # 2. throughput at 0 ms, 64 in flight
