@@ -1,11 +1,18 @@
-"""The group commit as one PostgreSQL statement: each table's rows sent as column arrays,
-`unnest`ed into set-based UPDATEs and INSERTs, chained as CTEs behind the fencing UPDATE of
-the swarms' rows, run in autocommit (one statement is one transaction).
+"""The group commit as one PostgreSQL statement: each table's rows sent as one JSON document,
+read by `json_to_recordset` into set-based UPDATEs and INSERTs, chained as CTEs behind the
+fencing UPDATE of the swarms' rows, run in autocommit (one statement is one transaction).
 
 Row by row, a group commit of ~100 writes was ~8 round trips (BEGIN, the lock, one pipelined
 executemany per table, COMMIT) and ~400 single-row statements on the server: p50 25 ms, mean
 50 ms under a 50-swarm load, and every subtask waits for one before its call is sent (its
 ledger row is written ahead). Here it is one round trip and one statement per table.
+
+Why JSON and not column arrays (`unnest($n::type[], …)`, the first form): asyncpg encodes an
+array element by element, with ABC `isinstance` checks on each, ~18 µs of client CPU per
+written row where the whole document costs ~5 (pydantic-core writes it); PostgreSQL's time
+did not grow (bench/RESULTS.md, session 8). Values are still what SQLAlchemy would bind (the
+columns' bind processors), but for JSON columns, which go into the document as they are: a
+None there is SQL NULL (the ORM writes JSON `null`; both read back as None).
 
 Semantics kept from `writes.apply_writes` (SQLite runs that): a swarm is written only
 while its row still carries the writer's (epoch, owner) — the UPDATE checks it, and every
@@ -24,7 +31,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Column, Table
+import pydantic_core
+from sqlalchemy import JSON, Column, Table
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -118,39 +126,48 @@ def statement(owner: str, writes: Sequence[SwarmWrite]) -> Statement:
     sql, columns = _statement(shape)
     args: list[Any] = [owner]
     for (_, rows), cols in zip(parts, columns, strict=True):
-        args += _arrays(rows, cols)
+        args.append(_document(rows, cols))
     return Statement(sql, tuple(args), frozenset(batch.swarms))
 
 
 async def insert_rows(conn: AsyncConnection, table: Table, rows: Sequence[dict[str, Any]]
                       ) -> None:
-    """Many rows (with the first row's keys) in one INSERT … SELECT FROM unnest: one
-    statement on the server where executemany runs one per row (PostgreSQL only)."""
+    """Many rows (with the first row's keys) in one INSERT … SELECT FROM json_to_recordset:
+    one statement on the server where executemany runs one per row (PostgreSQL only)."""
     sql, cols = _insert_statement(table, tuple(rows[0]))
-    await conn.exec_driver_sql(sql, tuple(_arrays(rows, cols)))
+    await conn.exec_driver_sql(sql, (_document(rows, cols),))
 
 
 # (row key, bind processor, the column's Python-side default for a key no row has)
 _Columns = tuple[tuple[str, Callable[[Any], Any] | None, Callable[[], Any] | None], ...]
 
 
-def _arrays(rows: Sequence[dict[str, Any]], cols: _Columns) -> list[list[Any]]:
-    """One array per column, its values as SQLAlchemy would bind them."""
-    out: list[list[Any]] = []
-    for key, process, default in cols:
-        values = [row[key] for row in rows] if default is None else [default()] * len(rows)
-        out.append(list(map(process, values)) if process else values)
-    return out
+def _document(rows: Sequence[dict[str, Any]], cols: _Columns) -> str:
+    """The rows as one JSON array of objects, each value as SQLAlchemy would bind it (a JSON
+    column's as it is); NaN and infinities are written as such, which PostgreSQL refuses
+    (as it refuses them in JSON columns when bound one by one)."""
+    direct = [key for key, process, default in cols if process is None and default is None]
+    processed = [(key, process) for key, process, default in cols
+                 if process is not None and default is None]
+    fixed = {key: default() for key, _, default in cols if default is not None}
+    doc: list[dict[str, Any]] = []
+    for row in rows:
+        out = {key: row[key] for key in direct}
+        for key, process in processed:
+            out[key] = process(row[key])
+        out.update(fixed)
+        doc.append(out)
+    return pydantic_core.to_json(doc, inf_nan_mode="constants").decode()
 
 
 @functools.cache  # a handful of shapes: which tables have rows, with which keys
 def _statement(shape: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, list[_Columns]]:
-    params = iter(range(2, 10_000))  # $1 is the owner
+    params = iter(range(2, 100))  # $1 is the owner
     ctes: list[str] = []
     columns: list[_Columns] = []
     for name, keys in shape:
         table = _TABLES[name]
-        cols, source = _unnest(table, keys, params, defaults=name not in ("sw", "st"))
+        cols, source = _recordset(table, keys, params, defaults=name not in ("sw", "st"))
         columns.append(cols)
         ctes.append(f"{name} AS ({_dml(name, table, [c[0] for c in cols], source)})")
     return "WITH " + ",\n".join(ctes) + "\nSELECT id FROM sw", columns
@@ -158,22 +175,24 @@ def _statement(shape: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, lis
 
 @functools.cache
 def _insert_statement(table: Table, keys: tuple[str, ...]) -> tuple[str, _Columns]:
-    cols, source = _unnest(table, keys, iter(range(1, 10_000)), defaults=True)
+    cols, source = _recordset(table, keys, iter(range(1, 100)), defaults=True)
     names = ", ".join(_Q(c[0]) for c in cols)
     return f"INSERT INTO {_Q(table.name)} ({names}) SELECT * FROM {source}", cols
 
 
-def _unnest(table: Table, keys: tuple[str, ...], params: Iterator[int], *, defaults: bool
-            ) -> tuple[_Columns, str]:
+def _recordset(table: Table, keys: tuple[str, ...], params: Iterator[int], *, defaults: bool
+               ) -> tuple[_Columns, str]:
     """The columns the rows' keys (and, for an insert, the defaults of the columns they leave
-    out) bind, and `unnest($n::type[], …) AS v(key, …)` over their arrays."""
+    out) bind, and `json_to_recordset($n::json) AS v(key type, …)` over their document."""
     filled = _defaults(table, keys) if defaults else {}
     keys = (*keys, *filled)
     types = [_column(table, key).type for key in keys]
-    cols = tuple((key, bind_processor(type_, _DIALECT), filled.get(key))
+    cols = tuple((key, None if isinstance(type_.dialect_impl(_DIALECT), JSON)
+                  else bind_processor(type_, _DIALECT), filled.get(key))
                  for key, type_ in zip(keys, types, strict=True))
-    arrays = ", ".join(f"${next(params)}::{type_.compile(dialect=_DIALECT)}[]" for type_ in types)
-    return cols, f"unnest({arrays}) AS v({', '.join(_Q(k) for k in keys)})"
+    defs = ", ".join(f"{_Q(key)} {type_.compile(dialect=_DIALECT)}"
+                     for key, type_ in zip(keys, types, strict=True))
+    return cols, f"json_to_recordset(${next(params)}::json) AS v({defs})"
 
 
 def _defaults(table: Table, keys: tuple[str, ...]) -> dict[str, Callable[[], Any]]:
