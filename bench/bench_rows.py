@@ -1,8 +1,9 @@
 """The engine rows of `bench_table`, A/B between builds in alternating rounds, with `serve`'s CPU;
-or, with `--anatomy`, where one 1,000-agent swarm's time goes (timestamps from the database).
+or, with `--anatomy`, where one 1,000-agent swarm's time goes (timestamps from the database);
+or, with `--anatomy fanout`, where the 100-agent fan-out's does (5 runs, each build in turn).
 
     .venv/bin/python -m bench.bench_rows --cli before=/path/cli --cli after=/path/cli [--rounds 3]
-    .venv/bin/python -m bench.bench_rows --cli now=/path/cli --anatomy
+    .venv/bin/python -m bench.bench_rows --cli now=/path/cli --anatomy [fanout]
 
 Rows per round: one 1,000-agent swarm at 200 ms (256 in flight) and 50 concurrent 100-agent
 swarms at 200 ms, over their floors, each with `serve`'s user+system CPU seconds; throughput at
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime as dt
 import statistics
 import tempfile
 import time
@@ -28,7 +30,7 @@ import httpx
 
 from bench.bench_create import post_load, tenants_file
 from bench.bench_engine_cpu import cpu_s
-from bench.bench_table import run_swarm, swarm_body
+from bench.bench_table import TERMINAL, run_swarm, swarm_body
 from tests.support import free_port, process, throwaway_db
 
 Results = dict[str, list[float]]
@@ -92,6 +94,53 @@ async def anatomy(api: str, db: str, pid: int) -> None:
           f"{max(since(s['finished_at']) for s in subs):.3f} s")
 
 
+async def fanout_anatomy(api: str, db: str) -> None:
+    """The fan-out row's timeline, in ms from the client's POST: the answer to the POST, the
+    swarm's start, the workers' starts and ends, their gateway latency (the simulator answers
+    a bare aiohttp gather of the same 100 calls in ~515 ms here), the synthesizer, the end as
+    stored and as the client's `?wait=` saw it."""
+    body = swarm_body(100, 500, "synthesize", 100)
+    async with httpx.AsyncClient(base_url=api, timeout=120) as c:
+        await run_swarm(c, swarm_body(100, 0, "none", 100))
+        await run_swarm(c, body)
+        conn = await asyncpg.connect(db.replace("+asyncpg", ""))
+        try:
+            for _ in range(5):
+                t0 = dt.datetime.now(dt.UTC)
+                p0 = time.perf_counter()
+                swarm_id = (await c.post("/swarms", json=body)).json()["id"]
+                posted = time.perf_counter() - p0
+                while (await c.get(f"/swarms/{swarm_id}", params={"wait": 30})
+                       ).json()["status"] not in TERMINAL:
+                    pass
+                seen = time.perf_counter() - p0
+                sw = await conn.fetchrow("SELECT started_at, finished_at FROM swarms "
+                                         "WHERE id = $1", swarm_id)
+                subs = await conn.fetch("SELECT kind, ready_at, started_at, finished_at FROM "
+                                        "subtasks WHERE swarm_id = $1", swarm_id)
+                calls = await conn.fetch("SELECT c.latency_ms FROM gateway_calls c JOIN subtasks"
+                                         " s ON s.swarm_id = c.swarm_id AND s.name = "
+                                         "c.subtask_name WHERE c.swarm_id = $1 AND s.kind = "
+                                         "'worker'", swarm_id)
+
+                def ms(at: Any, t0: dt.datetime = t0) -> str:
+                    return f"{(at - t0).total_seconds() * 1000:.0f}"
+
+                workers = [s for s in subs if s["kind"] == "worker"]
+                synth = next(s for s in subs if s["kind"] == "synthesizer")
+                print(f"POST answered {posted * 1000:.0f} | swarm started {ms(sw['started_at'])} "
+                      f"| workers started {ms(min(s['started_at'] for s in workers))}.."
+                      f"{ms(max(s['started_at'] for s in workers))}, finished "
+                      f"{ms(min(s['finished_at'] for s in workers))}.."
+                      f"{ms(max(s['finished_at'] for s in workers))}, gateway p50 "
+                      f"{statistics.median(r['latency_ms'] for r in calls):.0f} | synthesizer "
+                      f"ready {ms(synth['ready_at'])} started {ms(synth['started_at'])} "
+                      f"finished {ms(synth['finished_at'])} | swarm finished "
+                      f"{ms(sw['finished_at'])} | seen {seen * 1000:.0f}")
+        finally:
+            await conn.close()
+
+
 @contextlib.contextmanager
 def serving(cli: str, work: Path) -> Iterator[tuple[str, str, int]]:
     """A simulator at 0 ms and a build's `serve` on a throwaway database: (api, db, pid)."""
@@ -107,22 +156,28 @@ def serving(cli: str, work: Path) -> Iterator[tuple[str, str, int]]:
             yield api, db, serve.pid
 
 
-def one_round(cli: str, work: Path, out: Results | None) -> None:
+def one_round(cli: str, work: Path, out: Results | None, look: str = "wide") -> None:
     with serving(cli, work) as (api, db, pid):
-        asyncio.run(rows(api, pid, out) if out is not None else anatomy(api, db, pid))
+        if out is not None:
+            asyncio.run(rows(api, pid, out))
+        elif look == "fanout":
+            asyncio.run(fanout_anatomy(api, db))
+        else:
+            asyncio.run(anatomy(api, db, pid))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cli", action="append", required=True, help="name=path/to/swarm-api")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--anatomy", action="store_true", help="one 1,000-agent swarm's timeline")
+    ap.add_argument("--anatomy", nargs="?", const="wide", choices=("wide", "fanout"),
+                    help="a timeline: one 1,000-agent swarm's (wide), or the fan-out row's")
     args = ap.parse_args()
     builds = {n: str(Path(p).absolute()) for n, p in (c.split("=", 1) for c in args.cli)}
     if args.anatomy:
         for name, cli in builds.items():
             print(f"{name}:")
-            one_round(cli, Path(tempfile.mkdtemp()), None)
+            one_round(cli, Path(tempfile.mkdtemp()), None, args.anatomy)
         return
     results: dict[str, Results] = {n: {} for n in builds}
     for _ in range(args.rounds):
