@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -277,3 +278,33 @@ async def test_the_group_commits_own_connection_is_replaced_when_lost(database_u
     finally:
         await writer.close()
         await close()
+
+
+TEXT = ('quote " backslash \\ \\u0000 as text, newline\n, tab\t, U+2028 \u2028, emoji 😀, '
+        "non-BMP \U0001d518, json-ish {\"a\": [1]}, " + "long " * 2000)
+
+
+async def test_what_a_batch_writes_reads_back_exactly(idle: Harness) -> None:
+    """Text, JSON, money, times and floats through the group commit (one JSON document per
+    table on PostgreSQL) come back as they were written."""
+    swarm_id, epoch = await _claimed_swarm(idle)
+    when = datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=timezone(timedelta(hours=5)))
+    error = {"code": "x", "message": TEXT[:200], "details": {"big": 2**70, "f": 0.1,
+                                                               "nested": ["ü", None, True]}}
+    cost = Decimal("0.000000000123")
+    write = _write(swarm_id, epoch, subtasks=[_state(
+        swarm_id, "a", status="failed", output=TEXT, error=error, cost_usd=cost,
+        latency_ms=1e-7, started_at=when, finished_at=when)])
+    write.events[0]["data"] = {"text": TEXT[:300], "n": 2**70}
+    write.ledger[0]["cost_usd"] = cost
+    assert await _commit(idle, [write]) == [None]
+    async with idle.app.state.sessions() as s:
+        sub = (await s.execute(select(Subtask).where(Subtask.swarm_id == swarm_id,
+                                                     Subtask.name == "a"))).scalar_one()
+        (call,) = (await s.execute(select(GatewayCall))).scalars()
+        (event,) = (await s.execute(select(Event))).scalars()
+    assert sub.output == TEXT and sub.error == error
+    assert sub.cost_usd == cost and call.cost_usd == cost
+    assert sub.latency_ms == 1e-7
+    assert sub.started_at == when and sub.started_at.utcoffset() == timedelta(0)
+    assert event.data == {"text": TEXT[:300], "n": 2**70}
