@@ -144,7 +144,11 @@ async def test_views_from_core_rows_equal_views_from_orm_objects(harness: Harnes
     for outputs in (True, False):
         view = swarm_json(swarm, rows, with_outputs=outputs)
         assert view == swarm_json(swarm, orm, with_outputs=outputs)
+        assert view == swarm_json(swarm, queries.rows_of(orm), with_outputs=outputs)
         assert view == as_model(swarm, rows, with_outputs=outputs)
+    partial = orm[0]
+    del partial.__dict__["output"]  # not loaded: read through getattr
+    assert queries.rows_of([partial])[0] == rows[0]._replace(output=partial.output)
     assert (swarm_json(swarm, listed, with_outputs=False)
             == swarm_json(swarm, orm, with_outputs=False)
             == as_model(swarm, listed, with_outputs=False))

@@ -84,7 +84,7 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
                                  insert):
         return _answer(seen, 202, response)
     response.headers["Location"] = f"/swarms/{new.swarm.id}"
-    view = swarm_json(new.swarm, new.subtasks, queue_position=position)
+    view = swarm_json(new.swarm, queries.rows_of(new.subtasks), queue_position=position)
     if local is not None:  # this process runs it: no wake-up, no reload
         # after the view: the runner mutates rows
         local.adopt(new.swarm, new.subtasks, new.swarm.lease_epoch)
