@@ -1,10 +1,13 @@
 """The engine's CPU per subtask, A/B between `swarm-api` builds in one run: each build's `serve`
 (on its own throwaway PostgreSQL database, SPEC §8's limits lifted) runs the same wide swarm at
-0 ms gateway latency, builds alternating, and the server's user+system CPU seconds (from
-/proc) are divided by the subtasks. CPU, unlike wall time, hardly moves with other load.
+0 ms gateway latency (or `--latency-ms`), builds alternating, and the server's user+system
+CPU seconds (from /proc) are divided by the subtasks; so are PostgreSQL's (every `postgres`
+process: on 2 cores its CPU is taken from the same two). CPU, unlike wall time, hardly moves
+with other load.
 
     .venv/bin/python -m bench.bench_engine_cpu --cli base=/path/to/swarm-api \\
-        --cli new=.venv/bin/swarm-api [--agents 1000] [--in-flight 64] [--rounds 2]
+        --cli new=.venv/bin/swarm-api [--agents 1000] [--in-flight 64] [--latency-ms 0] \\
+        [--rounds 2]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.bench_create import postgres_cpu_s
 from bench.bench_table import run_swarm, swarm_body
 from tests.support import free_port, process, throwaway_db
 
@@ -30,7 +34,8 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
 
 
-def one_round(cli: str, agents: int, in_flight: int, work: Path) -> tuple[float, float]:
+def one_round(cli: str, agents: int, in_flight: int, latency_ms: float, work: Path
+              ) -> tuple[float, float, float]:
     tenants = work / "tenants.toml"
     tenants.write_text("[defaults]\n")  # a file naming no limit: none of SPEC §8's applies
     sim_port, api_port = free_port(), free_port()
@@ -42,12 +47,13 @@ def one_round(cli: str, agents: int, in_flight: int, work: Path) -> tuple[float,
                      f"{sim}/models", work / "sim.log"), \
              process(["serve", "--port", str(api_port)], env, f"{api}/readyz", work / "api.log",
                      cli=cli) as serve:
-            async def go() -> tuple[float, float]:
+            async def go() -> tuple[float, float, float]:
                 async with httpx.AsyncClient(base_url=api, timeout=600) as c:
                     await run_swarm(c, swarm_body(50, 0, "none", in_flight))  # warm
-                    before, t0 = cpu_s(serve.pid), time.perf_counter()
-                    await run_swarm(c, swarm_body(agents, 0, "none", in_flight))
-                    return cpu_s(serve.pid) - before, time.perf_counter() - t0
+                    before, db, t0 = cpu_s(serve.pid), postgres_cpu_s(), time.perf_counter()
+                    await run_swarm(c, swarm_body(agents, latency_ms, "none", in_flight))
+                    return (cpu_s(serve.pid) - before, postgres_cpu_s() - db,
+                            time.perf_counter() - t0)
             return asyncio.run(go())
 
 
@@ -56,21 +62,28 @@ def main() -> None:
     ap.add_argument("--cli", action="append", required=True, help="name=path/to/swarm-api")
     ap.add_argument("--agents", type=int, default=1000)
     ap.add_argument("--in-flight", type=int, default=64)
+    ap.add_argument("--latency-ms", type=float, default=0)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     builds = {n: str(Path(p).absolute()) for n, p in (c.split("=", 1) for c in args.cli)}
     cpu: dict[str, list[float]] = {n: [] for n in builds}
+    db: dict[str, list[float]] = {n: [] for n in builds}
     wall: dict[str, list[float]] = {n: [] for n in builds}
     for _ in range(args.rounds):
         for name, cli in builds.items():
-            c, w = one_round(cli, args.agents, args.in_flight, Path(tempfile.mkdtemp()))
+            c, d, w = one_round(cli, args.agents, args.in_flight, args.latency_ms,
+                                Path(tempfile.mkdtemp()))
             cpu[name].append(c / args.agents * 1000)
+            db[name].append(d / args.agents * 1000)
             wall[name].append(args.agents / w)
-    print(f"{args.agents} agents at 0 ms, {args.in_flight} in flight, {args.rounds} rounds, "
+    print(f"{args.agents} agents at {args.latency_ms:g} ms, {args.in_flight} in flight, "
+          f"{args.rounds} rounds, "
           f"1-min load {os.getloadavg()[0]:.1f}")
     for name in builds:
         print(f"  {name}: serve CPU {statistics.median(cpu[name]):.2f} ms/subtask "
-              f"({', '.join(f'{x:.2f}' for x in cpu[name])}), "
+              f"({', '.join(f'{x:.2f}' for x in cpu[name])}), PostgreSQL CPU "
+              f"{statistics.median(db[name]):.2f} ms/subtask "
+              f"({', '.join(f'{x:.2f}' for x in db[name])}), "
               f"{statistics.median(wall[name]):.0f} subtasks/s")
 
 

@@ -124,7 +124,8 @@ async def test_one_swarms_unstorable_write_fails_alone_and_keeps_its_spend(idle:
     bad, bad_epoch = await _claimed_swarm(idle)
     sub = new_subtask(bad, "a", 0, SubtaskKind.worker, "kimi-k2.5", 100)
     state = {c: getattr(sub, c) for c in changes.SUBTASK_STATE_COLUMNS}
-    poisoned = _write(bad, bad_epoch, subtasks=[{"name_": "a", **state, "status": "succeeded",
+    poisoned = _write(bad, bad_epoch, subtasks=[{"name_": "a", "position_": 0, **state,
+                                                 "status": "succeeded",
                                                  "output": "answer \udfff"}],
                       new_subtasks=[], webhook=None)
     writer = StateWriter(idle.app.state.sessions, OWNER, retry_for_s=10)
@@ -147,10 +148,10 @@ async def test_one_swarms_unstorable_write_fails_alone_and_keeps_its_spend(idle:
     assert (good, "@compress.a") in subs and swarms[good].status == "running"
 
 
-def _state(swarm_id: str, name: str, **moved: Any) -> dict[str, Any]:
-    sub = new_subtask(swarm_id, name, 0, SubtaskKind.worker, "kimi-k2.5", 100)
-    return {"name_": name, **{c: getattr(sub, c) for c in changes.SUBTASK_STATE_COLUMNS},
-            **moved}
+def _state(swarm_id: str, name: str, position: int = 0, **moved: Any) -> dict[str, Any]:
+    sub = new_subtask(swarm_id, name, position, SubtaskKind.worker, "kimi-k2.5", 100)
+    state = {c: getattr(sub, c) for c in changes.SUBTASK_STATE_COLUMNS}
+    return {"name_": name, "position_": position, **state, **moved}
 
 
 async def _commit(h: Harness, batch: list[changes.SwarmWrite]) -> list[Any]:
@@ -171,7 +172,7 @@ async def test_the_last_state_of_a_subtask_in_a_batch_wins(idle: Harness) -> Non
     first = _write(swarm_id, epoch, subtasks=[_state(swarm_id, "a", status="running")])
     second = _write(swarm_id, epoch, new_subtasks=[], webhook=None, events=[], ledger=[],
                     subtasks=[_state(swarm_id, "a", status="succeeded", output="done"),
-                              _state(swarm_id, "@compress.a", status="running", attempts=1)])
+                              _state(swarm_id, "@compress.a", 9, status="running", attempts=1)])
     assert await _commit(idle, [first, second]) == [None, None]
     async with idle.app.state.sessions() as s:
         subs = {r.name: r for r in (await s.execute(

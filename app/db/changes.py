@@ -14,7 +14,7 @@ class SwarmWrite:
     swarm_id: str
     epoch: int
     swarm: dict[str, Any]
-    subtasks: list[dict[str, Any]] = field(default_factory=list)
+    subtasks: list[dict[str, Any]] = field(default_factory=list)  # name_, position_, state
     ledger: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     new_subtasks: list[dict[str, Any]] = field(default_factory=list)  # planned, compressors

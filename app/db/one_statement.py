@@ -82,11 +82,11 @@ class Batch:
             self.new_subtasks[(row["swarm_id"], row["name"])] = dict(row)
         for row in w.subtasks:
             key = (w.swarm_id, row["name_"])
-            state = {k: v for k, v in row.items() if k != "name_"}
             if key in self.new_subtasks:  # inserted in this statement: in its latest state
-                self.new_subtasks[key].update(state)
+                self.new_subtasks[key].update(
+                    {k: v for k, v in row.items() if not k.endswith("_")})
             else:
-                self.updates[key] = state
+                self.updates[key] = {k: v for k, v in row.items() if k != "name_"}
         for row in w.ledger:
             self.ledger[(row["idempotency_key"], row["attempt"])] = row
         self.inserts["events"].extend(w.events)
@@ -211,7 +211,8 @@ def _defaults(table: Table, keys: tuple[str, ...]) -> dict[str, Callable[[], Any
 
 
 def _column(table: Table, key: str) -> Column[Any]:
-    """The column a row key binds: itself, or (`name_`, `swarm_id_`, `epoch`) its match."""
+    """The column a row key binds: itself, or (`name_`, `position_`, `swarm_id_`, `epoch`)
+    its match."""
     if key == "epoch":
         return _SWARMS.c.lease_epoch
     return table.c[key.removesuffix("_")]
@@ -226,8 +227,13 @@ def _dml(name: str, table: Table, keys: Sequence[str], source: str) -> str:
                 f"RETURNING s.id, pg_notify('{CHANGED}', s.id || ' ' || s.status)")
     if name == "st":
         sets = ", ".join(f"{_Q(k)} = v.{_Q(k)}" for k in keys if not k.endswith("_"))
+        # position too, though (swarm_id, name) is unique: on a table without statistics
+        # (a new database) the planner took the (swarm_id, position) index for a lookup by
+        # name, reading half a swarm's rows per row updated (bench/RESULTS.md, session 9);
+        # with the position given, either index finds the row
         return (f"UPDATE {t} AS t SET {sets} FROM {source} WHERE t.swarm_id = v.swarm_id_ "
-                "AND t.name = v.name_ AND v.swarm_id_ IN (SELECT id FROM sw)")
+                "AND t.position = v.position_ AND t.name = v.name_ "
+                "AND v.swarm_id_ IN (SELECT id FROM sw)")
     cols = ", ".join(_Q(k) for k in keys)
     insert = (f"INSERT INTO {t} ({cols}) SELECT * FROM {source} "
               "WHERE v.swarm_id IN (SELECT id FROM sw) ")

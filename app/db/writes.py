@@ -167,7 +167,7 @@ def _update_by_key(table: Table, key: Sequence[str], columns: Sequence[str]) -> 
 
 _SWARM_UPDATE = _update_by_key(cast(Table, Swarm.__table__), ["id"], SWARM_STATE_COLUMNS)
 _SUBTASK_UPDATE = _update_by_key(
-    cast(Table, Subtask.__table__), ["swarm_id", "name"], SUBTASK_STATE_COLUMNS)
+    cast(Table, Subtask.__table__), ["swarm_id", "position", "name"], SUBTASK_STATE_COLUMNS)
 _SUBTASK_INSERT = insert(cast(Table, Subtask.__table__))
 _EVENT_INSERT = insert(cast(Table, Event.__table__))
 _WEBHOOK_INSERT = insert(cast(Table, Webhook.__table__))

@@ -122,7 +122,8 @@ class SwarmRunner:
         s.spent_usd, s.reserved_usd = self.budget.spent, self.budget.reserved
         return self.ctx.writer.submit(SwarmWrite(
             s.id, self.epoch, column_values(s, SWARM_STATE_COLUMNS),
-            [{"name_": sub.name, **column_values(sub, SUBTASK_STATE_COLUMNS)} for sub in subs],
+            [{"name_": sub.name, "position_": sub.position,
+              **column_values(sub, SUBTASK_STATE_COLUMNS)} for sub in subs],
             list(ledger), list(events), [insert_row(n) for n in new], webhook,
             *(tools or ([], []))))
 
