@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -135,6 +136,22 @@ def set_price_table(table: PriceTable) -> None:
         price_table_info.clear()  # not implemented by prometheus-client across processes
     price_table_info.labels(table.version).set(1)
     _init_models(table.names())
+
+
+M = TypeVar("M", Counter, Gauge, Histogram)
+_children: dict[tuple[object, tuple[str, ...]], object] = {}
+
+
+def child(metric: M, *values: str) -> M:
+    """`metric.labels(*values)`, remembered: `labels` checks, converts, locks and looks up on
+    every call (~2 µs; the engine asks ~12 times per subtask) for a child that, once made, is
+    the same for the life of the process (only `price_table_info` is ever cleared: not here).
+    The label sets are bounded (models by the price table, outcomes, kinds, statuses)."""
+    key = (metric, values)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*values)
+    return found  # type: ignore[return-value]
 
 
 def finish_label(reason: str | None) -> str:

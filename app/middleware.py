@@ -145,7 +145,7 @@ class HttpMetrics:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            metrics.http_duration.labels(scope["method"], template, str(status)).observe(
+            metrics.child(metrics.http_duration, scope["method"], template, str(status)).observe(
                 time.perf_counter() - start)
 
 

@@ -69,7 +69,7 @@ class CallMeter:
             self._ahead, self._open = False, True
             return
         if attempt > 1 and self._last_outcome is not None:
-            metrics.gateway_retries.labels(self.label, self._last_outcome).inc()
+            metrics.child(metrics.gateway_retries, self.label, self._last_outcome).inc()
         await self._write_ahead()
         self._open = True
 
@@ -178,13 +178,13 @@ class CallMeter:
         swarm.gateway_calls += 1
         if outcome == UNKNOWN:
             swarm.unresolved_usd += cost
-            metrics.spend_unresolved.labels(self.label).inc(float(cost))
+            metrics.child(metrics.spend_unresolved, self.label).inc(float(cost))
         else:  # an unknown attempt has no latency to speak of
-            metrics.gateway_duration.labels(self.label, outcome).observe(latency_s)
-        metrics.gateway_requests.labels(self.label, outcome).inc()
-        metrics.tokens_total.labels(self.label, "prompt").inc(u.prompt_tokens)
-        metrics.tokens_total.labels(self.label, "completion").inc(u.completion_tokens)
-        metrics.spend_total.labels(self.label).inc(float(cost))
+            metrics.child(metrics.gateway_duration, self.label, outcome).observe(latency_s)
+        metrics.child(metrics.gateway_requests, self.label, outcome).inc()
+        metrics.child(metrics.tokens_total, self.label, "prompt").inc(u.prompt_tokens)
+        metrics.child(metrics.tokens_total, self.label, "completion").inc(u.completion_tokens)
+        metrics.child(metrics.spend_total, self.label).inc(float(cost))
         return row
 
 

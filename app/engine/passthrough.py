@@ -78,7 +78,7 @@ class PassthroughMeter:
 
     async def before(self, attempt: int) -> None:
         if attempt > 1 and self._last_outcome is not None:
-            metrics.gateway_retries.labels(self.label, self._last_outcome).inc()
+            metrics.child(metrics.gateway_retries, self.label, self._last_outcome).inc()
         held: list[tuple[SharedCap, Reservation]] = []
         try:
             for cap in self.caps:
@@ -100,17 +100,17 @@ class PassthroughMeter:
         self._last_outcome = rec.outcome
         await self._write(self._row(rec.attempt, rec.outcome, rec.status_code, u, cost,
                                     rec.latency_s))
-        metrics.gateway_requests.labels(self.label, rec.outcome).inc()
-        metrics.gateway_duration.labels(self.label, rec.outcome).observe(rec.latency_s)
-        metrics.tokens_total.labels(self.label, "prompt").inc(u.prompt_tokens)
-        metrics.tokens_total.labels(self.label, "completion").inc(u.completion_tokens)
-        metrics.spend_total.labels(self.label).inc(float(cost))
+        metrics.child(metrics.gateway_requests, self.label, rec.outcome).inc()
+        metrics.child(metrics.gateway_duration, self.label, rec.outcome).observe(rec.latency_s)
+        metrics.child(metrics.tokens_total, self.label, "prompt").inc(u.prompt_tokens)
+        metrics.child(metrics.tokens_total, self.label, "completion").inc(u.completion_tokens)
+        metrics.child(metrics.spend_total, self.label).inc(float(cost))
         if not rec.usage_reported:
             log.warning("gateway stream reported no usage; billed its upper bound (%s USD)", cost)
 
     def finished(self, finish_reason: str) -> None:
         """Count the answer's finish reason (as the engine does for its calls)."""
-        metrics.finish_reasons.labels(self.label, metrics.finish_label(finish_reason)).inc()
+        metrics.child(metrics.finish_reasons, self.label, metrics.finish_label(finish_reason)).inc()
 
     async def release(self) -> None:
         """Free what an abandoned request holds; an attempt cut off after it was sent may have
@@ -122,7 +122,7 @@ class PassthroughMeter:
             lost = self.worst
             await self._write(self._row(attempt, UNKNOWN, None, Usage(
                 self.prompt_bound, self.max_tokens), lost, 0.0))
-            metrics.spend_total.labels(self.label).inc(float(lost))
+            metrics.child(metrics.spend_total, self.label).inc(float(lost))
         await asyncio.shield(_settle_all(held, lost))
 
     def _row(self, attempt: int, outcome: str, status: int | None, u: Usage, cost: Decimal,

@@ -194,11 +194,11 @@ class SwarmRunner:
                 sub.prompt_tokens += a.prompt_tokens
                 sub.completion_tokens += a.completion_tokens
             label = metric_model_label(a.model, self.ctx.prices)
-            metrics.gateway_requests.labels(label, "unknown").inc()
-            metrics.spend_total.labels(label).inc(float(a.cost_usd))
+            metrics.child(metrics.gateway_requests, label, "unknown").inc()
+            metrics.child(metrics.spend_total, label).inc(float(a.cost_usd))
             metrics.spend_unresolved.labels(label).inc(float(a.cost_usd))
-            metrics.tokens_total.labels(label, "prompt").inc(a.prompt_tokens)
-            metrics.tokens_total.labels(label, "completion").inc(a.completion_tokens)
+            metrics.child(metrics.tokens_total, label, "prompt").inc(a.prompt_tokens)
+            metrics.child(metrics.tokens_total, label, "completion").inc(a.completion_tokens)
         for name, n in took.attempts.items():
             if name in self.subs:
                 self.subs[name].attempts = max(self.subs[name].attempts, n)

@@ -66,7 +66,7 @@ class SubtaskSteps:
                              model=sub.model)
         assert event is not None
         waited = max((started - (sub.ready_at or started)).total_seconds(), 0.0)
-        metrics.queue_wait.labels(sub.kind).observe(waited)
+        metrics.child(metrics.queue_wait, sub.kind).observe(waited)
         tracing.event("queue_wait", seconds=waited)
         self.handle.commit_soon([sub], events=[self.handle.event(event)])
         return time.monotonic()
@@ -93,7 +93,7 @@ class SubtaskSteps:
         if meter is None:
             meter = self.meter(sub, messages, call_no, tools)
         key, label = meter.key, meter.label
-        metrics.subtasks_in_flight.labels(label).inc()
+        metrics.child(metrics.subtasks_in_flight, label).inc()
         try:
             result = await ctx.gateway.complete(
                 ChatRequest(model=sub.model, messages=messages, max_tokens=sub.max_tokens,
@@ -103,9 +103,10 @@ class SubtaskSteps:
                 timeout_s=float(handle.limits["subtask_timeout_s"]),
                 deadline=handle.deadline, before_attempt=meter.before, after_attempt=meter.after)
         finally:
-            metrics.subtasks_in_flight.labels(label).dec()
+            metrics.child(metrics.subtasks_in_flight, label).dec()
             await meter.release()
-        metrics.finish_reasons.labels(label, metrics.finish_label(result.finish_reason)).inc()
+        finish = metrics.finish_label(result.finish_reason)
+        metrics.child(metrics.finish_reasons, label, finish).inc()
         return result, meter.ok_rows
 
     async def call_failed(self, sub: Subtask, t0: float, exc: Exception) -> Outcome:
@@ -168,8 +169,8 @@ class SubtaskSteps:
 
     def _latency(self, sub: Subtask, t0: float, status: SubtaskStatus) -> float:
         sub.latency_ms = round((time.monotonic() - t0) * 1000, 1)
-        metrics.subtask_duration.labels(
-            sub.kind, metric_model_label(sub.model, self.handle.ctx.prices), status
-        ).observe(sub.latency_ms / 1000)
+        label = metric_model_label(sub.model, self.handle.ctx.prices)
+        metrics.child(metrics.subtask_duration, sub.kind, label, status).observe(
+            sub.latency_ms / 1000)
         return sub.latency_ms
 
