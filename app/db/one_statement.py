@@ -125,7 +125,7 @@ def statement(owner: str, writes: Sequence[SwarmWrite]) -> Statement:
         parts.append(("ledger", list(batch.ledger.values())))
     shape = tuple((name, tuple(rows[0])) for name, rows in parts)
     sql, columns = _statement(shape)
-    args: list[Any] = [owner]
+    args: list[Any] = [owner, [row["id"] for row in swarms]]
     for (_, rows), cols in zip(parts, columns, strict=True):
         args.append(_document(rows, cols))
     return Statement(sql, tuple(args), frozenset(batch.swarms))
@@ -163,7 +163,7 @@ def _document(rows: Sequence[dict[str, Any]], cols: _Columns) -> str:
 
 @functools.cache  # a handful of shapes: which tables have rows, with which keys
 def _statement(shape: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, list[_Columns]]:
-    params = iter(range(2, 100))  # $1 is the owner
+    params = iter(range(3, 100))  # $1 is the owner, $2 the swarms' ids
     ctes: list[str] = []
     columns: list[_Columns] = []
     for name, keys in shape:
@@ -222,7 +222,12 @@ def _dml(name: str, table: Table, keys: Sequence[str], source: str) -> str:
     t = _Q(table.name)
     if name == "sw":
         sets = ", ".join(f"{_Q(k)} = v.{_Q(k)}" for k in keys if k not in ("id", "epoch"))
+        # `s.id = ANY($2)`, which the join already implies, is what the planner can estimate:
+        # the document's rows it guesses at 100, and against a table of 20,000 swarms
+        # (analyzed) it scanned the whole table per commit (2.5 ms, not 0.3; at 200,000 it
+        # probed the index again)
         return (f"UPDATE {t} AS s SET {sets} FROM {source} WHERE s.id = v.id "
+                "AND s.id = ANY($2::varchar[]) "
                 "AND s.lease_epoch = v.epoch AND s.lease_owner = $1 "
                 f"RETURNING s.id, pg_notify('{CHANGED}', s.id || ' ' || s.status)")
     if name == "st":
