@@ -91,8 +91,10 @@ def _pg_insert_swarm(claim: bool, count: bool) -> Executable:
                 0, 0, 0, 0, 0, 0, bindparam("lease_s", type_=Float()))
         new = (pg_insert(_SWARMS).values(cols)
                .returning(_SWARMS.c.lease_expires_at).cte("new_swarm"))
-        out: list[Any] = [func.pg_notify(QUEUED, bindparam("id_", type_=String())),
-                          new.c.lease_expires_at]
+        # a swarm leased to the creating process is nobody else's to claim: no wake-up for
+        # every engine (each would run its claim query for nothing)
+        out: list[Any] = [new.c.lease_expires_at] if claim else [
+            new.c.lease_expires_at, func.pg_notify(QUEUED, bindparam("id_", type_=String()))]
         if count:
             out.append(select(func.count()).where(
                 _SWARMS.c.tenant == bindparam("tenant"),
@@ -105,7 +107,8 @@ def _pg_insert_swarm(claim: bool, count: bool) -> Executable:
 async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[Subtask], *,
                        claim_for: str | None = None, lease_s: float = 0.0,
                        position: bool = False) -> int | None:
-    """Insert a queued swarm and its subtasks, and wake the workers (on commit).
+    """Insert a queued swarm and its subtasks, and wake the workers (on commit) unless it is
+    claimed for the caller's engine.
 
     Core statements, no unit of work: on PostgreSQL the swarm's row, its NOTIFY and (with
     `position`) its queue position are one statement, the subtasks a second. `claim_for`
@@ -124,9 +127,9 @@ async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[S
             del params["lease_expires_at"]
             params["lease_s"] = float(lease_s)
         row = (await session.execute(stmt, params)).one()
-        swarm.lease_expires_at = row[1]
+        swarm.lease_expires_at = row[0]
         if count:
-            found = int(row[2]) + 1
+            found = int(row[-1]) + 1  # the count is last
     else:
         if claim_for is not None:
             values["lease_expires_at"] = utcnow() + timedelta(seconds=lease_s)
