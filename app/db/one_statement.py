@@ -232,10 +232,10 @@ def _dml(name: str, table: Table, keys: Sequence[str], source: str) -> str:
                 f"RETURNING s.id, pg_notify('{CHANGED}', s.id || ' ' || s.status)")
     if name == "st":
         sets = ", ".join(f"{_Q(k)} = v.{_Q(k)}" for k in keys if not k.endswith("_"))
-        # position too, though (swarm_id, name) is unique: on a table without statistics
-        # (a new database) the planner took the (swarm_id, position) index for a lookup by
-        # name, reading half a swarm's rows per row updated (bench/RESULTS.md, session 9);
-        # with the position given, either index finds the row
+        # position too, though (swarm_id, name) is unique: with some statistics and without
+        # any (a new database) the planner took the (swarm_id, position) index for a lookup
+        # by name, reading half a swarm's rows per row updated (bench/RESULTS.md, session 9;
+        # tests/test_group_commit_plan.py); with the position given, either index finds it
         return (f"UPDATE {t} AS t SET {sets} FROM {source} WHERE t.swarm_id = v.swarm_id_ "
                 "AND t.position = v.position_ AND t.name = v.name_ "
                 "AND v.swarm_id_ IN (SELECT id FROM sw)")
