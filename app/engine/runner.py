@@ -196,7 +196,7 @@ class SwarmRunner:
             label = metric_model_label(a.model, self.ctx.prices)
             metrics.child(metrics.gateway_requests, label, "unknown").inc()
             metrics.child(metrics.spend_total, label).inc(float(a.cost_usd))
-            metrics.spend_unresolved.labels(label).inc(float(a.cost_usd))
+            metrics.child(metrics.spend_unresolved, label).inc(float(a.cost_usd))
             metrics.child(metrics.tokens_total, label, "prompt").inc(a.prompt_tokens)
             metrics.child(metrics.tokens_total, label, "completion").inc(a.completion_tokens)
         for name, n in took.attempts.items():
