@@ -144,7 +144,7 @@ class SubtaskExecutor:
         spec, swarm_id = self.handle.spec, self.handle.swarm.id
         base = len(self.handle.subs)
         prices = self.handle.ctx.prices
-        subs = [
+        subs: list[Subtask] = [
             new_subtask(swarm_id, p.id, base + i, SubtaskKind.worker,
                         p.model_hint if p.model_hint and p.model_hint in prices
                         else str(spec["model"]),

@@ -6,7 +6,6 @@ module, never the runner."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -64,8 +63,9 @@ class EngineContext:
         """The shared caps a call of this tenant reserves against (global and/or tenant)."""
         return self.daily if self.tenants is None else self.tenants.cap(tenant)
 
-    def tenant_slot(self, tenant: str) -> contextlib.AbstractAsyncContextManager[object]:
-        return contextlib.nullcontext() if self.tenants is None else self.tenants.slot(tenant)
+    def tenant_slot(self, tenant: str) -> asyncio.Semaphore | None:
+        """The tenant's in-flight slot in this process (None when unlimited)."""
+        return None if self.tenants is None else self.tenants.slot(tenant)
 
 
 class SwarmHandle(Protocol):

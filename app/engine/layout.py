@@ -5,35 +5,29 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy.orm import configure_mappers
-from sqlalchemy.orm.instrumentation import manager_of_class
-
-from app.db.tables import Subtask
+from app.db.tables import LiveSubtask, new_live_subtask
 from app.states import SubtaskKind, SubtaskStatus
 
 PLANNER = "@planner"
 SYNTHESIZER = "@synthesizer"
 COMPRESSOR_PREFIX = "@compress."  # '@' never starts an agent name: no collisions
-configure_mappers()  # instances made below skip the constructor, which would configure them
-_SUBTASK = manager_of_class(Subtask)
 
 
 def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, model: str,
                 max_tokens: int, *, depends_on: list[str] | None = None,
                 system_prompt: str | None = "", prompt: str | None = None,
                 temperature: float | None = None, weight: float = 1.0,
-                tools: list[str] | None = None, max_turns: int = 8) -> Subtask:
-    """A pending subtask with zeroed usage (every column set: it is inserted with Core).
+                tools: list[str] | None = None, max_turns: int = 8) -> LiveSubtask:
+    """A pending subtask with zeroed usage, live (every column set: it is inserted with Core,
+    and the engine runs it as it is).
 
     `prompt` None is the swarm's task, and a worker's `system_prompt` None the planned
     workers' one (built from the task): resolved when the call is made, so the task is never
     copied into a subtask."""
-    sub: Subtask = _SUBTASK.new_instance()
-    # Filled like a row just loaded, without the declarative constructor's attribute events
-    # (~50 ms of CPU per 1,000 subtasks where this takes ~4: wide swarms' creation). Nothing
-    # is lost: a new subtask never joins a session (Core inserts it), so it has no history
-    # to keep.
-    sub.__dict__.update(
+    # not through the declarative constructor's attribute events (~50 ms of CPU per 1,000
+    # subtasks where this takes ~4: wide swarms' creation); nothing is lost: a new subtask
+    # never joins a session
+    return new_live_subtask(
         swarm_id=swarm_id, name=name, position=position, kind=kind, model=model,
         depends_on=list(depends_on or []), system_prompt=system_prompt, prompt=prompt,
         max_tokens=max_tokens, temperature=temperature, weight=weight,
@@ -43,12 +37,10 @@ def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, mode
         ready_at=None, started_at=None, finished_at=None, reused=False,
         tools=list(tools or []), max_turns=max_turns, turns=0, tool_calls=0,
     )
-    return sub
-
 
 
 def synthesizer_for(swarm_id: str, spec: dict[str, Any], position: int,
-                    workers: list[str]) -> Subtask | None:
+                    workers: list[str]) -> LiveSubtask | None:
     """The synthesizer after `workers`, when the swarm's strategy asks for one (the same for
     explicit agents at creation and for a plan's workers)."""
     if spec["synthesis"]["strategy"] != "synthesize":

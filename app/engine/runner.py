@@ -16,7 +16,7 @@ from app.db import spend
 from app.db.changes import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite
 from app.db.create import insert_row
 from app.db.leases import LeaseLost
-from app.db.tables import Subtask, Swarm, column_values
+from app.db.tables import Subtask, Swarm, column_values, live_subtask, live_swarm
 from app.db.types import utcnow
 from app.engine import dag
 from app.engine.budget import SwarmBudget
@@ -51,19 +51,20 @@ class SwarmRunner:
     def __init__(self, ctx: EngineContext, swarm: Swarm, subtasks: list[Subtask], epoch: int,
                  rescues: int = 0) -> None:
         self.ctx = ctx
-        self.swarm = swarm
+        # live rows: the runner reads and writes them ~150 times per subtask (tables.py)
+        self.swarm: Swarm = live_swarm(swarm)
         self.epoch = epoch
         self.rescues = rescues
-        self.spec: dict[str, Any] = swarm.spec
-        self.limits: dict[str, Any] = swarm.spec["limits"]
+        self.spec: dict[str, Any] = self.swarm.spec
+        self.limits: dict[str, Any] = self.spec["limits"]
         self.subs: dict[str, Subtask] = {}
         self.deps: dict[str, list[str]] = {}
         self.add_subtasks(subtasks)
-        if swarm.unresolved_usd is None:  # a row built in memory without every default
-            swarm.unresolved_usd = Decimal(0)
+        if self.swarm.unresolved_usd is None:  # a row built in memory without every default
+            self.swarm.unresolved_usd = Decimal(0)
         # reservations die with the process that made them; spent is what the ledger settled
         # (a dead owner's attempts in flight included, at their reservations: see _start)
-        self.budget = SwarmBudget(limit=swarm.budget_usd, spent=swarm.spent_usd)
+        self.budget = SwarmBudget(limit=self.swarm.budget_usd, spent=self.swarm.spent_usd)
         # limits.concurrency counts this swarm's gateway calls in flight, like the process's
         # and the tenant's slots (steps.slots): given back when an answer is in, not once the
         # subtask's result has committed
@@ -81,7 +82,7 @@ class SwarmRunner:
         self._stop_error: dict[str, Any] | None = None
 
     def add_subtasks(self, subs: Sequence[Subtask]) -> None:
-        for s in subs:
+        for s in map(live_subtask, subs):
             self.subs[s.name] = s
             self.deps[s.name] = list(s.depends_on)
 

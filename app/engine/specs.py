@@ -117,7 +117,7 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
     # task is NULL (resolved when the call is made)
     del spec["task"]
     if body.agents is None:
-        subtasks = [new_subtask(
+        subtasks: list[Subtask] = [new_subtask(
             swarm_id, PLANNER, 0, SubtaskKind.planner, spec["orchestrator"]["model"],
             planner_max_tokens(body.orchestrator.max_subtasks),
             system_prompt=body.orchestrator.system_prompt, temperature=body.temperature)]

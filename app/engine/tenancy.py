@@ -193,11 +193,11 @@ class TenantGates:
         self._caps: dict[str, TenantDailyCap] = {}
         self._combined: dict[str, SharedCap] = {}
 
-    def slot(self, tenant: str) -> contextlib.AbstractAsyncContextManager[object]:
-        """The tenant's in-flight slot in this process (a no-op when unlimited)."""
+    def slot(self, tenant: str) -> asyncio.Semaphore | None:
+        """The tenant's in-flight slot in this process (None when unlimited)."""
         limit = self.table.limits(tenant).max_inflight_calls
         if limit is None:
-            return contextlib.nullcontext()
+            return None
         sem = self._slots.get(tenant)
         if sem is None:
             sem = self._slots[tenant] = asyncio.Semaphore(limit)
