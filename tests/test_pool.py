@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from sqlalchemy import text
@@ -82,5 +83,40 @@ async def test_a_connection_idle_past_the_limit_is_pinged_and_replaced_when_dead
             with pytest.raises(DBAPIError):
                 async with engine.connect() as conn:
                     await conn.execute(text("SELECT 1"))
+    finally:
+        await engine.dispose()
+
+
+async def test_a_lone_client_gets_the_connection_it_returned_and_no_ping(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten connections pooled, then one client checking out one at a time, a little slower
+    than PING_IF_IDLE_S / 10 apart: the pool hands back the connection returned last (LIFO),
+    one backend serves every checkout and none is pinged. First-in-first-out handed out the
+    stalest connection each time, idle past the limit: a ping's round trip on ~9 in 10."""
+    pings = 0
+    ping = session_module._ping_if_idle
+
+    def counting(dbapi_conn: object, record: object, proxy: object) -> None:
+        nonlocal pings
+        idle = time.monotonic() - record.info.get("returned_at", 0.0)  # type: ignore[attr-defined]
+        pings += idle >= session_module.PING_IF_IDLE_S
+        ping(dbapi_conn, record, proxy)
+
+    monkeypatch.setattr(session_module, "_ping_if_idle", counting)
+    engine = make_db_engine(db_url)
+    try:
+        async def hold() -> None:
+            async with engine.connect() as conn:
+                await conn.execute(text("SELECT pg_sleep(0.05)"))
+
+        await asyncio.gather(*(hold() for _ in range(10)))
+        await asyncio.sleep(session_module.PING_IF_IDLE_S)  # every pooled one is stale now
+        pids = set()
+        for _ in range(20):
+            async with engine.connect() as conn:
+                pids.add((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+            await asyncio.sleep(session_module.PING_IF_IDLE_S / 8)
+        assert len(pids) == 1
+        assert pings == 1  # the first checkout's, after the pause
     finally:
         await engine.dispose()

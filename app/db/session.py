@@ -63,9 +63,12 @@ def make_db_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         event.listen(engine.sync_engine, "connect", _sqlite_no_autobegin)
         event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
         return engine
+    # LIFO: the connection returned last goes out first, so a connection idle long enough to be
+    # pinged (_ping_if_idle) is only taken when the ones in use do not suffice; FIFO handed
+    # a lone client the pool's stalest one, pinged on every request
     engine = create_async_engine(
         url, poolclass=FairQueuePool, pool_size=pool_size, max_overflow=pool_size,
-        pool_recycle=1800, hide_parameters=True,
+        pool_recycle=1800, pool_use_lifo=True, hide_parameters=True,
     )
     event.listen(engine.sync_engine, "connect", _returned)
     event.listen(engine.sync_engine, "checkin", _returned)
