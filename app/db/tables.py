@@ -164,9 +164,10 @@ class _Unfilled:
 class LiveSwarm(Swarm):
     """A swarm's row as the engine holds it while it runs the swarm: the same attributes,
     typed alike, but plain ones. An instrumented read costs ~25 times a plain one and a write
-    ~60 times (attribute events, history), and the engine makes ~150 per subtask (~10 % of
-    its CPU per subtask). A live row never joins a session: its changes reach the database
-    as dicts (`column_values`) in the runner's writes. Unmapped (`__abstract__`)."""
+    ~60 times (attribute events, history), and the engine makes ~150 per subtask: live rows
+    took a fifth to a quarter off `serve`'s CPU per subtask (bench/RESULTS.md, session 10).
+    A live row never joins a session: its changes reach the database as dicts
+    (`column_values`) in the runner's writes. Unmapped (`__abstract__`)."""
 
     __abstract__ = True
 
