@@ -6,9 +6,10 @@ same run, against one simulator process and one `swarm-api serve` on a throwaway
 Rows: fan-out overhead (100 agents + synthesis at 500 ms, over the configured floor 2 x 500 ms,
 beside a bare `asyncio.gather` script on httpx and on aiohttp, and LangGraph `Send`),
 throughput at 0 ms with 64 in flight (over a bare single-pool gather), one 1,000-agent swarm
-and 50 concurrent 100-agent swarms at 200 ms with 256 in flight (over their floors), serve's
-memory per in-flight call, and `POST /swarms` under 200 concurrent clients and from one client,
-with the engine in the process and from an API-only process (`serve --no-engine`, its own
+and 50 concurrent 100-agent swarms at 200 ms with 256 in flight (over their floors) — each the
+median of `--runs`, alternating with its peer, with its range — serve's memory per in-flight
+call (its peak over those runs), and `POST /swarms` under 200 concurrent clients and from one
+client, with the engine in the process and from an API-only process (`serve --no-engine`, its own
 database). With `--cli`, each named build runs every row in turn (before/after in one run).
 Appends to bench/RESULTS.md.
 """
@@ -174,57 +175,75 @@ async def measure(api: str, sim: str, serve_pid: int, runs: int, quick: bool) ->
                     f"{statistics.median(bare_aio) / floor:.3f}); LangGraph `Send` {lg_cell} | "
                     "<= 1.05 |")
 
-        # 2. throughput at 0 ms, 64 in flight
+        # 2. throughput at 0 ms, 64 in flight: `runs` pairs, ours and the peer alternating
+        # (one pair moved +-25 % between runs on a 2-core machine; the median of the pairs'
+        # ratios is the figure)
         n = 300 if quick else 1000
         body = swarm_body(n, 0, "none", 64)
-        ours_tp = n / await run_swarm(c, body)
-        bare_tp = n / await bare_gather(sim, n, 64, 0, False)
+        pairs = [(n / await run_swarm(c, body), n / await bare_gather(sim, n, 64, 0, False))
+                 for _ in range(runs)]
+        ratios = [ours_tp / bare_tp for ours_tp, bare_tp in pairs]
         rows.append(f"| throughput at 0 ms, 64 in flight ({n} subtasks): persisted subtasks/s "
-                    f"over bare single-pool gather | **{ours_tp / bare_tp:.2f}x** "
-                    f"({ours_tp:.0f}/s) | bare {bare_tp:.0f}/s | >= 3x |")
+                    f"over bare single-pool gather, median of {runs} | "
+                    f"**{statistics.median(ratios):.2f}x** ({spread(ratios, 'x')}; "
+                    f"{statistics.median(p[0] for p in pairs):.0f}/s) | bare "
+                    f"{statistics.median(p[1] for p in pairs):.0f}/s | >= 3x |")
 
         # 3. one 1,000-agent swarm at 200 ms, 256 in flight; memory per in-flight call
         n = 300 if quick else 1000
         floor = n / 256 * 0.2
         idle = RssSampler(serve_pid).rss()
-        with RssSampler(serve_pid) as sampler:
-            wall = await run_swarm(c, swarm_body(n, 200, "none", 256))
-        per_call_kb = (sampler.peak - idle) / 256 / 1024
+        walls: list[float] = []
         # the same calls from a script that persists nothing: what this simulator and machine
         # allow any client (no target of the issue's; context for ours)
-        bare_wide = await bare_gather(sim, n, 256, 200, False, on_aiohttp=True)
+        bare_walls: list[float] = []
+        with RssSampler(serve_pid) as sampler:
+            for _ in range(runs):
+                walls.append(await run_swarm(c, swarm_body(n, 200, "none", 256)) / floor)
+                bare_walls.append(await bare_gather(sim, n, 256, 200, False, on_aiohttp=True)
+                                  / floor)
+        per_call_kb = (sampler.peak - idle) / 256 / 1024
         rows.append(f"| one {n}-agent swarm at 200 ms, 256 in flight: wall over floor "
-                    f"({n} / 256 x 0.2 s) | **{wall / floor:.2f}x** ({wall:.2f} s) | bare "
-                    f"gather on aiohttp {bare_wide / floor:.2f}x | <= 1.5x |")
+                    f"({n} / 256 x 0.2 s), median of {runs} | **{statistics.median(walls):.2f}x**"
+                    f" ({spread(walls, 'x')}) | bare gather on aiohttp "
+                    f"{statistics.median(bare_walls):.2f}x | <= 1.5x |")
         rows.append(f"| memory of `serve` per in-flight call (peak - idle RSS) over 256 | "
                     f"**{per_call_kb:.0f} KB** (idle {idle / 2**20:.0f} MB, peak "
                     f"{sampler.peak / 2**20:.0f} MB) | - | < 50 KB |")
 
         # 4. 50 concurrent 100-agent swarms at 200 ms
-        rows.append(await many_swarms_row(c, quick, ""))
+        rows.append(await many_swarms_row(c, quick, "", runs))
 
     # 5. creation under load, and from one client (this process's engine runs what it creates)
     rows.extend(await creation_rows(api, quick, "with the engine in the process"))
     return rows
 
 
-async def many_swarms_row(c: httpx.AsyncClient, quick: bool, where: str) -> str:
+async def many_swarms_row(c: httpx.AsyncClient, quick: bool, where: str, runs: int) -> str:
     swarms = 10 if quick else 50
     floor = swarms * 100 / 256 * 0.2
-    t0 = time.perf_counter()
-    await asyncio.gather(*(run_swarm(c, swarm_body(100, 200, "none", 100))
-                           for _ in range(swarms)))
-    wall = time.perf_counter() - t0
+    walls: list[float] = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        await asyncio.gather(*(run_swarm(c, swarm_body(100, 200, "none", 100))
+                               for _ in range(swarms)))
+        walls.append((time.perf_counter() - t0) / floor)
     return (f"| {swarms} concurrent 100-agent swarms at 200 ms{where}: wall over floor "
-            f"({swarms * 100} / 256 x 0.2 s) | **{wall / floor:.2f}x** ({wall:.2f} s) "
-            "| - | <= 1.5x |")
+            f"({swarms * 100} / 256 x 0.2 s), median of {runs} | "
+            f"**{statistics.median(walls):.2f}x** ({spread(walls, 'x')}) | - | <= 1.5x |")
 
 
-async def workers_row(api: str, quick: bool) -> str:
+def spread(values: list[float], unit: str) -> str:
+    """The range of a row's runs, so a reader sees how far one run moves."""
+    return f"{min(values):.2f} to {max(values):.2f}{unit}"
+
+
+async def workers_row(api: str, quick: bool, runs: int) -> str:
     """Row 4 again from `serve --workers 2` (two engines, 128 calls in flight each)."""
     async with httpx.AsyncClient(base_url=api, timeout=120) as c:
         await run_swarm(c, swarm_body(100, 0, "none", 100))  # warm both workers' pools
-        return await many_swarms_row(c, quick, ", `serve --workers 2` (128 in flight each)")
+        return await many_swarms_row(c, quick, ", `serve --workers 2` (128 in flight each)",
+                                     runs)
 
 
 async def creation_rows(api: str, quick: bool, where: str) -> list[str]:
@@ -258,7 +277,7 @@ def table(cli: str, runs: int, quick: bool, work: Path) -> list[str]:
                  process(["serve", "--workers", "2", "--port", str(api3_port)],
                          {**env, "SWARM_DATABASE_URL": db3, "SWARM_MAX_INFLIGHT": "128"},
                          f"{api3}/readyz", work / "api3.log", cli=cli):
-                rows.append(asyncio.run(workers_row(api3, quick)))
+                rows.append(asyncio.run(workers_row(api3, quick, runs)))
         # the creation rows again from an API-only process on a database of its own
         with throwaway_db("swarm_bench") as db2, \
              process(["serve", "--no-engine", "--port", str(api2_port)],
