@@ -89,10 +89,10 @@ async def test_a_connection_idle_past_the_limit_is_pinged_and_replaced_when_dead
 
 async def test_a_lone_client_gets_the_connection_it_returned_and_no_ping(
         db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ten connections pooled, then one client checking out one at a time, a little slower
-    than PING_IF_IDLE_S / 10 apart: the pool hands back the connection returned last (LIFO),
-    one backend serves every checkout and none is pinged. First-in-first-out handed out the
-    stalest connection each time, idle past the limit: a ping's round trip on ~9 in 10."""
+    """Ten connections pooled, then one client checking out one at a time, PING_IF_IDLE_S / 8
+    apart: the pool hands back the connection returned last (LIFO), one backend serves every
+    checkout and none is pinged but the first. First-in-first-out handed out the stalest
+    connection each time, idle ten checkouts long, past the limit: a ping on ~9 in 10."""
     pings = 0
     ping = session_module._ping_if_idle
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -194,23 +194,26 @@ def live_swarm(row: Swarm) -> LiveSwarm:
     where loaded, else through getattr (a new row's unset column reads None)."""
     if isinstance(row, LiveSwarm):
         return row
-    live: LiveSwarm = object.__new__(LiveSwarm)
-    live.__dict__.update(column_values(row, _SWARM_KEYS))
-    return live
+    return _filled(LiveSwarm, column_values(row, _SWARM_KEYS))
 
 
 def live_subtask(row: Subtask) -> LiveSubtask:
     """A loaded subtask row as a live one (see live_swarm)."""
     if isinstance(row, LiveSubtask):
         return row
-    live: LiveSubtask = object.__new__(LiveSubtask)
-    live.__dict__.update(column_values(row, _SUBTASK_KEYS))
-    return live
+    return _filled(LiveSubtask, column_values(row, _SUBTASK_KEYS))
 
 
 def new_live_subtask(**columns: Any) -> LiveSubtask:
     """A new live subtask from every column but its id (assigned when it is inserted)."""
-    live: LiveSubtask = object.__new__(LiveSubtask)
+    return _filled(LiveSubtask, columns)
+
+
+_Live = TypeVar("_Live", LiveSwarm, LiveSubtask)
+
+
+def _filled(kind: type[_Live], columns: dict[str, Any]) -> _Live:
+    live: _Live = object.__new__(kind)
     live.__dict__.update(columns)
     return live
 
