@@ -83,6 +83,16 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
+def pg_url(request: pytest.FixtureRequest) -> str:
+    """PostgreSQL only (what is its alone): the session's database, truncated."""
+    if SKIP_PG:
+        pytest.skip("SWARM_TEST_SKIP_POSTGRES=1")
+    url: str = request.getfixturevalue("pg_template")
+    asyncio.run(_truncate(url))
+    return url
+
+
+@pytest.fixture
 def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
     """SQLite only (API behaviour that does not depend on the database)."""
     path = tmp_path / "swarm.db"

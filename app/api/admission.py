@@ -61,12 +61,18 @@ class Admission:
         async with session.begin():
             await _check_active(session, self.tenant, self.limits)
 
+    @property
+    def checks_in(self) -> bool:
+        """Whether `check_in` has anything to check (else the insert needs no transaction
+        around it)."""
+        return not self.checked and not _nothing_to_check(self.limits, count_swarms=True)
+
     async def check_in(self, session: AsyncSession, inserted: int = 1) -> None:
         """The bucket, `max_active_swarms` and the daily cap inside the caller's transaction,
         after it inserted `inserted` swarms: a refusal rolls the insert back with the token,
         and the bucket's row lock is held only from here to the commit. Nothing when the
         dependency already admitted the request (the facade's `agent_swarm`)."""
-        if not self.checked and not _nothing_to_check(self.limits, count_swarms=True):
+        if self.checks_in:
             await _checks(session, self.tenant, self.limits, count_swarms=True, own=inserted)
 
     def check_budget(self, budget: Decimal | str | None) -> None:

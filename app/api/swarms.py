@@ -26,6 +26,7 @@ from app.api.shared import swarm_answer as _answer
 from app.api.shared import swarm_or_404 as _swarm_or_404
 from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
 from app.db import create, queries, retry_copy
+from app.db.session import is_postgres
 from app.engine import finish
 from app.engine.specs import build_swarm
 from app.errors import AlreadyTerminal, RequestInvalid
@@ -77,11 +78,16 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
             lease_s=settings.lease_seconds, position=True)
         await admission.check_in(s)
 
+    if idempotency_key is None and not admission.checks_in and is_postgres(session):
+        # nothing else to write with it: the insert is one statement, a transaction of its own
+        position = await create.insert_swarm_alone(
+            session, new.swarm, new.subtasks, claim_for=local.owner if local else None,
+            lease_s=settings.lease_seconds, position=True)
     # the body's hash only matters with a key (build_swarm made it then): for a 1,000-agent
     # body its canonical JSON costs milliseconds
-    if seen := await insert_once(session, response, tenant, idempotency_key,
-                                 new.swarm.request_hash or "", settings.idempotency_ttl_s,
-                                 insert):
+    elif seen := await insert_once(session, response, tenant, idempotency_key,
+                                   new.swarm.request_hash or "", settings.idempotency_ttl_s,
+                                   insert):
         return _answer(seen, 202, response)
     response.headers["Location"] = f"/swarms/{new.swarm.id}"
     view = swarm_json(new.swarm, queries.rows_of(new.subtasks), queue_position=position)

@@ -1,41 +1,25 @@
-"""Creating a swarm: its rows (Core inserts; on PostgreSQL the swarm row, its NOTIFY and its
+"""Creating a swarm: its rows (on PostgreSQL the swarm's row, its subtasks, its NOTIFY and its
 queue position in one statement) and the Idempotency-Key lookups. The caller owns the
-transaction."""
+transaction, or (`insert_swarm_alone`) the statement is one."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import (
-    Float,
-    String,
-    Table,
-    bindparam,
-    func,
-    insert,
-    select,
-    update,
-)
+from sqlalchemy import Table, insert, select, update
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.sql import Executable
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from app.db import one_statement
 from app.db.batch import executemany
-from app.db.notify import QUEUED
-from app.db.one_statement import insert_rows
 from app.db.queries import queue_position
+from app.db.retry import database_unavailable
 from app.db.session import db_now
 from app.db.session import is_postgres as _is_pg
-from app.db.tables import (
-    Subtask,
-    Swarm,
-    column_values,
-)
+from app.db.tables import Subtask, Swarm, column_values
 from app.db.types import utcnow
-from app.states import SwarmStatus
 
 SUBTASK_INSERT_COLUMNS = (
     "swarm_id", "name", "position", "kind", "model", "depends_on", "system_prompt", "prompt",
@@ -57,7 +41,6 @@ _SUBTASKS = cast(Table, Subtask.__table__)
 _SUBTASK_INSERT = insert(_SUBTASKS)
 # (attribute, column key) of every mapped column of a swarm row
 _SWARM_COLUMNS = tuple((p.key, p.columns[0].key) for p in sa_inspect(Swarm).column_attrs)
-_LEASED = ("lease_owner", "lease_epoch", "lease_expires_at")
 
 
 def _swarm_values(swarm: Swarm) -> dict[str, Any]:
@@ -74,77 +57,76 @@ def _swarm_values(swarm: Swarm) -> dict[str, Any]:
     return values
 
 
-_PG_INSERTS: dict[tuple[bool, bool], Executable] = {}
-
-
-def _pg_insert_swarm(claim: bool, count: bool) -> Executable:
-    """One statement: the swarm's row (leased with `claim`: lease from the database's clock,
-    `:lease_s` ahead), its NOTIFY, and with `count` the tenant's queued swarms older than it
-    (the statement's snapshot: the new row is not counted). Built once per shape, with bind
-    parameters only, so SQLAlchemy's compiled cache serves every request."""
-    key = (claim, count)
-    if key not in _PG_INSERTS:
-        cols: dict[str, Any] = {c: bindparam(c, type_=_SWARMS.c[c].type)
-                                for _, c in _SWARM_COLUMNS}
-        if claim:
-            cols["lease_expires_at"] = func.now() + func.make_interval(
-                0, 0, 0, 0, 0, 0, bindparam("lease_s", type_=Float()))
-        new = (pg_insert(_SWARMS).values(cols)
-               .returning(_SWARMS.c.lease_expires_at).cte("new_swarm"))
-        # a swarm leased to the creating process is nobody else's to claim: no wake-up for
-        # every engine (each would run its claim query for nothing)
-        out: list[Any] = [new.c.lease_expires_at] if claim else [
-            new.c.lease_expires_at, func.pg_notify(QUEUED, bindparam("id_", type_=String()))]
-        if count:
-            out.append(select(func.count()).where(
-                _SWARMS.c.tenant == bindparam("tenant"),
-                _SWARMS.c.status == SwarmStatus.queued.value,
-                _SWARMS.c.created_at < bindparam("created_at")).scalar_subquery())
-        _PG_INSERTS[key] = select(*out).select_from(new)
-    return _PG_INSERTS[key]
-
-
 async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[Subtask], *,
                        claim_for: str | None = None, lease_s: float = 0.0,
                        position: bool = False) -> int | None:
-    """Insert a queued swarm and its subtasks, and wake the workers (on commit) unless it is
-    claimed for the caller's engine.
+    """Insert a queued swarm and its subtasks in the session's transaction, and wake the
+    workers (on commit) unless it is claimed for the caller's engine.
 
-    Core statements, no unit of work: on PostgreSQL the swarm's row, its NOTIFY and (with
-    `position`) its queue position are one statement, the subtasks a second. `claim_for`
-    leases the new swarm to that engine in the same statement (`claim_new`'s epoch 1, its
-    lease from the database's clock), and its queue position is then 1: it starts now, no
-    swarm of its tenant's queue ahead of it. Returns the queue position when asked."""
+    Core statements, no unit of work: on PostgreSQL the swarm's row, its subtasks, its NOTIFY
+    and (with `position`) its queue position are one statement (`one_statement.creation`).
+    `claim_for` leases the new swarm to that engine in the same statement (`claim_new`'s epoch
+    1, its lease from the database's clock), and its queue position is then 1: it starts now,
+    no swarm of its tenant's queue ahead of it. Returns the queue position when asked."""
+    if _is_pg(session):
+        sql, args = _creation(swarm, subtasks, claim_for, lease_s, position)
+        conn = await session.connection()
+        row = (await conn.exec_driver_sql(sql, args)).one()
+        return _created(swarm, row, claim_for, position)
     if claim_for is not None:
         swarm.lease_owner, swarm.lease_epoch = claim_for, 1
-    values = _swarm_values(swarm)
-    count = position and claim_for is None
-    found: int | None = 1 if position else None
-    if _is_pg(session):
-        stmt = _pg_insert_swarm(claim_for is not None, count)
-        params = {**values, "id_": swarm.id}
-        if claim_for is not None:
-            del params["lease_expires_at"]
-            params["lease_s"] = float(lease_s)
-        row = (await session.execute(stmt, params)).one()
-        swarm.lease_expires_at = row[0]
-        if count:
-            found = int(row[-1]) + 1  # the count is last
-    else:
-        if claim_for is not None:
-            values["lease_expires_at"] = utcnow() + timedelta(seconds=lease_s)
-            swarm.lease_expires_at = values["lease_expires_at"]
-        await session.execute(insert(_SWARMS), values)
-        if count:
-            found = await queue_position(session, swarm)
+        swarm.lease_expires_at = utcnow() + timedelta(seconds=lease_s)
+    await session.execute(insert(_SWARMS), _swarm_values(swarm))
+    found = 1 if position else None
+    if position and claim_for is None:
+        found = await queue_position(session, swarm)
     if subtasks:  # Core, not ORM objects: a hundred of them cost a unit of work each
-        rows = [insert_row(s) for s in subtasks]
-        conn = await session.connection()
-        if _is_pg(session):  # one statement, not one per row
-            await insert_rows(conn, _SUBTASKS, rows)
-        else:
-            await executemany(conn, _SUBTASK_INSERT, rows)
+        await executemany(await session.connection(), _SUBTASK_INSERT,
+                          [insert_row(s) for s in subtasks])
     return found
+
+
+async def insert_swarm_alone(session: AsyncSession, swarm: Swarm, subtasks: Sequence[Subtask], *,
+                             claim_for: str | None = None, lease_s: float = 0.0,
+                             position: bool = False) -> int | None:
+    """`insert_swarm` on PostgreSQL as a transaction of its own: its one statement in
+    autocommit, sent by the pooled connection's driver (no BEGIN, no COMMIT, none of
+    SQLAlchemy's execution around it). For a creation nothing else is written with (no
+    Idempotency-Key, no quota to check in its transaction): one round trip where the
+    transaction took four, a third of one client's `POST` (bench/RESULTS.md, session 11)."""
+    engine = session.bind  # the session's engine: the session itself stays unused
+    assert isinstance(engine, AsyncEngine)
+    sql, args = _creation(swarm, subtasks, claim_for, lease_s, position)
+    async with engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        assert driver is not None  # a checked-out connection has one
+        try:
+            row = await driver.fetchrow(sql, *args)
+        except Exception as exc:
+            if database_unavailable(exc):  # not to be handed out again
+                await conn.invalidate(exc)
+            raise
+    return _created(swarm, row, claim_for, position)
+
+
+def _creation(swarm: Swarm, subtasks: Sequence[Subtask], claim_for: str | None,
+              lease_s: float, position: bool) -> tuple[str, tuple[Any, ...]]:
+    if claim_for is not None:
+        swarm.lease_owner, swarm.lease_epoch = claim_for, 1
+    return one_statement.creation(
+        _swarm_values(swarm), [insert_row(s) for s in subtasks],
+        claim_s=lease_s if claim_for is not None else None,
+        count=position and claim_for is None)
+
+
+def _created(swarm: Swarm, row: Sequence[Any], claim_for: str | None, position: bool
+             ) -> int | None:
+    """The creation statement's answer: the lease's expiry (database clock), the position."""
+    expires: datetime | None = row[0]
+    swarm.lease_expires_at = expires.astimezone(UTC) if expires is not None else None
+    if not position:
+        return None
+    return 1 if claim_for is not None else int(row[-1]) + 1  # the count is last
 
 
 async def expire_idempotency_key(session: AsyncSession, tenant: str, key: str,

@@ -35,11 +35,10 @@ from typing import Any
 import pydantic_core
 from sqlalchemy import JSON, Column, Table
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.batch import bind_processor
 from app.db.changes import LEDGER_SETTLED, SwarmWrite
-from app.db.notify import CHANGED
+from app.db.notify import CHANGED, QUEUED
 from app.db.tables import (
     Event,
     GatewayCall,
@@ -50,6 +49,7 @@ from app.db.tables import (
     Webhook,
     table_of,
 )
+from app.states import SwarmStatus
 
 _DIALECT = postgresql.asyncpg.dialect()  # type: ignore[no-untyped-call]
 _Q = _DIALECT.identifier_preparer.quote
@@ -131,12 +131,50 @@ def statement(owner: str, writes: Sequence[SwarmWrite]) -> Statement:
     return Statement(sql, tuple(args), frozenset(batch.swarms))
 
 
-async def insert_rows(conn: AsyncConnection, table: Table, rows: Sequence[dict[str, Any]]
-                      ) -> None:
-    """Many rows (with the first row's keys) in one INSERT … SELECT FROM json_to_recordset:
-    one statement on the server where executemany runs one per row (PostgreSQL only)."""
-    sql, cols = _insert_statement(table, tuple(rows[0]))
-    await conn.exec_driver_sql(sql, (_document(rows, cols),))
+def creation(swarm: dict[str, Any], subtasks: Sequence[dict[str, Any]], *, claim_s: float | None,
+             count: bool) -> tuple[str, tuple[Any, ...]]:
+    """A new swarm as one statement: its row (every column given; with `claim_s` leased for that
+    many seconds from the database's clock), its subtasks (the first row's keys), its NOTIFY
+    unless claimed (nobody else may claim it: no engine need wake for it), and with `count` the
+    tenant's queued swarms created before it (the statement's snapshot does not see the new
+    row). It returns one row: the lease's expiry[, the count]. Two statements (the swarm's, then
+    the subtasks') in a transaction were four round trips: BEGIN, two inserts, COMMIT."""
+    sql, sw_cols, st_cols = _creation(tuple(swarm), tuple(subtasks[0]) if subtasks else None,
+                                      claim_s is not None, count)
+    args: list[Any] = [_document([swarm], sw_cols)]
+    if st_cols is not None:
+        args.append(_document(subtasks, st_cols))
+    if claim_s is not None:
+        args.append(float(claim_s))
+    return sql, tuple(args)
+
+
+@functools.cache  # one shape per (claimed, counted, with subtasks) and key set
+def _creation(swarm_keys: tuple[str, ...], subtask_keys: tuple[str, ...] | None, claim: bool,
+              count: bool) -> tuple[str, _Columns, _Columns | None]:
+    params = iter(range(1, 100))
+    sw_cols, sw_source = _recordset(_SWARMS, swarm_keys, params, defaults=False)
+    names = [c[0] for c in sw_cols]
+    st_cols, st_source = (_recordset(_SUBTASKS, subtask_keys, params, defaults=True)
+                          if subtask_keys is not None else (None, ""))
+    lease = f"now() + make_interval(secs => ${next(params)}::float8)" if claim else None
+    exprs = ", ".join(lease if lease and n == "lease_expires_at" else f"v.{_Q(n)}"
+                      for n in names)
+    ctes = [f"new_swarm AS (INSERT INTO {_Q(_SWARMS.name)} ({', '.join(map(_Q, names))}) "
+            f"SELECT {exprs} FROM {sw_source} RETURNING id, tenant, created_at, "
+            "lease_expires_at)"]
+    if st_cols is not None:
+        # the subtasks' foreign key is checked at the statement's end: their swarm is there
+        ctes.append(f"new_subtasks AS (INSERT INTO {_Q(_SUBTASKS.name)} "
+                    f"({', '.join(_Q(c[0]) for c in st_cols)}) SELECT * FROM {st_source})")
+    out = ["n.lease_expires_at"]
+    if not claim:
+        out.append(f"pg_notify('{QUEUED}', n.id)")
+    if count:  # index-only (ix_swarms_tenant_status_created)
+        out.append(f"(SELECT count(*) FROM {_Q(_SWARMS.name)} q WHERE q.tenant = n.tenant "
+                   f"AND q.status = '{SwarmStatus.queued.value}' AND q.created_at < n.created_at)")
+    sql = f"WITH {', '.join(ctes)} SELECT {', '.join(out)} FROM new_swarm n"
+    return sql, sw_cols, st_cols
 
 
 # (row key, bind processor, the column's Python-side default for a key no row has)
@@ -172,13 +210,6 @@ def _statement(shape: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, lis
         columns.append(cols)
         ctes.append(f"{name} AS ({_dml(name, table, [c[0] for c in cols], source)})")
     return "WITH " + ",\n".join(ctes) + "\nSELECT id FROM sw", columns
-
-
-@functools.cache
-def _insert_statement(table: Table, keys: tuple[str, ...]) -> tuple[str, _Columns]:
-    cols, source = _recordset(table, keys, iter(range(1, 100)), defaults=True)
-    names = ", ".join(_Q(c[0]) for c in cols)
-    return f"INSERT INTO {_Q(table.name)} ({names}) SELECT * FROM {source}", cols
 
 
 def _recordset(table: Table, keys: tuple[str, ...], params: Iterator[int], *, defaults: bool

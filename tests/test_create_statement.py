@@ -1,0 +1,173 @@
+"""A swarm's creation as one PostgreSQL statement (`create.insert_swarm_alone`): the swarm's row,
+its subtasks, its NOTIFY and its queue position, atomic, in autocommit; and `POST /swarms` takes
+that path exactly when nothing else is written with the swarm (no Idempotency-Key, no quota
+checked in its transaction)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import event, select
+
+from app.db import create
+from app.db.notify import QUEUED
+from app.db.session import (
+    SessionFactory,
+    asyncpg_dsn,
+    db_now,
+    make_db_engine,
+    make_session_factory,
+)
+from app.db.tables import Subtask, Swarm
+from app.db.types import utcnow
+from app.engine.specs import NewSwarm, build_swarm
+from app.schemas import SwarmCreate
+from tests.conftest import Harness, make_settings, start_harness
+
+AGENTS = {"task": "t", "agents": [{"name": "a"}, {"name": "b", "depends_on": ["a"]},
+                                  {"name": "c"}], "limits": {"budget_usd": "2.5"}}
+NO_QUOTAS = "[defaults]\nmax_agents = 100\n"  # no bucket, no active or daily limit to check
+
+
+@pytest.fixture
+async def sessions(pg_url: str) -> AsyncIterator[SessionFactory]:
+    engine = make_db_engine(pg_url)
+    yield make_session_factory(engine)
+    await engine.dispose()
+
+
+def new_swarm(url: str, tenant: str = "t1", body: dict[str, Any] = AGENTS,
+              age_s: float = 0.0) -> NewSwarm:
+    new = build_swarm(SwarmCreate.model_validate(body), make_settings(url), tenant)
+    new.swarm.created_at = utcnow() - timedelta(seconds=age_s)
+    return new
+
+
+async def insert_alone(sessions: SessionFactory, new: NewSwarm, **kw: Any) -> int | None:
+    async with sessions() as s:
+        return await create.insert_swarm_alone(s, new.swarm, new.subtasks, **kw)
+
+
+@pytest.fixture
+async def heard(pg_url: str) -> AsyncIterator[list[str]]:
+    """Payloads of `swarm_queued` notifications, from a listener of its own."""
+    out: list[str] = []
+    conn = await asyncpg.connect(asyncpg_dsn(pg_url))
+    await conn.add_listener(QUEUED, lambda *args: out.append(args[3]))
+    yield out
+    await conn.close()
+
+
+async def test_one_statement_stores_the_swarm_its_subtasks_and_wakes_the_workers(
+        sessions: SessionFactory, pg_url: str, heard: list[str]) -> None:
+    for age in (30, 20):  # two of the tenant's queue before it, one of another tenant's
+        await insert_alone(sessions, new_swarm(pg_url, age_s=age), position=True)
+    await insert_alone(sessions, new_swarm(pg_url, tenant="t2", age_s=25))
+    new = new_swarm(pg_url)
+    assert await insert_alone(sessions, new, position=True) == 3
+    async with sessions() as s:
+        row = (await s.execute(select(Swarm).where(Swarm.id == new.swarm.id))).scalar_one()
+        subs = (await s.execute(select(Subtask).where(Subtask.swarm_id == new.swarm.id)
+                                .order_by(Subtask.position))).scalars().all()
+    assert (row.tenant, row.status, row.spec, row.budget_usd, row.created_at, row.lease_owner) \
+        == ("t1", "queued", new.swarm.spec, new.swarm.budget_usd, new.swarm.created_at, None)
+    assert [(s.name, s.position, s.depends_on, s.prompt) for s in subs] == \
+        [(s.name, s.position, s.depends_on, s.prompt) for s in new.subtasks]
+    await _until(lambda: new.swarm.id in heard)
+
+
+async def test_a_claimed_swarm_is_leased_by_the_database_clock_and_wakes_nobody(
+        sessions: SessionFactory, pg_url: str, heard: list[str]) -> None:
+    await insert_alone(sessions, new_swarm(pg_url, age_s=10))  # queued before it: not counted
+    new = new_swarm(pg_url)
+    async with sessions() as s:
+        before = await db_now(s)
+    assert await insert_alone(sessions, new, claim_for="w1", lease_s=30, position=True) == 1
+    async with sessions() as s:
+        after = await db_now(s)
+        row = (await s.execute(select(Swarm).where(Swarm.id == new.swarm.id))).scalar_one()
+    assert (row.lease_owner, row.lease_epoch) == ("w1", 1)
+    assert row.lease_expires_at == new.swarm.lease_expires_at  # what the caller was told
+    expires = row.lease_expires_at
+    assert expires is not None
+    assert before + timedelta(seconds=30) <= expires <= after + timedelta(seconds=30)
+    await asyncio.sleep(0.3)
+    assert new.swarm.id not in heard  # only the unclaimed one woke the workers
+    assert len(heard) == 1
+
+
+async def test_a_refused_statement_stores_nothing(sessions: SessionFactory,
+                                                  pg_url: str) -> None:
+    new = new_swarm(pg_url)
+    new.subtasks[2].name = new.subtasks[0].name  # (swarm_id, name) is unique: refused
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await insert_alone(sessions, new)
+    async with sessions() as s:  # the swarm's row went with its subtasks'
+        assert (await s.execute(select(Swarm.id).where(Swarm.id == new.swarm.id))).first() \
+            is None
+        assert await insert_alone(sessions, new_swarm(pg_url), position=True) == 1  # pool fine
+
+
+async def begins(h: Harness, **kw: Any) -> tuple[int, dict[str, Any]]:
+    """Transactions the app's pool began for one `POST /swarms` (the ASGI transport runs it in
+    this task), and its answer."""
+    count, request = 0, asyncio.current_task()
+
+    def began(_conn: Any) -> None:
+        nonlocal count
+        if asyncio.current_task() is request:  # not the engine's tasks (its runner)
+            count += 1
+
+    engine = h.app.state.db_engine.sync_engine
+    event.listen(engine, "begin", began)
+    try:
+        r = await h.post(AGENTS, **kw)
+    finally:
+        event.remove(engine, "begin", began)
+    assert r.status_code == 202, r.text
+    return count, r.json()
+
+
+@pytest.mark.parametrize("engine", [False, True], ids=["queued", "adopted"])
+async def test_post_is_one_statement_when_nothing_else_is_written(pg_url: str, tmp_path: Path,
+                                                                  engine: bool) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(NO_QUOTAS)
+    h, close = await start_harness(make_settings(pg_url, tenants_file=str(tenants)),
+                                   run_engine=engine)
+    try:
+        n, created = await begins(h)
+        assert n == 0  # no BEGIN: the statement was its own transaction
+        assert created["queue_position"] == 1
+        assert len(created["subtasks"]) == 4  # and the synthesizer
+        seen = (await h.client.get(f"/swarms/{created['id']}")).json()
+        if not engine:  # the answer built from memory is what is stored
+            assert seen == created
+        n, keyed = await begins(h, headers={"Idempotency-Key": "k1"})
+        assert n >= 1  # the key's lookup and the insert share a transaction
+        assert (await h.post(AGENTS, headers={"Idempotency-Key": "k1"})).json()["id"] \
+            == keyed["id"]
+    finally:
+        await close()
+
+
+async def test_post_with_a_quota_to_check_keeps_its_transaction(pg_url: str) -> None:
+    h, close = await start_harness(make_settings(pg_url), run_engine=False)  # SPEC §8's bucket
+    try:
+        n, created = await begins(h)
+        assert n == 1 and created["status"] == "queued"
+    finally:
+        await close()
+
+
+async def _until(cond: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "not heard"
+        await asyncio.sleep(0.02)
