@@ -309,3 +309,33 @@ async def test_what_a_batch_writes_reads_back_exactly(idle: Harness) -> None:
     assert sub.latency_ms == 1e-7
     assert sub.started_at == when and sub.started_at.utcoffset() == timedelta(0)
     assert event.data == {"text": TEXT[:300], "n": 2**70}
+
+
+async def test_writes_made_ready_together_go_in_one_commit(idle: Harness,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """A swarm's start and its first wave's write-ahead: one write, then tasks it made ready
+    write in their first step. They share the commit the first one would have had alone."""
+    swarm_id, epoch = await _claimed_swarm(idle)
+    writer = StateWriter(idle.app.state.sessions, OWNER, retry_for_s=10)
+    batches: list[int] = []
+    apply = writer._apply
+
+    async def counted(writes: list[changes.SwarmWrite]) -> set[str]:
+        batches.append(len(writes))
+        return await apply(writes)
+
+    monkeypatch.setattr(writer, "_apply", counted)
+    writer.start()
+
+    async def wave() -> None:
+        await writer.submit(_write(swarm_id, epoch, ledger=[], new_subtasks=[], webhook=None,
+                                   events=[]))
+
+    try:
+        first = writer.submit(_write(swarm_id, epoch))
+        tasks = [asyncio.create_task(wave()) for _ in range(5)]
+        await asyncio.gather(first, *tasks)
+        assert batches == [6]
+    finally:
+        await writer.close()

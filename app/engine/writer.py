@@ -89,6 +89,10 @@ class StateWriter:
     async def _loop(self) -> None:
         while True:
             await self._wake.wait()
+            # one turn of the loop before taking the queue: the tasks made ready with the
+            # first write (a swarm's start and its first wave's write-ahead, the synthesizer's
+            # status and its attempt) write too, and go in the same commit, not the next
+            await asyncio.sleep(0)
             self._wake.clear()
             while self._queue:
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch:]
