@@ -103,6 +103,22 @@ async def post_load(api: str, clients: int, each: int,
             "kinds": dict(errors)}
 
 
+async def drained(api: str, timeout_s: float = 300.0) -> float:
+    """Wait until `serve`'s engine has run every swarm the load created (none queued or
+    running): one client's latency is then measured on a quiet service, not against the
+    backlog of a 2,000-swarm burst (its engine runs ~300 1-agent swarms a second). Returns
+    the seconds waited."""
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(base_url=api, timeout=30) as c:
+        for status in ("queued", "planning", "running", "synthesizing"):
+            while (await c.get("/swarms", params={"status": status, "limit": 1})
+                   ).json()["items"]:
+                if time.perf_counter() - t0 > timeout_s:
+                    raise TimeoutError(f"swarms still {status} after {timeout_s:.0f} s")
+                await asyncio.sleep(0.1)
+    return time.perf_counter() - t0
+
+
 def errors_cell(result: dict[str, Any]) -> str:
     if not result["errors"]:
         return "0 errors"
@@ -180,13 +196,15 @@ def postgres_cpu_s() -> float:
 
 
 async def measure(url: str, clients: int, each: int, single: int, pid: int,
-                  profile: Path | None) -> dict[str, dict[str, Any]]:
+                  profile: Path | None, engine: bool) -> dict[str, dict[str, Any]]:
     await post_load(url, 10, 5)  # warm-up: connections, caches, first rows
     with profiled(pid, profile and profile.with_suffix(".load.raw")):
         c0, db0 = cpu_s(pid), postgres_cpu_s()
         load = await post_load(url, clients, each)
         load["cpu_ms"] = (cpu_s(pid) - c0) * 1000 / (clients * each)
         load["db_cpu_ms"] = (postgres_cpu_s() - db0) * 1000 / (clients * each)
+    if engine:
+        load["drained_s"] = await drained(url)
     with profiled(pid, profile and profile.with_suffix(".single.raw")):
         c0 = cpu_s(pid)
         one = await post_load(url, 1, single)
@@ -212,7 +230,7 @@ def run(label: str, cli: str, mode: str, args: argparse.Namespace,
                      work / f"{label}-{mode}.log", cli=cli, ready_s=60) as proc:
             prof = Path(args.profile) / f"{label}-{mode}" if args.profile else None
             return asyncio.run(measure(url, args.clients, args.each, args.single, proc.pid,
-                                       prof))
+                                       prof, engine=mode != "api"))
 
 
 def main() -> None:
