@@ -18,7 +18,7 @@ from app.db.queries import queue_position
 from app.db.retry import database_unavailable
 from app.db.session import db_now
 from app.db.session import is_postgres as _is_pg
-from app.db.tables import Subtask, Swarm, column_values
+from app.db.tables import LiveSubtask, Subtask, Swarm, column_values
 from app.db.types import utcnow
 
 SUBTASK_INSERT_COLUMNS = (
@@ -114,7 +114,10 @@ def _creation(swarm: Swarm, subtasks: Sequence[Subtask], claim_for: str | None,
     if claim_for is not None:
         swarm.lease_owner, swarm.lease_epoch = claim_for, 1
     return one_statement.creation(
-        _swarm_values(swarm), [insert_row(s) for s in subtasks],
+        # a new subtask's instance dict holds its columns: read as it is (a copy of each row
+        # was ~3 % of creating a 1,000-agent swarm); a loaded row's is copied
+        _swarm_values(swarm), [s.__dict__ if isinstance(s, LiveSubtask) else insert_row(s)
+                               for s in subtasks], SUBTASK_INSERT_COLUMNS,
         claim_s=lease_s if claim_for is not None else None,
         count=position and claim_for is None)
 

@@ -28,7 +28,7 @@ one inserted in the same batch is inserted in that state.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,15 +131,16 @@ def statement(owner: str, writes: Sequence[SwarmWrite]) -> Statement:
     return Statement(sql, tuple(args), frozenset(batch.swarms))
 
 
-def creation(swarm: dict[str, Any], subtasks: Sequence[dict[str, Any]], *, claim_s: float | None,
-             count: bool) -> tuple[str, tuple[Any, ...]]:
+def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
+             subtask_keys: tuple[str, ...], *, claim_s: float | None, count: bool
+             ) -> tuple[str, tuple[Any, ...]]:
     """A new swarm as one statement: its row (every column given; with `claim_s` leased for that
-    many seconds from the database's clock), its subtasks (the first row's keys), its NOTIFY
+    many seconds from the database's clock), its subtasks (`subtask_keys` of each), its NOTIFY
     unless claimed (nobody else may claim it: no engine need wake for it), and with `count` the
     tenant's queued swarms created before it (the statement's snapshot does not see the new
     row). It returns one row: the lease's expiry[, the count]. Two statements (the swarm's, then
     the subtasks') in a transaction were four round trips: BEGIN, two inserts, COMMIT."""
-    sql, sw_cols, st_cols = _creation(tuple(swarm), tuple(subtasks[0]) if subtasks else None,
+    sql, sw_cols, st_cols = _creation(tuple(swarm), subtask_keys if subtasks else None,
                                       claim_s is not None, count)
     args: list[Any] = [_document([swarm], sw_cols)]
     if st_cols is not None:
@@ -181,7 +182,7 @@ def _creation(swarm_keys: tuple[str, ...], subtask_keys: tuple[str, ...] | None,
 _Columns = tuple[tuple[str, Callable[[Any], Any] | None, Callable[[], Any] | None], ...]
 
 
-def _document(rows: Sequence[dict[str, Any]], cols: _Columns) -> str:
+def _document(rows: Sequence[Mapping[str, Any]], cols: _Columns) -> str:
     """The rows as one JSON array of objects, each value as SQLAlchemy would bind it (a JSON
     column's as it is); NaN and infinities are written as such, which PostgreSQL refuses
     (as it refuses them in JSON columns when bound one by one)."""
@@ -192,8 +193,8 @@ def _document(rows: Sequence[dict[str, Any]], cols: _Columns) -> str:
     doc: list[dict[str, Any]] = []
     for row in rows:
         out = {key: row[key] for key in direct}
-        for key, process in processed:
-            out[key] = process(row[key])
+        for key, process in processed:  # every processor maps None to None: not called
+            out[key] = None if (value := row[key]) is None else process(value)
         out.update(fixed)
         doc.append(out)
     return pydantic_core.to_json(doc, inf_nan_mode="constants").decode()
