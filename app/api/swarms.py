@@ -144,7 +144,11 @@ async def get_swarm(
     async def status() -> SwarmStatus:  # 404 for a swarm not (or no longer) there
         return await _status_or_404(session, swarm_id, tenant)
 
-    await notifier.until_ended(swarm_id, time.monotonic() + wait, status, FALLBACK_S)
+    ended = await notifier.until_ended(swarm_id, time.monotonic() + wait, status, FALLBACK_S)
+    if ended.rows is not None:  # it ended here: its runner's rows are what was committed
+        swarm, subtasks = ended.rows
+        return _answer(swarm_json(swarm, queries.rows_of(
+            sorted(subtasks, key=lambda s: s.position))))
     return _answer(await _read(session, swarm_id, tenant))
 
 

@@ -16,6 +16,7 @@ from app.db.tables import Subtask, Swarm
 from app.engine.budget import SharedCap, SwarmBudget
 from app.engine.synthesis import WorkerResult
 from app.engine.tenancy import TenantGates
+from app.engine.waiters import SwarmNotifier
 from app.engine.writer import StateWriter
 from app.gateway.client import GatewayClient
 from app.pricing import PriceTable
@@ -58,6 +59,7 @@ class EngineContext:
     daily: SharedCap | None = None
     tools: ToolRegistry | None = None
     tenants: TenantGates | None = None  # per-tenant in-flight slots and daily caps
+    notifier: SwarmNotifier | None = None  # readers of this process's swarms
 
     def cap_for(self, tenant: str) -> SharedCap | None:
         """The shared caps a call of this tenant reserves against (global and/or tenant)."""

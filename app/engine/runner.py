@@ -291,6 +291,8 @@ class SwarmRunner:
             await self.commit(end.changed, events=end.events, webhook=end.webhook)
             status = SwarmStatus.failed
         self.finished = True
+        if self.ctx.notifier is not None:  # committed: what a waiting reader may answer with
+            self.ctx.notifier.ended(self.swarm.id, self.swarm, list(self.subs.values()))
         started = self.swarm.started_at or self.swarm.created_at
         metrics.runs_total.labels(status.value).inc()
         metrics.run_duration.labels(status.value).observe((now - started).total_seconds())

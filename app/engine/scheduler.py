@@ -57,7 +57,7 @@ class Scheduler:
             model_slots={n: asyncio.Semaphore(settings.prices[n].concurrency or 1)
                          for n in settings.prices.names()
                          if settings.prices[n].concurrency},
-            daily=daily, tools=tools,
+            daily=daily, tools=tools, notifier=self.notifier,
             tenants=TenantGates(settings.tenants, sessions, self.owner,
                                 settings.lease_seconds, daily),
         )

@@ -5,11 +5,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import NamedTuple
 
+from app.db.tables import Subtask, Swarm
 from app.states import SwarmStatus
 
 _STATUSES = {s.value: s for s in SwarmStatus}
+EndedRows = tuple[Swarm, Sequence[Subtask]]
+
+
+class Ended(NamedTuple):
+    """What `until_ended` saw: the status (None: not found), and the rows the runner that
+    ended the swarm in this process offered (`SwarmNotifier.ended`), when it did."""
+
+    status: SwarmStatus | None
+    rows: EndedRows | None = None
 
 
 class Change(asyncio.Event):
@@ -21,6 +32,7 @@ class Change(asyncio.Event):
         super().__init__()
         self.ended: SwarmStatus | None = None
         self.unsaid = False
+        self.rows: EndedRows | None = None  # the ended swarm's rows, from its runner
 
     def take(self) -> tuple[SwarmStatus | None, bool]:
         """(ended, unsaid) since the last take; clears them and the event."""
@@ -56,6 +68,14 @@ class SwarmNotifier:
             ev.unsaid |= said is None
             ev.set()
 
+    def ended(self, swarm_id: str, swarm: Swarm, subtasks: Sequence[Subtask]) -> None:
+        """The runner that ended the swarm, once its end is committed, offers its rows (its
+        in-memory state, which the commit wrote): a reader waiting for the end answers from
+        them instead of reading the swarm back (a finished 1,000-agent swarm's read was about
+        a third of its ~23 ms answer). Nothing is kept when nobody waits."""
+        for ev in self._waiters.get(swarm_id, ()):
+            ev.rows = (swarm, subtasks)
+
     def notified(self, payload: str) -> None:
         """A `swarm_changed` notification: "<swarm id> <status>" (a bare id: status unsaid)."""
         swarm_id, _, status = payload.partition(" ")
@@ -77,9 +97,10 @@ class SwarmNotifier:
 
     async def until_ended(self, swarm_id: str, deadline: float,
                           read_status: Callable[[], Awaitable[SwarmStatus | None]],
-                          fallback_s: float) -> SwarmStatus | None:
+                          fallback_s: float) -> Ended:
         """Wait until the swarm is terminal or the monotonic `deadline` passes; returns the
-        status last read or said (None: not found). Woken by every commit of the swarm, each
+        status last read or said (None: not found), with the rows its runner offered if it
+        ended in this process (`ended`). Woken by every commit of the swarm, each
         saying its status after it committed, the database is asked (`read_status`) only when
         one did not say, or after `fallback_s` without a wake-up (a lost notification): re-read
         on every wake-up, a 20-agent swarm's waiter had read it 30 times. A terminal status
@@ -92,10 +113,10 @@ class SwarmNotifier:
                 fired = await woken(armed, min(left, fallback_s))
                 ended, unsaid = armed.take()
                 if ended is not None:
-                    return ended
+                    return Ended(ended, armed.rows)
                 if not fired or unsaid:
                     status = await read_status()
-            return status
+            return Ended(status)
         finally:
             self.disarm(swarm_id, armed)
 

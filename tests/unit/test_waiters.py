@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from app.engine.waiters import SwarmNotifier
 from app.states import SwarmStatus
@@ -42,7 +43,8 @@ async def test_until_ended_answers_a_terminal_status_said_without_a_read() -> No
     task = asyncio.create_task(commits())
     got = await n.until_ended("s", time.monotonic() + 5, read, fallback_s=5)
     await task
-    assert got == SwarmStatus.cancelled and len(reads) == 1  # the first look only
+    assert got.status == SwarmStatus.cancelled and len(reads) == 1  # the first look only
+    assert got.rows is None  # no runner offered its rows
 
 
 async def test_until_ended_reads_when_a_change_did_not_say_or_nothing_came() -> None:
@@ -59,4 +61,28 @@ async def test_until_ended_reads_when_a_change_did_not_say_or_nothing_came() -> 
     task = asyncio.create_task(bare())
     got = await n.until_ended("s", time.monotonic() + 5, read, fallback_s=0.05)
     await task
-    assert got == SwarmStatus.failed
+    assert got == (SwarmStatus.failed, None)
+
+
+async def test_the_rows_of_the_runner_that_ended_it_reach_its_waiters_only() -> None:
+    """A runner ends a swarm: once committed, the writer says so (notify), then the runner
+    offers its rows (ended) in the same turn; the waiter gets both. Nobody waiting: nothing
+    is kept."""
+    n = SwarmNotifier()
+    rows: Any = (object(), [object()])
+    n.ended("other", *rows)  # nobody waits for it
+    assert not n._waiters
+
+    async def read() -> SwarmStatus:
+        return SwarmStatus.running
+
+    async def runner() -> None:
+        await asyncio.sleep(0.01)
+        n.notify("s", "succeeded")
+        n.ended("s", *rows)
+
+    task = asyncio.create_task(runner())
+    got = await n.until_ended("s", time.monotonic() + 5, read, fallback_s=5)
+    await task
+    assert got.status == SwarmStatus.succeeded and got.rows == rows
+    assert not n._waiters  # disarmed: the rows went with the reader
