@@ -50,8 +50,7 @@ def new_swarm(url: str, tenant: str = "t1", body: dict[str, Any] = AGENTS,
 
 
 async def insert_alone(sessions: SessionFactory, new: NewSwarm, **kw: Any) -> int | None:
-    async with sessions() as s:
-        return await create.insert_swarm_alone(s, new.swarm, new.subtasks, **kw)
+    return await create.insert_swarm_alone(sessions.kw["bind"], new.swarm, new.subtasks, **kw)
 
 
 @pytest.fixture

@@ -156,12 +156,10 @@ class SwarmCall:
         try:
             async with self.sessions() as session:
                 await admission.check_active(session)  # SPEC §8: it creates a swarm
-                answer = await swarms.create_swarm(
-                    body=body, response=Response(), session=session, tenant=self.tenant,
-                    settings=self.settings, engine=request.app.state.engine,
-                    tools=request.app.state.tools, admission=admission,
-                    idempotency_key=idempotency_key,
-                    traceparent=request.headers.get("traceparent"))
+            answer = await swarms.create_swarm(
+                body=body, request=request, response=Response(), tenant=self.tenant,
+                admission=admission, idempotency_key=idempotency_key,
+                traceparent=request.headers.get("traceparent"))
         except (ApiError, Refused) as exc:  # name the request's field, not the swarm's
             if isinstance(exc.details, dict) and isinstance(exc.details.get("field"), str):
                 exc.details = {**exc.details, "field": request_field(exc.details["field"])}

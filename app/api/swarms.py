@@ -15,7 +15,7 @@ from starlette.background import BackgroundTask
 
 from app import tracing
 from app.api.admission import AdmissionInInsertDep, StreamGateDep, WaitSlotDep
-from app.api.deps import EngineDep, NotifierDep, SessionDep, SettingsDep, TenantDep, ToolsDep
+from app.api.deps import EngineDep, NotifierDep, SessionDep, TenantDep
 from app.api.errors import error_responses
 from app.api.follow import FALLBACK_S, follow_events
 from app.api.shared import IdempotencyKey, TraceParent, insert_once
@@ -25,13 +25,15 @@ from app.api.shared import status_or_404 as _status_or_404
 from app.api.shared import swarm_answer as _answer
 from app.api.shared import swarm_or_404 as _swarm_or_404
 from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
+from app.config import Settings
 from app.db import create, queries, retry_copy
-from app.db.session import is_postgres
 from app.engine import finish
+from app.engine.scheduler import Scheduler
 from app.engine.specs import build_swarm
 from app.errors import AlreadyTerminal, RequestInvalid
 from app.schemas import SwarmCreate, SwarmList, SwarmRead
 from app.states import SwarmStatus
+from app.tools.registry import ToolRegistry
 from app.views import swarm_fields, swarm_json, to_json
 from app.webhook_policy import check_webhook_url
 
@@ -54,12 +56,15 @@ SWARM_LINKS = _links(("GetSwarm", "get", ""), ("CancelSwarm", "post", "~1cancel"
     responses={202: {"links": SWARM_LINKS}, **error_responses(400, 401, 413, 422, 429)},
     summary="Start a swarm",
 )
-async def create_swarm(body: SwarmCreate, response: Response, session: SessionDep,
-                       tenant: TenantDep, settings: SettingsDep, engine: EngineDep,
-                       tools: ToolsDep, admission: AdmissionInInsertDep,
+async def create_swarm(body: SwarmCreate, request: Request, response: Response,
+                       tenant: TenantDep, admission: AdmissionInInsertDep,
                        idempotency_key: IdempotencyKey = None,
                        traceparent: TraceParent = None) -> Response:
     """Validate, store the swarm and its subtasks in one transaction, and queue it."""
+    state = request.app.state
+    settings: Settings = state.settings
+    engine: Scheduler | None = state.engine
+    tools: ToolRegistry | None = state.tools
     body = admission.swarm(body)  # the tenant's quotas on agents and budget (SPEC §8)
     new = build_swarm(body, settings, tenant, idempotency_key, tools=tools)
     new.swarm.trace_parent = tracing.swarm_created(traceparent)
@@ -78,17 +83,19 @@ async def create_swarm(body: SwarmCreate, response: Response, session: SessionDe
             lease_s=settings.lease_seconds, position=True)
         await admission.check_in(s)
 
-    if idempotency_key is None and not admission.checks_in and is_postgres(session):
+    if idempotency_key is None and not admission.checks_in and not settings.is_sqlite:
         # nothing else to write with it: the insert is one statement, a transaction of its own
         position = await create.insert_swarm_alone(
-            session, new.swarm, new.subtasks, claim_for=local.owner if local else None,
+            state.db_engine, new.swarm, new.subtasks, claim_for=local.owner if local else None,
             lease_s=settings.lease_seconds, position=True)
-    # the body's hash only matters with a key (build_swarm made it then): for a 1,000-agent
-    # body its canonical JSON costs milliseconds
-    elif seen := await insert_once(session, response, tenant, idempotency_key,
-                                   new.swarm.request_hash or "", settings.idempotency_ttl_s,
-                                   insert):
-        return _answer(seen, 202, response)
+    else:
+        async with state.sessions() as session:
+            # the body's hash only matters with a key (build_swarm made it then): for a
+            # 1,000-agent body its canonical JSON costs milliseconds
+            if seen := await insert_once(session, response, tenant, idempotency_key,
+                                         new.swarm.request_hash or "",
+                                         settings.idempotency_ttl_s, insert):
+                return _answer(seen, 202, response)
     response.headers["Location"] = f"/swarms/{new.swarm.id}"
     view = swarm_json(new.swarm, queries.rows_of(new.subtasks), queue_position=position)
     if local is not None:  # this process runs it: no wake-up, no reload

@@ -86,7 +86,7 @@ async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[S
     return found
 
 
-async def insert_swarm_alone(session: AsyncSession, swarm: Swarm, subtasks: Sequence[Subtask], *,
+async def insert_swarm_alone(engine: AsyncEngine, swarm: Swarm, subtasks: Sequence[Subtask], *,
                              claim_for: str | None = None, lease_s: float = 0.0,
                              position: bool = False) -> int | None:
     """`insert_swarm` on PostgreSQL as a transaction of its own: its one statement in
@@ -94,8 +94,6 @@ async def insert_swarm_alone(session: AsyncSession, swarm: Swarm, subtasks: Sequ
     SQLAlchemy's execution around it). For a creation nothing else is written with (no
     Idempotency-Key, no quota to check in its transaction): one round trip where the
     transaction took four, a third of one client's `POST` (bench/RESULTS.md, session 11)."""
-    engine = session.bind  # the session's engine: the session itself stays unused
-    assert isinstance(engine, AsyncEngine)
     sql, args = _creation(swarm, subtasks, claim_for, lease_s, position)
     async with engine.connect() as conn:
         driver = (await conn.get_raw_connection()).driver_connection
