@@ -113,7 +113,8 @@ async def test_a_refused_statement_stores_nothing(sessions: SessionFactory,
         assert await insert_alone(sessions, new_swarm(pg_url), position=True) == 1  # pool fine
 
 
-async def begins(h: Harness, **kw: Any) -> tuple[int, dict[str, Any]]:
+async def begins(h: Harness, json_body: dict[str, Any] = AGENTS, **kw: Any
+                 ) -> tuple[int, dict[str, Any]]:
     """Transactions the app's pool began for one `POST /swarms` (the ASGI transport runs it in
     this task), and its answer."""
     count, request = 0, asyncio.current_task()
@@ -126,7 +127,7 @@ async def begins(h: Harness, **kw: Any) -> tuple[int, dict[str, Any]]:
     engine = h.app.state.db_engine.sync_engine
     event.listen(engine, "begin", began)
     try:
-        r = await h.post(AGENTS, **kw)
+        r = await h.post(json_body, **kw)
     finally:
         event.remove(engine, "begin", began)
     assert r.status_code == 202, r.text
@@ -170,3 +171,30 @@ async def _until(cond: Any, timeout: float = 5.0) -> None:
     while not cond():
         assert asyncio.get_running_loop().time() < deadline, "not heard"
         await asyncio.sleep(0.02)
+
+
+ODD = {"task": "t \u00e9\U0001F600 \"quoted\" \\ back", "metadata": {
+    # (a float past ~1e17 comes back from jsonb as an integer of its 17 digits: as before)
+    "big": 123456789012345678901234567890, "tiny": 5e-324, "float": -1.25e-7,
+    "nested": {"list": [1, "two", None, True, {"x": []}]}, "empty": {}, "q'uote": "'",
+    "line \u2028 separator": "a\u2028b"},
+    "agents": [{"name": "a.b-c_1", "prompt": "\U0001F600 [[sim latency_ms=0]]"},
+               {"name": "z", "depends_on": ["a.b-c_1"], "temperature": 0.7}]}
+
+
+async def test_odd_values_are_stored_as_sent(pg_url: str, tmp_path: Path) -> None:
+    """What the one statement's JSON documents carry (big integers, extreme floats, quotes,
+    astral characters) is stored and read back as the API was given it."""
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(NO_QUOTAS)
+    h, close = await start_harness(make_settings(pg_url, tenants_file=str(tenants)),
+                                   run_engine=False)
+    try:
+        n, created = await begins(h, json_body=ODD)
+        assert n == 0
+        seen = (await h.client.get(f"/swarms/{created['id']}")).json()
+        assert seen == created
+        assert seen["metadata"] == ODD["metadata"] and seen["task"] == ODD["task"]
+        assert [s["name"] for s in seen["subtasks"]][:2] == ["a.b-c_1", "z"]
+    finally:
+        await close()
