@@ -1,6 +1,7 @@
 """The group commit as one PostgreSQL statement: each table's rows sent as one JSON document,
 read by `json_to_recordset` into set-based UPDATEs and INSERTs, chained as CTEs behind the
 fencing UPDATE of the swarms' rows, run in autocommit (one statement is one transaction).
+A swarm's creation is built here too (`creation`): its row and its subtasks the same way.
 
 Row by row, a group commit of ~100 writes was ~8 round trips (BEGIN, the lock, one pipelined
 executemany per table, COMMIT) and ~400 single-row statements on the server: p50 25 ms, mean
