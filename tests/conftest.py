@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 
 from app.config import Settings
 from app.db.migrate import upgrade_head
-from app.db.session import asyncpg_dsn
+from app.db.session import SessionFactory, asyncpg_dsn, make_db_engine, make_session_factory
 from app.gateway.client import GatewayClient
 from app.main import create_app
 from app.simulator import SimulatorConfig, create_simulator
@@ -90,6 +90,14 @@ def pg_url(request: pytest.FixtureRequest) -> str:
     url: str = request.getfixturevalue("pg_template")
     asyncio.run(_truncate(url))
     return url
+
+
+@pytest.fixture
+async def pg_sessions(pg_url: str) -> AsyncIterator[SessionFactory]:
+    """Sessions on `pg_url`'s database, for tests that drive app/db directly."""
+    engine = make_db_engine(pg_url)
+    yield make_session_factory(engine)
+    await engine.dispose()
 
 
 @pytest.fixture

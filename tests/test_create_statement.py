@@ -21,8 +21,6 @@ from app.db.session import (
     SessionFactory,
     asyncpg_dsn,
     db_now,
-    make_db_engine,
-    make_session_factory,
 )
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
@@ -36,10 +34,8 @@ NO_QUOTAS = "[defaults]\nmax_agents = 100\n"  # no bucket, no active or daily li
 
 
 @pytest.fixture
-async def sessions(pg_url: str) -> AsyncIterator[SessionFactory]:
-    engine = make_db_engine(pg_url)
-    yield make_session_factory(engine)
-    await engine.dispose()
+def sessions(pg_sessions: SessionFactory) -> SessionFactory:
+    return pg_sessions
 
 
 def new_swarm(url: str, tenant: str = "t1", body: dict[str, Any] = AGENTS,

@@ -26,16 +26,19 @@ async def follow_events(sessions: SessionFactory, notifier: SwarmNotifier, swarm
 
     Driven by the events table: read what is new, hand it out, sleep until a commit of this
     swarm wakes us (armed before the read, so none is missed). The swarm's status is read only
-    when nothing is new and no wake-up came: a resume at or past `swarm.completed` (the
-    terminal status commits with it), or a lost notification."""
+    on the first read and after a wait that no wake-up ended: a resume at or past
+    `swarm.completed` (the terminal status commits with it), or a lost notification. It is
+    read *before* the events: on PostgreSQL each statement sees what was committed before it
+    began, so events read after a terminal status include `swarm.completed`; read the other
+    way round, the completion could commit between the two and end the stream without it."""
     seq, check_status = after, True
     armed = notifier.arm(swarm_id)
     try:
         while True:
             async with sessions() as s, s.begin():
-                rows = await queries.events_after(s, swarm_id, seq)
                 status = (await queries.get_status(s, swarm_id, tenant)
-                          if not rows and check_status else None)
+                          if check_status else None)
+                rows = await queries.events_after(s, swarm_id, seq)
             for ev in rows:
                 seq = ev.seq
                 yield ev
