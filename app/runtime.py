@@ -151,7 +151,8 @@ class Runtime:
                                            settings.lease_seconds, self.daily)
                 stack.push_async_callback(self.tenants.close)
             if self._listen:
-                listener = PgListener(settings.database_url, {CHANGED: self.notifier.notified})
+                listener = PgListener(settings.database_url, {CHANGED: self.notifier.notified},
+                                      on_connect=self.notifier.notify_all)
                 listener.start()
                 stack.push_async_callback(listener.stop)
         except BaseException:

@@ -148,7 +148,11 @@ async def test_sigterm_drains_releases_and_hands_over_at_once(db_url: str,
         async def b_owns() -> bool:
             return owner_pid(await db.lease_owner(swarm_id)) == b.pid
 
-        await until(b_owns, 3, "worker B to claim the released swarm", every=0.02)
+        try:
+            await until(b_owns, 3, "worker B to claim the released swarm", every=0.02)
+        except AssertionError as exc:  # what B was doing is the only clue
+            raise AssertionError(f"{exc}\n--- worker B:\n{b.log()}\n--- worker A:\n"
+                                 f"{a.log()}") from None
         assert time.monotonic() - t_exit < lease / 2  # long before the lease would run out
         await wait_terminal(api, swarm_id, timeout=20)
         row = await db.swarm(swarm_id)

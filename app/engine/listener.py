@@ -22,9 +22,14 @@ class PgListener:
     after a reconnect. Handlers run in the event loop and must not block."""
 
     def __init__(self, database_url: str, handlers: Mapping[str, Callable[[str], None]],
-                 check_every_s: float = 5.0) -> None:
+                 check_every_s: float = 5.0,
+                 on_connect: Callable[[], None] | None = None) -> None:
         self._dsn = asyncpg_dsn(database_url)
         self._handlers = dict(handlers)
+        # called once LISTENing, after every (re)connect: what was notified while nobody
+        # listened (before the first LISTEN, or in a reconnect's gap) is lost, so re-read now
+        # rather than at the next poll
+        self._on_connect = on_connect
         self._check_every_s = check_every_s
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
@@ -57,6 +62,8 @@ class PgListener:
                     await conn.add_listener(channel, self._dispatch)
                 self.connected.set()
                 delay = 0.5
+                if self._on_connect is not None:
+                    self._on_connect()
                 # a silent connection can be dead: ask it something now and then
                 while True:
                     await asyncio.sleep(self._check_every_s)

@@ -76,7 +76,8 @@ class Scheduler:
         self.writer.start()
         if not self.settings.is_sqlite:
             self._listener = PgListener(self.settings.database_url,
-                                        {QUEUED: self._on_queued, CANCEL: self._on_cancel})
+                                        {QUEUED: self._on_queued, CANCEL: self._on_cancel},
+                                        on_connect=self.wake)
             self._listener.start()
         self._side = [asyncio.create_task(self._claim_loop(), name="engine-claims"),
                       asyncio.create_task(self._heartbeat_loop(), name="engine-heartbeat")]

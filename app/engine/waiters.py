@@ -68,6 +68,11 @@ class SwarmNotifier:
             ev.unsaid |= said is None
             ev.set()
 
+    def notify_all(self) -> None:
+        """Changes may have gone unheard (a LISTEN reconnect): every waiting reader re-reads."""
+        for swarm_id in list(self._waiters):
+            self.notify(swarm_id)
+
     def ended(self, swarm_id: str, swarm: Swarm, subtasks: Sequence[Subtask]) -> None:
         """The runner that ended the swarm, once its end is committed, offers its rows (its
         in-memory state, which the commit wrote): a reader waiting for the end answers from
