@@ -126,5 +126,9 @@ async def test_unstorable_rows_fail_only_their_own_subtask_and_keep_their_spend(
             assert Decimal(s["usage"]["cost_usd"]) > 0  # billed, though its result is lost
     total = sum(Decimal(d["usage"]["cost_usd"]) for d in (clean, poisoned))
     assert total == answered_usd(h)
+    # a refused success's event number goes to the failure: the events stay consecutive
+    stream = (await h.client.get(f"/swarms/{poisoned_id}/events", headers=auth("beta"))).text
+    ids = [int(line[4:]) for line in stream.splitlines() if line.startswith("id: ")]
+    assert ids == list(range(1, len(ids) + 1)) and len(ids) > 4, ids
     report = (await h.client.get("/usage", headers=auth("beta"))).json()["total"]
     assert Decimal(report["cost_usd"]) == Decimal(poisoned["usage"]["cost_usd"])

@@ -32,6 +32,7 @@ from app.engine.handle import (
     failure,
 )
 from app.engine.layout import PLANNER
+from app.engine.steps import refused_result, unstorable
 from app.engine.synthesis import WorkerResult, concatenate, vote
 from app.engine.writer import WriteRejected, retrieve_exception
 from app.pricing import metric_model_label
@@ -80,6 +81,8 @@ class SwarmRunner:
         self.finished = False
         self._stop_status: SwarmStatus | None = None
         self._stop_error: dict[str, Any] | None = None
+        # the synthesizer's result, written with the swarm's end (`write_with_end`)
+        self._with_end: tuple[list[Subtask], list[LedgerRow], list[EventRow]] = ([], [], [])
 
     def add_subtasks(self, subs: Sequence[Subtask]) -> None:
         for s in map(live_subtask, subs):
@@ -139,6 +142,25 @@ class SwarmRunner:
         """Queue a write nobody waits for (a later awaited write of this swarm commits after it)."""
         self._write(subs, ledger, events, (), tools=tools).add_done_callback(retrieve_exception)
 
+    def write_with_end(self, subs: Sequence[Subtask], ledger: Sequence[LedgerRow],
+                       events: Sequence[EventRow]) -> None:
+        """Hold a write for the swarm's end commit: the synthesizer's result, after which
+        nothing else of the swarm is written (its events' numbers come before the end's) and
+        the end follows at once. A drain writes it alone."""
+        held = self._with_end
+        held[0].extend(subs)
+        held[1].extend(ledger)
+        held[2].extend(events)
+
+    async def _write_held(self) -> None:
+        subs, ledger, events = self._with_end
+        self._with_end = ([], [], [])
+        if subs or ledger or events:
+            try:
+                await self.commit(subs, ledger, events)
+            except WriteRejected:  # its money is stored; the next owner runs it again
+                log.warning("swarm %s: a result held for the end was refused", self.swarm.id)
+
     def _set_status(self, new: SwarmStatus) -> EventRow:
         return self.event(move_swarm(self.swarm, new, utcnow()))
 
@@ -150,6 +172,7 @@ class SwarmRunner:
             with tracing.swarm_span(self.swarm.id, self.swarm.trace_parent):
                 await self._run()
         except Drained:
+            await self._write_held()
             log.info("swarm %s: drained for shutdown", self.swarm.id)
         finally:
             metrics.runs_in_progress.dec()
@@ -281,14 +304,23 @@ class SwarmRunner:
     async def _finish(self, status: SwarmStatus, err: dict[str, Any] | None) -> None:
         now = utcnow()
         end = end_swarm(self.swarm, self.subs.values(), status, err, now)
+        held, ledger, first = self._with_end  # the synthesizer's result: one commit with it
+        self._with_end = ([], [], [])
+        changed, events = [*held, *end.changed], [*first, *end.events]
         try:
-            await self.commit(end.changed, events=end.events, webhook=end.webhook)
+            await self.commit(changed, ledger, events, webhook=end.webhook)
         except WriteRejected as exc:  # the result, say: end failed without it, not in a loop
             self.swarm.status, self.swarm.result = SwarmStatus.failed, None  # never committed
-            self.swarm.error = err = failure("internal", f"the final state was refused: {exc}")
+            if held:  # the synthesizer's output, as when it was refused alone: it fails
+                err = unstorable(exc)
+                for sub, row in zip(held, first, strict=True):
+                    refused_result(sub, row, err)
+            else:
+                err = failure("internal", f"the final state was refused: {exc}")
+            self.swarm.error = err
             completed = end.events[-1]
             completed["data"] = {**completed["data"], "status": "failed", "error": err}
-            await self.commit(end.changed, events=end.events, webhook=end.webhook)
+            await self.commit(changed, ledger, events, webhook=end.webhook)
             status = SwarmStatus.failed
         self.finished = True
         if self.ctx.notifier is not None:  # committed: what a waiting reader may answer with
@@ -419,3 +451,4 @@ class SwarmRunner:
                 events.append(self.event(skipped))
         if changed:
             self.commit_soon(changed, events=events)
+

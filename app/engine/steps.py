@@ -13,11 +13,11 @@ from app.db.types import utcnow
 from app.engine.budget import BudgetExceeded
 from app.engine.calls import CallMeter, idempotency_key
 from app.engine.context import estimate_prompt_tokens, estimate_request_tokens
-from app.engine.handle import LedgerRow, Outcome, SwarmHandle, failure
+from app.engine.handle import EventRow, LedgerRow, Outcome, SwarmHandle, failure
 from app.engine.writer import WriteRejected
 from app.gateway.client import ChatRequest, ChatResult, GatewayRejected, GatewayUnavailable
 from app.pricing import metric_model_label
-from app.states import SubtaskStatus, SwarmStatus, move_subtask
+from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, move_subtask
 
 # what a gateway call may raise besides cancellation and a lost lease
 CALL_FAILURES = (BudgetExceeded, GatewayRejected, GatewayUnavailable, WriteRejected)
@@ -26,6 +26,17 @@ CALL_FAILURES = (BudgetExceeded, GatewayRejected, GatewayUnavailable, WriteRejec
 def unstorable(exc: WriteRejected) -> dict[str, Any]:
     return failure("output_unstorable", "the database refused to store this subtask's result; "
                    "its spend is recorded", refused_by=str(exc))
+
+
+def refused_result(sub: Subtask, row: EventRow, err: dict[str, Any]) -> None:
+    """A success whose write the database refused never happened: the subtask fails instead,
+    and its `subtask.failed` takes the refused event's number (the swarm's events stay
+    consecutive)."""
+    sub.status, sub.output, sub.finished_at = SubtaskStatus.running, None, None
+    failed = move_subtask(sub, SubtaskStatus.failed, utcnow(), kind=sub.kind, error=err)
+    assert failed is not None
+    sub.error = err
+    row["type"], row["data"] = failed.type, failed.data
 
 
 class Slots:
@@ -177,14 +188,22 @@ class SubtaskSteps:
                              sanitized=sub.sanitized)
         assert event is not None
         sub.output = output
+        row = self.handle.event(event)
+        if sub.kind is SubtaskKind.synthesizer and not new:
+            # the swarm's last subtask: its result is written with the swarm's end, one commit
+            # where there were two (the runner's `_finish`, which fails it if it is refused)
+            self.handle.write_with_end([sub], rows, [row])
+            return Outcome.succeeded
         try:
-            await self.handle.commit([sub], rows, [self.handle.event(event)], new=new or [])
+            await self.handle.commit([sub], rows, [row], new=new or [])
         except WriteRejected as exc:
             # nothing of that write is stored but its ledger rows: the move never happened,
             # and this subtask fails alone
-            sub.status, sub.output, sub.finished_at = SubtaskStatus.running, None, None
             self.handle.forget_subtasks(new or [])
-            return await self.fail(sub, t0, unstorable(exc))
+            self._latency(sub, t0, SubtaskStatus.failed)
+            refused_result(sub, row, unstorable(exc))
+            await self.handle.commit([sub], events=[row])
+            return Outcome.failed
         return Outcome.succeeded
 
     async def fail(self, sub: Subtask, t0: float, err: dict[str, Any],
