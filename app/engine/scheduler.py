@@ -154,13 +154,19 @@ class Scheduler:
     # ---- side tasks -----------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
+        # after a failed claim the next comes soon (0.25 s, doubling): the wake-up that asked
+        # for it is spent, and a poll interval can be a minute where LISTEN does the waking
+        retry_s = 0.0
         while not self._claims_stopped.is_set():
+            poll = self.settings.poll_interval_s * (0.5 + random.random())
             try:
                 await self._claim_some()
+                retry_s = 0.0
             except Exception as exc:
                 _log_failure("claiming", exc)
+                retry_s = min(max(retry_s * 2, 0.25), poll)
+                poll = retry_s
             with suppress(TimeoutError):
-                poll = self.settings.poll_interval_s * (0.5 + random.random())
                 await asyncio.wait_for(self._wake.wait(), poll)
             self._wake.clear()
 
