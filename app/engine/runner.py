@@ -304,23 +304,23 @@ class SwarmRunner:
     async def _finish(self, status: SwarmStatus, err: dict[str, Any] | None) -> None:
         now = utcnow()
         end = end_swarm(self.swarm, self.subs.values(), status, err, now)
-        held, ledger, first = self._with_end  # the synthesizer's result: one commit with it
+        held, held_ledger, held_events = self._with_end  # the synthesizer's result
         self._with_end = ([], [], [])
-        changed, events = [*held, *end.changed], [*first, *end.events]
+        changed, events = [*held, *end.changed], [*held_events, *end.events]
         try:
-            await self.commit(changed, ledger, events, webhook=end.webhook)
+            await self.commit(changed, held_ledger, events, webhook=end.webhook)
         except WriteRejected as exc:  # the result, say: end failed without it, not in a loop
             self.swarm.status, self.swarm.result = SwarmStatus.failed, None  # never committed
             if held:  # the synthesizer's output, as when it was refused alone: it fails
                 err = unstorable(exc)
-                for sub, row in zip(held, first, strict=True):
+                for sub, row in zip(held, held_events, strict=True):
                     refused_result(sub, row, err)
             else:
                 err = failure("internal", f"the final state was refused: {exc}")
             self.swarm.error = err
             completed = end.events[-1]
             completed["data"] = {**completed["data"], "status": "failed", "error": err}
-            await self.commit(changed, ledger, events, webhook=end.webhook)
+            await self.commit(changed, held_ledger, events, webhook=end.webhook)
             status = SwarmStatus.failed
         self.finished = True
         if self.ctx.notifier is not None:  # committed: what a waiting reader may answer with
@@ -451,4 +451,3 @@ class SwarmRunner:
                 events.append(self.event(skipped))
         if changed:
             self.commit_soon(changed, events=events)
-

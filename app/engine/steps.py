@@ -189,7 +189,7 @@ class SubtaskSteps:
         assert event is not None
         sub.output = output
         row = self.handle.event(event)
-        if sub.kind is SubtaskKind.synthesizer and not new:
+        if sub.kind is SubtaskKind.synthesizer:
             # the swarm's last subtask: its result is written with the swarm's end, one commit
             # where there were two (the runner's `_finish`, which fails it if it is refused)
             self.handle.write_with_end([sub], rows, [row])
