@@ -19,6 +19,7 @@ from app.engine.waiters import SwarmNotifier
 from app.schemas import SwarmCreate
 from app.states import SwarmStatus
 from tests.conftest import make_settings
+from tests.helpers import until
 
 
 async def test_a_completion_committed_between_the_reads_is_handed_out(
@@ -56,3 +57,55 @@ async def test_a_completion_committed_between_the_reads_is_handed_out(
     got = await asyncio.wait_for(read_all(), 10)
     assert completed
     assert got == [(2, "swarm.completed")]
+
+
+async def _swarm_with_events(url: str, sessions: SessionFactory, seqs: list[int],
+                             status: SwarmStatus) -> str:
+    new = build_swarm(SwarmCreate.model_validate({"task": "t", "agents": [{"name": "a"}]}),
+                      make_settings(url), "t1")
+    await create.insert_swarm_alone(sessions.kw["bind"], new.swarm, new.subtasks)
+    await _add_events(sessions, new.swarm.id, seqs, status)
+    return new.swarm.id
+
+
+async def _add_events(sessions: SessionFactory, swarm_id: str, seqs: list[int],
+                      status: SwarmStatus) -> None:
+    async with sessions() as s, s.begin():
+        for seq in seqs:
+            kind = "swarm.completed" if status.terminal and seq == max(seqs) else "swarm.status"
+            s.add(Event(swarm_id=swarm_id, seq=seq, type=kind, data={"status": status.value}))
+        await s.execute(update(Swarm).where(Swarm.id == swarm_id).values(status=status))
+
+
+async def test_a_missing_number_is_waited_for_and_handed_out_in_order(
+        pg_url: str, pg_sessions: SessionFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused result's failure commits under its number after later events: a reader that
+    sees 3 without 2 waits for 2 and hands out 1, 2, 3."""
+    monkeypatch.setattr(follow, "HOLE_S", 30.0)  # only 2's commit lets the reader on
+    notifier = SwarmNotifier()
+    swarm_id = await _swarm_with_events(pg_url, pg_sessions, [1, 3], SwarmStatus.running)
+    got: list[int] = []
+
+    async def read() -> None:
+        async for ev in follow.follow_events(pg_sessions, notifier, swarm_id, "t1"):
+            got.append(ev.seq)
+
+    reader = asyncio.create_task(read())
+    await until(lambda: got, 5, "the first event")  # read with 3: the hole is seen
+    await _add_events(pg_sessions, swarm_id, [2], SwarmStatus.running)
+    notifier.notify(swarm_id)
+    await _add_events(pg_sessions, swarm_id, [4], SwarmStatus.succeeded)
+    notifier.notify(swarm_id)
+    await asyncio.wait_for(reader, 10)
+    assert got == [1, 2, 3, 4]
+
+
+async def test_a_number_never_committed_is_skipped_after_a_while(
+        pg_url: str, pg_sessions: SessionFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(follow, "HOLE_S", 0.2)
+    swarm_id = await _swarm_with_events(pg_url, pg_sessions, [1, 3], SwarmStatus.succeeded)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    got = [ev.seq async for ev in
+           follow.follow_events(pg_sessions, SwarmNotifier(), swarm_id, "t1")]
+    assert got == [1, 3] and loop.time() - t0 >= 0.2

@@ -17,6 +17,11 @@ POLL_S = 0.5
 # readers are woken by commits (this process's engine, or NOTIFY from others); without a
 # wake-up they re-read this often, in case a notification was lost (a LISTEN reconnect)
 FALLBACK_S = 2.0
+# a number missing while later ones are committed: a result the database refused fails its
+# subtask under its event's number (`steps.refused_result`), committed after the events
+# numbered past it. Readers hand events out in order once it is, or skip it after this long
+# (a gap an earlier version left)
+HOLE_S = 1.0
 
 
 async def follow_events(sessions: SessionFactory, notifier: SwarmNotifier, swarm_id: str,
@@ -30,8 +35,11 @@ async def follow_events(sessions: SessionFactory, notifier: SwarmNotifier, swarm
     `swarm.completed` (the terminal status commits with it), or a lost notification. It is
     read *before* the events: on PostgreSQL each statement sees what was committed before it
     began, so events read after a terminal status include `swarm.completed`; read the other
-    way round, the completion could commit between the two and end the stream without it."""
+    way round, the completion could commit between the two and end the stream without it.
+    Events are handed out in order: past a missing number only after it came (or HOLE_S)."""
     seq, check_status = after, True
+    hole_until: float | None = None  # when a missing number is given up on
+    loop = asyncio.get_running_loop()
     armed = notifier.arm(swarm_id)
     try:
         while True:
@@ -39,11 +47,25 @@ async def follow_events(sessions: SessionFactory, notifier: SwarmNotifier, swarm
                 status = (await queries.get_status(s, swarm_id, tenant)
                           if check_status else None)
                 rows = await queries.events_after(s, swarm_id, seq)
-            for ev in rows:
+            n = 0  # how many follow on without a missing number
+            while n < len(rows) and rows[n].seq == seq + 1 + n:
+                n += 1
+            if n == len(rows):
+                hole_until = None
+            elif hole_until is None:
+                hole_until = loop.time() + HOLE_S
+            elif loop.time() >= hole_until:  # never filled
+                n, hole_until = len(rows), None
+            for ev in rows[:n]:
                 seq = ev.seq
                 yield ev
                 if ev.type == "swarm.completed":
                     return
+            if hole_until is not None:  # wait for the missing number's commit
+                await woken(armed, max(hole_until - loop.time(), 0.0))
+                notifier.disarm(swarm_id, armed)
+                armed = notifier.arm(swarm_id)
+                continue
             if rows:
                 await asyncio.sleep(0)
                 continue
