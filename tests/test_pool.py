@@ -120,3 +120,28 @@ async def test_a_lone_client_gets_the_connection_it_returned_and_no_ping(
         assert pings == 1  # the first checkout's, after the pause
     finally:
         await engine.dispose()
+
+
+async def test_a_burst_reuses_the_connections_of_the_last_one(db_url: str) -> None:
+    """The service's pool keeps every connection it opened: a second burst as wide as the
+    pool opens none (an overflow connection was closed on its return and opened again at the
+    next burst — a connect and a PostgreSQL backend every few requests under load)."""
+    engine = make_db_engine(db_url)
+    width = 20  # the service's pool, as many as 200 clients creating swarms keep busy
+    try:
+        async def burst() -> set[int]:
+            all_in = asyncio.Barrier(width)
+
+            async def one() -> int:
+                async with engine.connect() as conn:
+                    pid = int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+                    await all_in.wait()  # every connection out at once
+                    return pid
+
+            return set(await asyncio.gather(*(one() for _ in range(width))))
+
+        first = await burst()
+        assert len(first) == width
+        assert await burst() == first
+    finally:
+        await engine.dispose()

@@ -54,7 +54,7 @@ def _sqlite_begin_immediate(conn: Any) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def make_db_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+def make_db_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
     """An async engine with the pragmas / pool settings each backend needs."""
     # hide_parameters: a failed statement's error (logged, maybe returned) must not carry its
     # parameters — prompts, outputs and task texts
@@ -71,9 +71,13 @@ def make_db_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         return engine
     # LIFO: the connection returned last goes out first, so a connection idle long enough to be
     # pinged (_ping_if_idle) is only taken when the ones in use do not suffice; FIFO handed
-    # a lone client the pool's stalest one, pinged on every request
+    # a lone client the pool's stalest one, pinged on every request.
+    # No overflow: an overflow connection is closed when it comes back to a full pool and
+    # opened again at the next burst — under 200 clients creating swarms, a connect (and a
+    # PostgreSQL backend started) every few requests, ~6 % of serve's CPU (bench/RESULTS.md,
+    # session 12). The connections a burst needs stay open instead.
     engine = create_async_engine(
-        url, poolclass=FairQueuePool, pool_size=pool_size, max_overflow=pool_size,
+        url, poolclass=FairQueuePool, pool_size=pool_size, max_overflow=0,
         pool_recycle=1800, pool_use_lifo=True, hide_parameters=True,
         json_deserializer=pydantic_core.from_json,
     )
