@@ -152,9 +152,12 @@ class SwarmRunner:
         held[1].extend(ledger)
         held[2].extend(events)
 
+    def _take_held(self) -> tuple[list[Subtask], list[LedgerRow], list[EventRow]]:
+        held, self._with_end = self._with_end, ([], [], [])
+        return held
+
     async def _write_held(self) -> None:
-        subs, ledger, events = self._with_end
-        self._with_end = ([], [], [])
+        subs, ledger, events = self._take_held()
         if subs or ledger or events:
             try:
                 await self.commit(subs, ledger, events)
@@ -304,8 +307,7 @@ class SwarmRunner:
     async def _finish(self, status: SwarmStatus, err: dict[str, Any] | None) -> None:
         now = utcnow()
         end = end_swarm(self.swarm, self.subs.values(), status, err, now)
-        held, held_ledger, held_events = self._with_end  # the synthesizer's result
-        self._with_end = ([], [], [])
+        held, held_ledger, held_events = self._take_held()  # the synthesizer's result
         changed, events = [*held, *end.changed], [*held_events, *end.events]
         try:
             await self.commit(changed, held_ledger, events, webhook=end.webhook)
