@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import assert_rejected, error_of, fields_named, stored_swarms, swarm_count
+from tests.validation_cases import REJECTED, A, body_with
 
-A = [{"name": "a"}]
 BODY_OK: dict[str, Any] = {"task": "t", "agents": A}
 MAX_AGENTS = 3
 MAX_BODY = 2048
@@ -29,105 +29,6 @@ async def small(sqlite_url: str) -> AsyncIterator[Harness]:
         make_settings(sqlite_url, max_agents=MAX_AGENTS, max_body_bytes=MAX_BODY))
     yield h
     await close()
-
-
-def _body(**kw: Any) -> dict[str, Any]:
-    return {"task": "t", "agents": A, **kw}
-
-
-def _agent(**kw: Any) -> dict[str, Any]:
-    return {"task": "t", "agents": [{"name": "a", **kw}]}
-
-
-# (id, body, status, code, field)
-REJECTED: list[tuple[str, Any, int, str, str]] = [
-    # unknown fields anywhere
-    ("unknown-top", _body(bogus=1), 422, "validation_error", "bogus"),
-    ("unknown-agent", _agent(bogus=1), 422, "validation_error", "agents.0.bogus"),
-    ("unknown-limits", _body(limits={"bogus": 1}), 422, "validation_error", "limits.bogus"),
-    ("unknown-synthesis", _body(synthesis={"bogus": 1}), 422, "validation_error",
-     "synthesis.bogus"),
-    ("unknown-orchestrator", _body(orchestrator={"bogus": 1}), 422, "validation_error",
-     "orchestrator.bogus"),
-    # dependencies and names
-    ("unknown-dep", {"task": "t", "agents": [{"name": "a"}, {"name": "b", "depends_on": ["zz"]}]},
-     422, "unknown_dependency", "agents.1.depends_on"),
-    ("duplicate-name", {"task": "t", "agents": [{"name": "a"}, {"name": "b"}, {"name": "a"}]},
-     422, "duplicate_agent_name", "agents.2.name"),
-    ("name-empty", _agent(name=""), 422, "validation_error", "agents.0.name"),
-    ("name-65", _agent(name="a" * 65), 422, "validation_error", "agents.0.name"),
-    ("name-space", _agent(name="a b"), 422, "validation_error", "agents.0.name"),
-    ("name-unicode", _agent(name="agënt"), 422, "validation_error", "agents.0.name"),
-    ("name-cjk", _agent(name="代理"), 422, "validation_error", "agents.0.name"),
-    ("name-slash", _agent(name="a/b"), 422, "validation_error", "agents.0.name"),
-    ("name-newline", _agent(name="a\n"), 422, "validation_error", "agents.0.name"),
-    ("name-number", _agent(name=5), 422, "validation_error", "agents.0.name"),
-    ("dep-bad-name", _agent(depends_on=["a b"]), 422, "validation_error",
-     "agents.0.depends_on.0"),
-    ("agent-no-name", {"task": "t", "agents": [{"system_prompt": "x"}]}, 422,
-     "validation_error", "agents.0.name"),
-    ("too-many-agents", {"task": "t", "agents": [{"name": f"a{i}"} for i in range(4)]},
-     422, "too_many_agents", "agents"),
-    ("agents-empty", _body(agents=[]), 422, "validation_error", "agents"),
-    # limits
-    ("budget-zero", _body(limits={"budget_usd": 0}), 422, "validation_error",
-     "limits.budget_usd"),
-    ("budget-negative", _body(limits={"budget_usd": -1}), 422, "validation_error",
-     "limits.budget_usd"),
-    ("budget-string", _body(limits={"budget_usd": "lots"}), 422, "validation_error",
-     "limits.budget_usd"),
-    ("tolerance-negative", _body(limits={"failure_tolerance": -0.01}), 422, "validation_error",
-     "limits.failure_tolerance"),
-    ("tolerance-over-1", _body(limits={"failure_tolerance": 1.01}), 422, "validation_error",
-     "limits.failure_tolerance"),
-    # max_tokens at every level
-    ("max-tokens-top-0", _body(max_tokens=0), 422, "validation_error", "max_tokens"),
-    ("max-tokens-top-big", _body(max_tokens=128_001), 422, "validation_error", "max_tokens"),
-    ("max-tokens-agent-0", _agent(max_tokens=0), 422, "validation_error",
-     "agents.0.max_tokens"),
-    ("max-tokens-agent-big", _agent(max_tokens=128_001), 422, "validation_error",
-     "agents.0.max_tokens"),
-    ("max-tokens-synthesis-0", _body(synthesis={"max_tokens": 0}), 422, "validation_error",
-     "synthesis.max_tokens"),
-    ("max-tokens-synthesis-big", _body(synthesis={"max_tokens": 128_001}), 422,
-     "validation_error", "synthesis.max_tokens"),
-    ("max-tokens-huge-int", _body(max_tokens=10**30), 422, "validation_error", "max_tokens"),
-    ("max-tokens-float", _body(max_tokens=1.5), 422, "validation_error", "max_tokens"),
-    # unknown models
-    ("model-top", _body(model="gpt-9000"), 422, "unknown_model", "model"),
-    ("model-agent", {"task": "t", "agents": [{"name": "a"}, {"name": "b", "model": "gpt-9000"}]},
-     422, "unknown_model", "agents.1.model"),
-    ("model-synthesis", _body(synthesis={"model": "gpt-9000"}), 422, "unknown_model",
-     "synthesis.model"),
-    ("model-orchestrator", _body(orchestrator={"model": "gpt-9000"}), 422, "unknown_model",
-     "orchestrator.model"),
-    # the task
-    ("task-empty", _body(task=""), 422, "validation_error", "task"),
-    ("task-blank", _body(task=" \n\t "), 422, "validation_error", "task"),
-    ("task-missing", {"agents": A}, 422, "validation_error", "task"),
-    ("task-number", _body(task=5), 422, "validation_error", "task"),
-    ("task-null", _body(task=None), 422, "validation_error", "task"),
-    ("task-nul-char", _body(task="a\x00b"), 422, "validation_error", "task"),
-    # wrong JSON types
-    ("agents-object", _body(agents={"a": {}}), 422, "validation_error", "agents"),
-    ("agents-string", _body(agents="a"), 422, "validation_error", "agents"),
-    ("limits-list", _body(limits=[1]), 422, "validation_error", "limits"),
-    ("metadata-list", _body(metadata=[1]), 422, "validation_error", "metadata"),
-    ("depends-on-string", _agent(depends_on="b"), 422, "validation_error",
-     "agents.0.depends_on"),
-    ("strategy-unknown", _body(synthesis={"strategy": "magic"}), 422, "validation_error",
-     "synthesis.strategy"),
-    ("temperature-high", _body(temperature=2.5), 422, "validation_error", "temperature"),
-    ("body-list", [1, 2], 422, "validation_error", "body"),
-    ("body-null", None, 422, "validation_error", "body"),
-    ("body-string", "task", 422, "validation_error", "body"),
-    ("body-number", 3, 422, "validation_error", "body"),
-    # what the database could not store must not become a 500
-    ("metadata-deep", _body(metadata={"k": json.loads("[" * 40 + "]" * 40)}), 422,
-     "validation_error", "metadata"),
-    ("prompt-nul-char", _agent(system_prompt="x\x00"), 422, "validation_error",
-     "agents.0.system_prompt"),
-]
 
 
 @pytest.mark.parametrize(("body", "status", "code", "field"),
@@ -192,7 +93,7 @@ async def test_unknown_dependency_names_it(api: Harness) -> None:
 
 
 async def test_unknown_model_lists_priced_models(api: Harness) -> None:
-    err = error_of(await api.client.post("/swarms", json=_body(model="gpt-9000")), 422,
+    err = error_of(await api.client.post("/swarms", json=body_with(model="gpt-9000")), 422,
                    "unknown_model")
     assert "gpt-9000" in err["message"] and "kimi-k2.5" in err["message"]
 
@@ -202,12 +103,12 @@ async def test_unknown_model_lists_priced_models(api: Harness) -> None:
                  id="names-at-the-edge"),
     pytest.param({"task": "t", "agents": [{"name": f"a{i}"} for i in range(MAX_AGENTS)]},
                  id="max-agents"),
-    pytest.param(_body(limits={"budget_usd": 0.01, "failure_tolerance": 1}), id="limits-edge"),
-    pytest.param(_body(limits={"failure_tolerance": 0}), id="tolerance-0"),
+    pytest.param(body_with(limits={"budget_usd": 0.01, "failure_tolerance": 1}), id="limits-edge"),
+    pytest.param(body_with(limits={"failure_tolerance": 0}), id="tolerance-0"),
     pytest.param({"task": "t", "max_tokens": 1,
                   "agents": [{"name": "a", "max_tokens": 128_000}],
                   "synthesis": {"max_tokens": 128_000}}, id="max-tokens-edge"),
-    pytest.param(_body(model="deepseek-v3.2", synthesis={"model": "gpt-4.1"},
+    pytest.param(body_with(model="deepseek-v3.2", synthesis={"model": "gpt-4.1"},
                        orchestrator={"model": "gemini-2.5-flash"}), id="priced-models"),
 ])
 async def test_valid_edges_are_accepted(small: Harness, body: dict[str, Any]) -> None:

@@ -39,7 +39,11 @@ async def get_tenant(
 ) -> str:
     """The caller's tenant from `Authorization: Bearer <key>`; everyone is one tenant when
     SWARM_API_KEYS is empty."""
-    settings: Settings = request.app.state.settings
+    return tenant_of(request.app.state.settings, authorization)
+
+
+def tenant_of(settings: Settings, authorization: str | None) -> str:
+    """`get_tenant` without FastAPI: the tenant an Authorization header names (401 if none)."""
     if not settings.auth_enabled:
         return DEFAULT_TENANT
     scheme, _, token = (authorization or "").partition(" ")

@@ -9,15 +9,18 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncSession
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 
 from app import tracing
-from app.api.admission import AdmissionInInsertDep, StreamGateDep, WaitSlotDep
-from app.api.deps import EngineDep, NotifierDep, SessionDep, TenantDep
+from app.api.admission import AdmissionInInsertDep, StreamGateDep, WaitSlotDep, admit_in_insert
+from app.api.deps import EngineDep, NotifierDep, SessionDep, TenantDep, tenant_of
 from app.api.errors import error_responses
 from app.api.follow import FALLBACK_S, follow_events
+from app.api.hand_parsed import hand_parsed, header, json_body
 from app.api.shared import IdempotencyKey, TraceParent, insert_once
 from app.api.shared import check_id as _check_id
 from app.api.shared import read_swarm as _read
@@ -51,11 +54,6 @@ SWARM_LINKS = _links(("GetSwarm", "get", ""), ("CancelSwarm", "post", "~1cancel"
                      ("StreamSwarmEvents", "get", "~1events"))
 
 
-@router.post(
-    "", status_code=202, response_model=SwarmRead,
-    responses={202: {"links": SWARM_LINKS}, **error_responses(400, 401, 413, 422, 429)},
-    summary="Start a swarm",
-)
 async def create_swarm(body: SwarmCreate, request: Request, response: Response,
                        tenant: TenantDep, admission: AdmissionInInsertDep,
                        idempotency_key: IdempotencyKey = None,
@@ -104,6 +102,32 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
     elif engine is not None:
         engine.wake()
     return _answer(view, 202, response)
+
+
+_BODY = TypeAdapter(SwarmCreate)
+_KEY = TypeAdapter(IdempotencyKey)
+
+
+async def _create_arguments(request: Request) -> dict[str, Any]:
+    """`create_swarm`'s arguments as FastAPI would solve them from its signature, in the same
+    order (the tenant, 401 first; then the headers' and the body's errors, in one 422)."""
+    settings: Settings = request.app.state.settings
+    tenant = tenant_of(settings, request.headers.get("authorization"))
+    errors: list[dict[str, Any]] = []
+    key = header(request, "Idempotency-Key", _KEY, errors)
+    body = await json_body(request, _BODY, errors)
+    if errors or body is None:
+        raise RequestValidationError(errors)
+    return {"body": body, "request": request, "response": Response(), "tenant": tenant,
+            "admission": await admit_in_insert(tenant, settings), "idempotency_key": key,
+            "traceparent": request.headers.get("traceparent")}
+
+
+router.add_api_route(
+    "", create_swarm, methods=["POST"], status_code=202, response_model=SwarmRead,
+    responses={202: {"links": SWARM_LINKS}, **error_responses(400, 401, 413, 422, 429)},
+    summary="Start a swarm", route_class_override=hand_parsed(_create_arguments),
+)
 
 
 @router.get("", response_model=SwarmList, responses=error_responses(400, 401, 422),

@@ -17,6 +17,8 @@ class DagError(ValueError):
 
 def find_cycle(deps: Mapping[str, Sequence[str]]) -> list[str] | None:
     """A cycle as a closed path [a, b, ..., a], or None when the graph is acyclic."""
+    if not any(deps.values()):  # no edges (most swarms): graphlib's setup was ~2 % of a POST
+        return None
     try:
         graphlib.TopologicalSorter(deps).prepare()
     except graphlib.CycleError as exc:
