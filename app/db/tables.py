@@ -204,6 +204,12 @@ def live_subtask(row: Subtask) -> LiveSubtask:
     return _filled(LiveSubtask, column_values(row, _SUBTASK_KEYS))
 
 
+def new_live_swarm(**columns: Any) -> LiveSwarm:
+    """A new live swarm from every column (an instrumented `Swarm(...)` cost ~50 µs, ~4 % of
+    a 1-agent `POST /swarms`)."""
+    return _filled(LiveSwarm, columns)
+
+
 def new_live_subtask(**columns: Any) -> LiveSubtask:
     """A new live subtask from every column but its id (assigned when it is inserted)."""
     return _filled(LiveSubtask, columns)

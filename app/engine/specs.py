@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from app.config import Settings
-from app.db.tables import Subtask, Swarm
+from app.db.tables import Subtask, Swarm, new_live_swarm
 from app.db.types import utcnow
 from app.engine.dag import DagError, validate_dag
 from app.engine.layout import PLANNER, new_subtask, synthesizer_for
@@ -143,14 +143,16 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
 def new_swarm_row(swarm_id: str, tenant: str, task: str, spec: dict[str, Any],
                   meta: dict[str, Any], budget_usd: Decimal | None, idempotency_key: str | None,
                   digest: str | None, retry_of: str | None = None) -> Swarm:
-    """A queued swarm with zeroed totals (not yet inserted)."""
-    return Swarm(
+    """A queued swarm with zeroed totals (not yet inserted), every column filled."""
+    return new_live_swarm(
         id=swarm_id, tenant=tenant, status=SwarmStatus.queued, task=task, spec=spec,
         meta=meta, idempotency_key=idempotency_key, request_hash=digest,
         budget_usd=budget_usd, created_at=utcnow(), prompt_tokens=0,
         spent_usd=Decimal(0), reserved_usd=Decimal(0), unresolved_usd=Decimal(0),
         completion_tokens=0, gateway_calls=0, lease_epoch=0, rescues=0,
-        cancel_requested=False, event_seq=0, retry_of=retry_of,
+        cancel_requested=False, event_seq=0, retry_of=retry_of, result=None, error=None,
+        started_at=None, finished_at=None, lease_owner=None, lease_expires_at=None,
+        trace_parent=None,
     )
 
 
