@@ -5,12 +5,15 @@ of `swarm-api` back to back (an A/B in one run on a noisy machine), optionally p
     .venv/bin/python -m bench.bench_create [--clients 200] [--each 10] [--single 200]
         [--cli base=/path/to/old/.venv/bin/swarm-api] [--cli new=.venv/bin/swarm-api]
         [--modes engine,api] [--rounds 1] [--workers 1,2] [--profile DIR]
+        [--client httpx,aiohttp]
 
 Every (build, mode) gets its own throwaway PostgreSQL database and `serve` process, started and
 stopped in turn (never two at once), with `BENCH_TENANTS` as SWARM_TENANTS_FILE (SPEC §8's
 rate, active-swarm and daily limits lifted: a 429 would measure the token bucket, not the API;
 `--checked`: every key set but none reached, so each request pays for the quota checks).
-Errors are counted by kind: an HTTP status other than 202, or the httpx exception.
+Errors are counted by kind: an HTTP status other than 202, or the client's exception. The
+load generator runs on the same two cores as `serve` and PostgreSQL: `--client aiohttp` takes
+less of them than httpx (each client in its own `serve`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import statistics
@@ -30,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 from tests.support import free_port, process, throwaway_db, wait_http
@@ -71,9 +76,11 @@ def tenants_file(work: Path, text: str = BENCH_TENANTS) -> Path:
 
 
 async def post_load(api: str, clients: int, each: int,
-                    body: dict[str, Any] | None = None) -> dict[str, Any]:
+                    body: dict[str, Any] | None = None, client: str = "httpx") -> dict[str, Any]:
     """`clients` concurrent callers (one connection each), each POSTing `each` swarms in a
-    row: creations/s, p50/p99 latency, and the errors by kind."""
+    row: creations/s, p50/p99 latency, and the errors by kind. `client="aiohttp"`: the
+    callers on aiohttp, a load generator that takes less of this machine's two cores from
+    the `serve` it measures (httpx ~1.5 ms of CPU per request here, bench/RESULTS.md)."""
     lat: list[float] = []
     errors: Counter[str] = Counter()
     body = body or BODY
@@ -93,8 +100,24 @@ async def post_load(api: str, clients: int, each: int,
                     errors[type(exc).__name__] += 1
                 lat.append(time.perf_counter() - t0)
 
+    async def aiohttp_caller() -> None:
+        connector = aiohttp.TCPConnector(limit=1)  # one connection, as each httpx caller
+        async with aiohttp.ClientSession(api, connector=connector,
+                                         timeout=aiohttp.ClientTimeout(total=60)) as c:
+            for _ in range(each):
+                t0 = time.perf_counter()
+                try:
+                    async with c.post("/swarms", json=body) as r:
+                        await r.read()
+                        if r.status != 202:
+                            errors[f"HTTP {r.status}"] += 1
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    errors[type(exc).__name__] += 1
+                lat.append(time.perf_counter() - t0)
+
+    one = {"httpx": caller, "aiohttp": aiohttp_caller}[client]
     t0, cpu0 = time.perf_counter(), time.process_time()
-    await asyncio.gather(*(caller() for _ in range(clients)))
+    await asyncio.gather(*(one() for _ in range(clients)))
     wall = time.perf_counter() - t0
     lat.sort()
     return {"per_s": clients * each / wall, "p50": lat[len(lat) // 2],
@@ -196,24 +219,25 @@ def postgres_cpu_s() -> float:
 
 
 async def measure(url: str, clients: int, each: int, single: int, pid: int,
-                  profile: Path | None, engine: bool) -> dict[str, dict[str, Any]]:
-    await post_load(url, 10, 5)  # warm-up: connections, caches, first rows
+                  profile: Path | None, engine: bool, client: str = "httpx"
+                  ) -> dict[str, dict[str, Any]]:
+    await post_load(url, 10, 5, client=client)  # warm-up: connections, caches, first rows
     with profiled(pid, profile and profile.with_suffix(".load.raw")):
         c0, db0 = cpu_s(pid), postgres_cpu_s()
-        load = await post_load(url, clients, each)
+        load = await post_load(url, clients, each, client=client)
         load["cpu_ms"] = (cpu_s(pid) - c0) * 1000 / (clients * each)
         load["db_cpu_ms"] = (postgres_cpu_s() - db0) * 1000 / (clients * each)
     if engine:
         load["drained_s"] = await drained(url)
     with profiled(pid, profile and profile.with_suffix(".single.raw")):
         c0 = cpu_s(pid)
-        one = await post_load(url, 1, single)
+        one = await post_load(url, 1, single, client=client)
         one["cpu_ms"] = (cpu_s(pid) - c0) * 1000 / single
     return {"load": load, "single": one}
 
 
 def run(label: str, cli: str, mode: str, args: argparse.Namespace,
-        work: Path) -> dict[str, dict[str, Any]]:
+        work: Path, client: str = "httpx") -> dict[str, dict[str, Any]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     extra = ["--no-engine"] if mode == "api" else []
@@ -228,9 +252,9 @@ def run(label: str, cli: str, mode: str, args: argparse.Namespace,
                "SWARM_MAX_RUNNING_SWARMS": "64"}
         with process(["serve", "--port", str(port), *extra], env, f"{url}/readyz",
                      work / f"{label}-{mode}.log", cli=cli, ready_s=60) as proc:
-            prof = Path(args.profile) / f"{label}-{mode}" if args.profile else None
+            prof = Path(args.profile) / f"{label}-{mode}-{client}" if args.profile else None
             return asyncio.run(measure(url, args.clients, args.each, args.single, proc.pid,
-                                       prof, engine=mode != "api"))
+                                       prof, engine=mode != "api", client=client))
 
 
 def main() -> None:
@@ -247,6 +271,8 @@ def main() -> None:
     ap.add_argument("--checked", action="store_true",
                     help="every SPEC §8 quota set (none reached): admission's cost included")
     ap.add_argument("--profile", default="", help="directory for py-spy raw profiles")
+    ap.add_argument("--client", default="httpx",
+                    help="the load generator's HTTP client, or a comma list: httpx, aiohttp")
     args = ap.parse_args()
     builds = {k: str(Path(v).absolute()) for k, v in (c.split("=", 1) for c in args.cli)} \
         or {"this": CLI}
@@ -265,11 +291,13 @@ def main() -> None:
             wait_http(f"{args.sim}/models")
             for r in range(args.rounds):
                 order = list(builds.items()) if r % 2 == 0 else list(reversed(builds.items()))
-                for mode in args.modes.split(","):
+                for mode, client in itertools.product(args.modes.split(","),
+                                                      args.client.split(",")):
                     for label, cli in order:
-                        res = run(label, cli, mode, args, work)
-                        got.setdefault((label, mode), []).append(res)
-                        print(f"{label:>6} {mode:>6}: load {res['load']['per_s']:.0f}/s p50 "
+                        res = run(label, cli, mode, args, work, client)
+                        shown = mode if client == "httpx" else f"{mode}/{client}"
+                        got.setdefault((label, shown), []).append(res)
+                        print(f"{label:>6} {shown:>6}: load {res['load']['per_s']:.0f}/s p50 "
                               f"{res['load']['p50'] * 1000:.0f} ms p99 "
                               f"{res['load']['p99'] * 1000:.0f} ms {errors_cell(res['load'])}"
                               f" cpu {res['load']['cpu_ms']:.1f} ms/req"
