@@ -11,7 +11,7 @@ import pytest
 from app.api import swarms
 from tests.conftest import Harness
 
-SLOW = "[[sim latency_ms=150]]"  # the swarm is still running when the reader starts waiting
+SLOW = "[[sim latency_ms=250]]"  # the swarm is still running when the reader starts waiting
 POISON = "[[sim poison=1]]"  # answers with a NUL and a lone surrogate: stored sanitized
 
 SHAPES: dict[str, dict[str, Any]] = {

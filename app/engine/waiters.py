@@ -121,7 +121,8 @@ class SwarmNotifier:
                     return Ended(ended, armed.rows)
                 if not fired or unsaid:
                     status = await read_status()
-            return Ended(status)
+            # a runner that ended it here during a read offered its rows: the read saw its end
+            return Ended(status, armed.rows if status is not None and status.terminal else None)
         finally:
             self.disarm(swarm_id, armed)
 

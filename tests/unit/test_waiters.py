@@ -86,3 +86,20 @@ async def test_the_rows_of_the_runner_that_ended_it_reach_its_waiters_only() -> 
     await task
     assert got.status == SwarmStatus.succeeded and got.rows == rows
     assert not n._waiters  # disarmed: the rows went with the reader
+
+
+async def test_rows_offered_while_the_first_status_is_read_are_answered() -> None:
+    """The swarm ends while the waiter's first read is on its way (armed before it): the read
+    says terminal, and the rows its runner offered meanwhile are the answer, not a read back.
+    (Under a loaded test suite the end landed in that window and the waiter read it back.)"""
+    n = SwarmNotifier()
+    rows: Any = (object(), [object()])
+
+    async def read() -> SwarmStatus:
+        n.notify("s", "succeeded")  # the end commits during the read...
+        n.ended("s", *rows)
+        return SwarmStatus.succeeded  # ...which sees it
+
+    got = await n.until_ended("s", time.monotonic() + 5, read, fallback_s=5)
+    assert got.status == SwarmStatus.succeeded and got.rows == rows
+    assert not n._waiters
