@@ -43,7 +43,7 @@ def serve(settings: Settings, host: str, port: int, engine: bool, workers: int =
 
     from app.main import create_app
 
-    app = create_app(settings, run_engine=engine)
+    app = create_app(settings, run_engine=engine, freeze_gc=True)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False,
                 timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
     return 1 if app.state.died else 0
@@ -87,7 +87,7 @@ def _serve_workers(settings: Settings, host: str, port: int, engine: bool,
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="swarm-metrics-")
     log.info("serving with %d worker processes (metrics in %s)", workers,
              os.environ["PROMETHEUS_MULTIPROC_DIR"])
-    uvicorn.run("app.main:create_app", factory=True, workers=workers, host=host, port=port,
+    uvicorn.run("app.main:serve_app", factory=True, workers=workers, host=host, port=port,
                 log_config=LOGGING, access_log=False,
                 timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
     return 0
@@ -109,7 +109,8 @@ async def _worker(settings: Settings) -> int:
         loop.add_signal_handler(sig, stop.set)
     died: str | None = None
     try:
-        async with Runtime(settings, run_engine=True, listen_changes=False) as runtime:
+        async with Runtime(settings, run_engine=True, listen_changes=False,
+                           freeze_gc=True) as runtime:
             assert runtime.engine is not None
             log.info("worker %s running", runtime.engine.owner)
             failed = asyncio.create_task(runtime.wait_failed())

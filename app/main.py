@@ -60,15 +60,17 @@ def _stop_with_parent(app: FastAPI) -> None:
 
 def create_app(settings: Settings | None = None, *, gateway: GatewayClient | None = None,
                run_engine: bool | None = None,
-               webhook_transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
-    """The API; with `run_engine` (default: SWARM_ENGINE) the engine runs in its event loop."""
+               webhook_transport: httpx.AsyncBaseTransport | None = None,
+               freeze_gc: bool = False) -> FastAPI:
+    """The API; with `run_engine` (default: SWARM_ENGINE) the engine runs in its event loop.
+    `freeze_gc`: the app is its process's (`serve`), see `runtime.freeze_startup_objects`."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = Runtime(settings, run_engine=settings.engine if run_engine is None
                           else run_engine, listen_changes=True, gateway=gateway,
-                          webhook_transport=webhook_transport)
+                          webhook_transport=webhook_transport, freeze_gc=freeze_gc)
         async with runtime:
             app.state.settings = settings
             app.state.db_engine = runtime.db
@@ -111,3 +113,9 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
         app.add_middleware(LoopbackOnly)  # the CLI refuses the bind; other servers get this
     app.add_middleware(HttpMetrics)
     return app
+
+
+def serve_app() -> FastAPI:
+    """The app of one process of `serve --workers N` (uvicorn's factory): its settings from
+    the environment, and the process is its own."""
+    return create_app(freeze_gc=True)

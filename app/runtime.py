@@ -94,6 +94,17 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def freeze_startup_objects() -> None:
+    """Move what is alive once a process has started (modules, classes, the app, its pools:
+    ~180,000 objects) to the collector's permanent generation. They live as long as the
+    process, yet every full collection walked them: ~180 ms per pass, the event loop standing
+    still, one or two per few 1,000-agent swarms (bench/RESULTS.md, session 13). For `serve`
+    and `worker` processes only: freezing is process-wide, and a test process that starts
+    hundreds of apps would keep each one's garbage forever."""
+    gc.collect()
+    gc.freeze()
+
+
 class Runtime:
     """Database, gateway client, engine (with its daily cap and webhook dispatcher) and the
     change listener, started in order and stopped in reverse, for `serve` and `worker` alike.
@@ -103,8 +114,10 @@ class Runtime:
 
     def __init__(self, settings: Settings, *, run_engine: bool, listen_changes: bool,
                  gateway: GatewayClient | None = None,
-                 webhook_transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 webhook_transport: httpx.AsyncBaseTransport | None = None,
+                 freeze_gc: bool = False) -> None:
         self.settings = settings
+        self._freeze_gc = freeze_gc
         self._run_engine = run_engine
         self._listen = listen_changes and not settings.is_sqlite
         self._given_gateway = gateway
@@ -155,6 +168,8 @@ class Runtime:
                                       on_connect=self.notifier.notify_all)
                 listener.start()
                 stack.push_async_callback(listener.stop)
+            if self._freeze_gc:
+                freeze_startup_objects()
         except BaseException:
             await stack.aclose()
             raise
