@@ -54,7 +54,7 @@ def _located(exc: ValidationError, *prefix: str | int) -> list[dict[str, Any]]:
 
 
 async def json_body(request: Request, adapter: TypeAdapter[T],
-                       errors: list[dict[str, Any]]) -> T | None:
+                    errors: list[dict[str, Any]]) -> T | None:
     """The request's JSON body validated by `adapter`, or None with `errors` extended (a
     body that is not JSON raises: 400 as FastAPI answers it)."""
     raw = await request.body()
@@ -81,7 +81,7 @@ async def json_body(request: Request, adapter: TypeAdapter[T],
 
 
 def header(request: Request, name: str, adapter: TypeAdapter[T],
-              errors: list[dict[str, Any]]) -> T | None:
+           errors: list[dict[str, Any]]) -> T | None:
     """The header `name` validated by `adapter` (None when absent), or None with `errors`
     extended."""
     value = request.headers.get(name)

@@ -44,17 +44,10 @@ _SWARM_COLUMNS = tuple((p.key, p.columns[0].key) for p in sa_inspect(Swarm).colu
 
 
 def _swarm_values(swarm: Swarm) -> dict[str, Any]:
-    """Every column of a new swarm: its attributes, else the column's default (else NULL)."""
+    """Every column of a new swarm, by column name: a live row (`specs.new_swarm_row`) holds
+    each in its instance dict."""
     state = swarm.__dict__
-    values: dict[str, Any] = {}
-    for attr, col in _SWARM_COLUMNS:
-        if attr in state:
-            values[col] = state[attr]
-        else:
-            default: Any = _SWARMS.c[col].default
-            values[col] = (None if default is None else default.arg if default.is_scalar
-                           else default.arg(None))
-    return values
+    return {col: state[attr] for attr, col in _SWARM_COLUMNS}
 
 
 async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[Subtask], *,
