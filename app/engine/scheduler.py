@@ -49,6 +49,7 @@ class Scheduler:
         self.sessions = sessions
         self.owner = owner or process_owner()
         self.notifier = notifier or SwarmNotifier()
+        self.notifier.runs_here = self.runs_here
         self.writer = StateWriter(sessions, self.owner, retry_for_s=settings.lease_seconds,
                                   on_commit=self.notifier.notify)
         self.ctx = EngineContext(
@@ -185,6 +186,9 @@ class Scheduler:
         if len(claims) == capacity:
             self._wake.set()  # there may be more waiting
 
+    def runs_here(self, swarm_id: str) -> bool:
+        return swarm_id in self.runners
+
     def has_capacity(self) -> bool:
         return (not self._claims_stopped.is_set()
                 and len(self.runners) < self.settings.max_running_swarms)
@@ -208,6 +212,8 @@ class Scheduler:
             if len(self.runners) >= self.settings.max_running_swarms:
                 self._wake.set()
             del self.runners[swarm_id]
+            if not entry[0].finished:  # stopped without offering its rows: readers re-read
+                self.notifier.notify(swarm_id)
         if task.cancelled():
             return
         exc = task.exception()

@@ -55,6 +55,9 @@ class SwarmNotifier:
 
     def __init__(self) -> None:
         self._waiters: dict[str, set[Change]] = {}
+        # whether this process's engine runs the swarm (its Scheduler says): that runner offers
+        # its rows (`ended`) in the turn its writer says the end is committed
+        self.runs_here: Callable[[str], bool] = lambda _swarm_id: False
 
     def notify(self, swarm_id: str, status: str | None = None) -> None:
         """The swarm changed; `status` is its status after the change, when known."""
@@ -77,9 +80,13 @@ class SwarmNotifier:
         """The runner that ended the swarm, once its end is committed, offers its rows (its
         in-memory state, which the commit wrote): a reader waiting for the end answers from
         them instead of reading the swarm back (a finished 1,000-agent swarm's read was about
-        a third of its ~23 ms answer). Nothing is kept when nobody waits."""
+        a third of its ~23 ms answer). Nothing is kept when nobody waits. It wakes them too:
+        the writer's notify of the same commit may have woken a waiter a turn before."""
+        ended = SwarmStatus(swarm.status)
         for ev in self._waiters.get(swarm_id, ()):
             ev.rows = (swarm, subtasks)
+            ev.ended = ev.ended or ended
+            ev.set()
 
     def notified(self, payload: str) -> None:
         """A `swarm_changed` notification: "<swarm id> <status>" (a bare id: status unsaid)."""
@@ -117,9 +124,13 @@ class SwarmNotifier:
                    and (left := deadline - time.monotonic()) > 0):
                 fired = await woken(armed, min(left, fallback_s))
                 ended, unsaid = armed.take()
-                if ended is not None:
+                # an end heard first from another connection (LISTEN: PostgreSQL tells every
+                # listener at the commit, maybe before this process's own commit returned)
+                # of a swarm run here waits for its runner's rows, a turn or a round trip away
+                if ended is not None and (armed.rows is not None
+                                          or not self.runs_here(swarm_id)):
                     return Ended(ended, armed.rows)
-                if not fired or unsaid:
+                if ended is None and (not fired or unsaid):
                     status = await read_status()
             # a runner that ended it here during a read offered its rows: the read saw its end
             return Ended(status, armed.rows if status is not None and status.terminal else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from app.engine.waiters import SwarmNotifier
@@ -69,7 +70,7 @@ async def test_the_rows_of_the_runner_that_ended_it_reach_its_waiters_only() -> 
     offers its rows (ended) in the same turn; the waiter gets both. Nobody waiting: nothing
     is kept."""
     n = SwarmNotifier()
-    rows: Any = (object(), [object()])
+    rows: Any = (SimpleNamespace(status=SwarmStatus.succeeded), [object()])
     n.ended("other", *rows)  # nobody waits for it
     assert not n._waiters
 
@@ -93,7 +94,7 @@ async def test_rows_offered_while_the_first_status_is_read_are_answered() -> Non
     says terminal, and the rows its runner offered meanwhile are the answer, not a read back.
     (Under a loaded test suite the end landed in that window and the waiter read it back.)"""
     n = SwarmNotifier()
-    rows: Any = (object(), [object()])
+    rows: Any = (SimpleNamespace(status=SwarmStatus.succeeded), [object()])
 
     async def read() -> SwarmStatus:
         n.notify("s", "succeeded")  # the end commits during the read...
@@ -103,3 +104,57 @@ async def test_rows_offered_while_the_first_status_is_read_are_answered() -> Non
     got = await n.until_ended("s", time.monotonic() + 5, read, fallback_s=5)
     assert got.status == SwarmStatus.succeeded and got.rows == rows
     assert not n._waiters
+
+
+async def test_an_end_heard_over_listen_first_waits_for_the_local_runners_rows() -> None:
+    """PostgreSQL tells every listener of a commit, this process's own listener too, maybe
+    before the commit's own answer reaches its writer: for a swarm run here the waiter waits
+    for the runner's rows (its writer's notify and its offer come in one turn). For a swarm
+    run elsewhere the end heard is the answer."""
+    rows: Any = (SimpleNamespace(status=SwarmStatus.succeeded), [object()])
+
+    async def read() -> SwarmStatus:
+        return SwarmStatus.running
+
+    for here in (True, False):
+        n = SwarmNotifier()
+        n.runs_here = lambda swarm_id, here=here: here and swarm_id == "s"
+
+        async def commit(n: SwarmNotifier = n) -> None:
+            await asyncio.sleep(0.01)
+            n.notified("s succeeded")  # the LISTEN connection first
+            await asyncio.sleep(0.05)  # the commit's own answer, a round trip later
+            n.notify("s", "succeeded")
+            await asyncio.sleep(0.01)  # the runner resumes after the writer's turn
+            n.ended("s", *rows)
+
+        task = asyncio.create_task(commit())
+        got = await n.until_ended("s", time.monotonic() + 5, read, fallback_s=5)
+        await task
+        assert got.status == SwarmStatus.succeeded
+        assert got.rows == (rows if here else None)
+
+
+async def test_a_local_runner_that_stops_without_rows_leaves_its_waiter_to_read() -> None:
+    """The end was heard over LISTEN but the local runner stopped without offering rows (its
+    lease lost, say): the scheduler's unsaid notify sends the waiter to the database."""
+    n = SwarmNotifier()
+    running = {"s"}
+    n.runs_here = running.__contains__
+    reads: list[SwarmStatus] = []
+
+    async def read() -> SwarmStatus:
+        reads.append(SwarmStatus.succeeded if reads else SwarmStatus.running)
+        return reads[-1]
+
+    async def stops() -> None:
+        await asyncio.sleep(0.01)
+        n.notified("s succeeded")
+        await asyncio.sleep(0.02)
+        running.discard("s")
+        n.notify("s")  # Scheduler._done for a runner that did not finish
+
+    task = asyncio.create_task(stops())
+    got = await n.until_ended("s", time.monotonic() + 5, read, fallback_s=5)
+    await task
+    assert got == (SwarmStatus.succeeded, None) and len(reads) == 2
