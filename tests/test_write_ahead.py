@@ -4,16 +4,19 @@ decode (10,000 levels of nesting) are bad answers, never a crash. SQLite and Pos
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, timedelta
 from decimal import Decimal
+from typing import Any
 
 import httpx
 import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db import leases
-from app.db.tables import DailySpend, GatewayCall, Subtask, Swarm
+from app.db import leases, quotas
+from app.db.tables import DailySpend, GatewayCall, Subtask, Swarm, TenantDailySpend
 from app.db.types import utcnow
 from app.gateway.client import ChatRequest, GatewayClient
 from app.pricing import PriceTable
@@ -138,6 +141,35 @@ async def test_a_call_cut_off_by_a_cancel_is_recorded_at_its_reservation(harness
     assert row.outcome == "unknown" and row.cost_usd == row.reserved_usd > 0
     assert Decimal(data["usage"]["cost_usd"]) == Decimal(data["usage"]["unresolved_usd"]) \
         == row.cost_usd
+
+
+async def test_an_answer_is_in_the_tenants_day_before_the_swarm_answers(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A swarm ended while an answer's cost is being settled against the tenant's daily cap
+    waits for that settlement: once the swarm is answered, the tenant's daily spend equals
+    its ledger (the end used to commit the row and answer while the settlement still ran:
+    the tenant-cap property test saw it once)."""
+    real = quotas.apply_tenant_ops
+    settling = asyncio.Event()
+
+    async def slow_settles(session: AsyncSession, **kw: Any) -> Any:
+        if kw["settles"]:
+            settling.set()
+            await asyncio.sleep(0.5)
+        return await real(session, **kw)
+
+    monkeypatch.setattr(quotas, "apply_tenant_ops", slow_settles)
+    body = {"task": "t", "agents": [agent("a")], "synthesis": {"strategy": "none"}}
+    swarm_id = (await harness.post(body)).json()["id"]
+    await asyncio.wait_for(settling.wait(), 10)  # the answer is in, its cost being settled
+    assert (await harness.client.post(f"/swarms/{swarm_id}/cancel")).status_code == 202
+    data = await harness.wait(swarm_id)
+    (row,) = await rows(harness, swarm_id)
+    async with harness.app.state.sessions() as s:
+        day = (await s.execute(select(TenantDailySpend.spent_usd).where(
+            TenantDailySpend.tenant == "default"))).scalar_one()
+    assert data["status"] == "cancelled" and row.outcome == "ok"
+    assert day == row.cost_usd == Decimal(data["usage"]["cost_usd"]) > 0
 
 
 async def test_a_plan_nested_10000_deep_is_an_invalid_plan_not_a_crash(harness: Harness

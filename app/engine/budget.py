@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.aio import run_to_end
 from app.db import spend
 from app.db.retry import in_transaction
 from app.db.session import SessionFactory
@@ -163,8 +164,8 @@ class DailyCap:
         if reservation.settled or entry is None:
             return
         reservation.settled = True
-        # shielded: money already spent must reach the table even if the caller is cancelled
-        await asyncio.shield(self._settle(*entry, actual))
+        # to its end: money already spent reaches the table before a cancelled caller goes on
+        await run_to_end(self._settle(*entry, actual))
 
     async def _settle(self, reservation_id: str, day: date, actual: Decimal) -> None:
         async with self._lock:

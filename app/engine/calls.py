@@ -3,12 +3,12 @@ after it."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 
 from app import metrics, tracing
+from app.aio import run_to_end
 from app.db.tables import Subtask
 from app.db.types import utcnow
 from app.engine.budget import Reservation, SharedCap
@@ -104,6 +104,7 @@ class CallMeter:
         if self._daily is not None and self._held_daily:
             # the awaited write comes first: once the swarm's totals include this cost, no
             # other commit may run before its ledger row is queued, or totals and ledger differ
+            # (run to its end even when cancelled: see DailyCap.settle)
             try:
                 await self._daily.settle(self._held_daily.pop(), cost)
             except BaseException:
@@ -122,24 +123,26 @@ class CallMeter:
     async def release(self) -> None:
         """Free what an abandoned call still holds; an attempt cut off after it was sent may
         have been billed, so it is recorded as `unknown` at its reservation."""
-        lost = Decimal(0)
         if self._ahead:  # written ahead, never sent
             self._ahead = False
             self._cancel_ahead()
-        if self._open:
-            self._open = False
-            row = self._bill(UNKNOWN, None, Usage(self.prompt_bound, self.sub.max_tokens),
-                             self.worst, 0.0)
-            self.handle.commit_soon([self.sub], ledger=[row])
-            lost = self.worst
-        for r in self._held:
-            self.handle.budget.settle(r, Decimal(0))
-        self._held.clear()
-        if self._daily is not None and self._held_daily:
-            # attempts are sequential: at most one daily reservation is held, the open one's;
-            # settled even while being cancelled
-            held, self._held_daily = self._held_daily, []
-            await asyncio.shield(_settle_all(self._daily, held, lost))
+        cut_off, self._open = self._open, False
+        try:
+            if self._daily is not None and self._held_daily:
+                # attempts are sequential: at most one daily reservation is held, the open
+                # one's; settled to its end even while being cancelled, and before the row
+                # (as in `after`): no commit may hold the row while the daily table lacks it
+                held, self._held_daily = self._held_daily, []
+                await run_to_end(_settle_all(self._daily, held,
+                                             self.worst if cut_off else Decimal(0)))
+        finally:
+            if cut_off:
+                self.handle.commit_soon([self.sub], ledger=[self._bill(
+                    UNKNOWN, None, Usage(self.prompt_bound, self.sub.max_tokens), self.worst,
+                    0.0)])
+            for r in self._held:
+                self.handle.budget.settle(r, Decimal(0))
+            self._held.clear()
 
     def _cancel_ahead(self) -> None:
         """Settle the row written ahead for an attempt never sent: `cancelled`, no cost and

@@ -5,7 +5,6 @@ and subtask NULL), and the gateway metrics."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import uuid
@@ -16,6 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from app import metrics
+from app.aio import run_to_end
 from app.db import passthrough as ledger
 from app.db.retry import in_transaction
 from app.db.session import SessionFactory
@@ -88,7 +88,7 @@ class PassthroughMeter:
                 self.prompt_bound, self.max_tokens), Decimal(0), 0.0))  # durable, then sent
         except BaseException:
             self._held = []
-            await asyncio.shield(_settle_all(held, Decimal(0)))
+            await run_to_end(_settle_all(held, Decimal(0)))
             raise
         self._open = attempt
 
@@ -96,7 +96,7 @@ class PassthroughMeter:
         u = rec.usage
         cost = self.price.cost(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
         held, self._held, self._open = self._held, [], None
-        await asyncio.shield(_settle_all(held, cost))
+        await run_to_end(_settle_all(held, cost))
         self._last_outcome = rec.outcome
         await self._write(self._row(rec.attempt, rec.outcome, rec.status_code, u, cost,
                                     rec.latency_s))
@@ -123,7 +123,7 @@ class PassthroughMeter:
             await self._write(self._row(attempt, UNKNOWN, None, Usage(
                 self.prompt_bound, self.max_tokens), lost, 0.0))
             metrics.child(metrics.spend_total, self.label).inc(float(lost))
-        await asyncio.shield(_settle_all(held, lost))
+        await run_to_end(_settle_all(held, lost))
 
     def _row(self, attempt: int, outcome: str, status: int | None, u: Usage, cost: Decimal,
              latency_s: float) -> dict[str, Any]:
@@ -137,9 +137,9 @@ class PassthroughMeter:
         }
 
     async def _write(self, row: dict[str, Any]) -> None:
-        # shielded: money that may be spent reaches the ledger even when the request is
+        # to its end: money that may be spent reaches the ledger even when the request is
         # cancelled
-        await asyncio.shield(in_transaction(
+        await run_to_end(in_transaction(
             self.sessions, lambda s: ledger.write_call(s, row), retry_for_s=self.lease_s))
 
 

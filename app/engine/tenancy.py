@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 
+from app.aio import run_to_end
 from app.db import quotas
 from app.db.retry import in_transaction
 from app.db.session import SessionFactory
@@ -77,8 +78,8 @@ class TenantDailyCap:
             return
         reservation.settled = True
         op = _Op(self._future(), settle=quotas.Settle(entry[0], entry[1], actual))
-        # shielded: money already spent must reach the table even if the caller is cancelled
-        await asyncio.shield(self._submit(op))
+        # to its end: money already spent reaches the table before a cancelled caller goes on
+        await run_to_end(self._submit(op))
         self._settled.set()
         self._settled = asyncio.Event()
 
@@ -156,7 +157,7 @@ class BothCaps:
         try:
             b = await self.second.reserve(amount)
         except BaseException:
-            await asyncio.shield(self.first.settle(a, Decimal(0)))
+            await run_to_end(self.first.settle(a, Decimal(0)))
             raise
         both = Reservation(amount)
         self._pairs[both] = (a, b)
@@ -167,8 +168,8 @@ class BothCaps:
         if pair is None or reservation.settled:
             return
         reservation.settled = True
-        # shielded as DailyCap.settle: spend already made must reach both tables
-        await asyncio.shield(self._settle_both(pair, actual))
+        # to its end, as DailyCap.settle: spend already made reaches both tables
+        await run_to_end(self._settle_both(pair, actual))
 
     async def _settle_both(self, pair: tuple[Reservation, Reservation], actual: Decimal) -> None:
         try:
