@@ -4,6 +4,12 @@ or, with `--anatomy fanout`, where the 100-agent fan-out's does (5 runs, each bu
 
     .venv/bin/python -m bench.bench_rows --cli before=/path/cli --cli after=/path/cli [--rounds 3]
     .venv/bin/python -m bench.bench_rows --cli now=/path/cli --anatomy [fanout]
+    .venv/bin/python -m bench.bench_rows --cli now=/path/cli --quotas lifted,checked
+
+`--quotas checked` runs a build with every SPEC §8 key set and none reached (`CHECKED_TENANTS`:
+the tenant's daily cap among them, so each gateway call reserves and settles in the database,
+as with SPEC's default limits) instead of `BENCH_TENANTS` (rate, active-swarm and daily limits
+lifted, as `bench_table` runs); both in one run alternate like builds.
 
 Rows per round: one 1,000-agent swarm at 200 ms (256 in flight) and 50 concurrent 100-agent
 swarms at 200 ms, over their floors, each with `serve`'s user+system CPU seconds; throughput at
@@ -28,7 +34,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from bench.bench_create import post_load, tenants_file
+from bench.bench_create import BENCH_TENANTS, CHECKED_TENANTS, post_load, tenants_file
 from bench.bench_engine_cpu import cpu_s
 from bench.bench_table import TERMINAL, run_swarm, swarm_body
 from tests.support import free_port, process, throwaway_db
@@ -142,13 +148,15 @@ async def fanout_anatomy(api: str, db: str) -> None:
 
 
 @contextlib.contextmanager
-def serving(cli: str, work: Path) -> Iterator[tuple[str, str, int]]:
+def serving(cli: str, work: Path, tenants: str = BENCH_TENANTS
+            ) -> Iterator[tuple[str, str, int]]:
     """A simulator at 0 ms and a build's `serve` on a throwaway database: (api, db, pid)."""
     sim_port, api_port = free_port(), free_port()
     sim, api = f"http://127.0.0.1:{sim_port}/v1", f"http://127.0.0.1:{api_port}"
     with throwaway_db("swarm_rows") as db:
         env = {"SWARM_DATABASE_URL": db, "SWARM_GATEWAY_URL": sim, "SWARM_MAX_INFLIGHT": "256",
-               "SWARM_MAX_RUNNING_SWARMS": "64", "SWARM_TENANTS_FILE": str(tenants_file(work))}
+               "SWARM_MAX_RUNNING_SWARMS": "64",
+               "SWARM_TENANTS_FILE": str(tenants_file(work, tenants))}
         with process(["simulator", "--port", str(sim_port)], {"SWARM_SIM_LATENCY_MS": "0"},
                      f"{sim}/models", work / "sim.log"), \
              process(["serve", "--port", str(api_port)], env, f"{api}/readyz",
@@ -156,8 +164,12 @@ def serving(cli: str, work: Path) -> Iterator[tuple[str, str, int]]:
             yield api, db, serve.pid
 
 
-def one_round(cli: str, work: Path, out: Results | None, look: str = "wide") -> None:
-    with serving(cli, work) as (api, db, pid):
+QUOTAS = {"lifted": BENCH_TENANTS, "checked": CHECKED_TENANTS}
+
+
+def one_round(cli: str, work: Path, out: Results | None, look: str = "wide",
+              tenants: str = BENCH_TENANTS) -> None:
+    with serving(cli, work, tenants) as (api, db, pid):
         if out is not None:
             asyncio.run(rows(api, pid, out))
         elif look == "fanout":
@@ -172,17 +184,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--anatomy", nargs="?", const="wide", choices=("wide", "fanout"),
                     help="a timeline: one 1,000-agent swarm's (wide), or the fan-out row's")
+    ap.add_argument("--quotas", default="lifted",
+                    help="comma-separated: lifted (BENCH_TENANTS), checked (CHECKED_TENANTS)")
     args = ap.parse_args()
-    builds = {n: str(Path(p).absolute()) for n, p in (c.split("=", 1) for c in args.cli)}
+    quotas = args.quotas.split(",")
+    if unknown := set(quotas) - QUOTAS.keys():
+        ap.error(f"--quotas: unknown {sorted(unknown)}")
+    builds = {(f"{n}/{q}" if len(quotas) > 1 else n, q): str(Path(p).absolute())
+              for n, p in (c.split("=", 1) for c in args.cli) for q in quotas}
     if args.anatomy:
-        for name, cli in builds.items():
+        for (name, quota), cli in builds.items():
             print(f"{name}:")
-            one_round(cli, Path(tempfile.mkdtemp()), None, args.anatomy)
+            one_round(cli, Path(tempfile.mkdtemp()), None, args.anatomy, QUOTAS[quota])
         return
-    results: dict[str, Results] = {n: {} for n in builds}
+    results: dict[str, Results] = {n: {} for n, _ in builds}
     for _ in range(args.rounds):
-        for name, cli in builds.items():
-            one_round(cli, Path(tempfile.mkdtemp()), results[name])
+        for (name, quota), cli in builds.items():
+            one_round(cli, Path(tempfile.mkdtemp()), results[name], tenants=QUOTAS[quota])
     for name, res in results.items():
         print(f"{name}: " + "; ".join(f"{k} {statistics.median(v):.3f}"
                                       for k, v in res.items()))
