@@ -65,11 +65,12 @@ def workloads(draw: st.DrawFn) -> list[tuple[str, dict[str, Any]]]:
 
 
 @pytest.fixture
-async def capped(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
+async def capped(database_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
+    """Both backends: PostgreSQL batches the tenant cap in its own statements."""
     (tmp_path / "models.toml").write_text(MODELS_TOML)
     (tmp_path / "tenants.toml").write_text(TENANTS)
     h, close = await start_harness(make_settings(
-        sqlite_url, models_file=str(tmp_path / "models.toml"),
+        database_url, models_file=str(tmp_path / "models.toml"),
         tenants_file=str(tmp_path / "tenants.toml"), daily_budget_usd=GLOBAL_CAP,
         default_model="m-cheap",
         api_keys="t1:k1,t2:k2,t3:k3"))

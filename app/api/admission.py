@@ -115,9 +115,12 @@ class Admission:
 async def _check_active(session: AsyncSession, tenant: str, limits: TenantLimits,
                         own: int = 0) -> None:
     """`own`: swarms this transaction already inserted (counted, but not against it)."""
-    if limits.max_active_swarms is None:
-        return
-    active = await quotas.active_swarms(session, tenant) - own
+    if limits.max_active_swarms is not None:
+        _refuse_active(await quotas.active_swarms(session, tenant) - own, limits)
+
+
+def _refuse_active(active: int, limits: TenantLimits) -> None:
+    assert limits.max_active_swarms is not None
     if active >= limits.max_active_swarms:
         raise _refuse("max_active_swarms",
                       f"{active} swarms active; the limit is {limits.max_active_swarms}",
@@ -141,16 +144,19 @@ async def _checks(session: AsyncSession, tenant: str, limits: TenantLimits,
                           f"over {limits.requests_per_minute:g} requests per minute",
                           wait, code="rate_limited",
                           requests_per_minute=limits.requests_per_minute, burst=int(size))
-    if count_swarms:
-        await _check_active(session, tenant, limits, own)
+    count = count_swarms and limits.max_active_swarms is not None
     cap = limits.daily_budget_usd
-    if cap is not None:
-        now, day = await quotas.today(session)
-        spent = await quotas.tenant_spent(session, tenant, day)
-        if spent >= cap:
-            raise _refuse("daily_budget_usd", f"today's budget of {cap} USD is spent",
-                          quotas.seconds_to_midnight(now), max=str(cap),
-                          spent=str(spent))
+    if not (count or cap is not None):
+        return
+    # after the token: the bucket's row lock makes this read see the swarms its last holder
+    # inserted (a read in the token's statement would have the snapshot before the wait)
+    state = await quotas.tenant_now(session, tenant, count=count, spent=cap is not None)
+    if count:
+        _refuse_active(state.active - own, limits)
+    if cap is not None and state.spent >= cap:
+        raise _refuse("daily_budget_usd", f"today's budget of {cap} USD is spent",
+                      quotas.seconds_to_midnight(state.now), max=str(cap),
+                      spent=str(state.spent))
 
 
 async def _admit(session: AsyncSession, tenant: str, limits: TenantLimits,

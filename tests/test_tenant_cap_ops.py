@@ -1,0 +1,99 @@
+"""quotas.apply_tenant_ops, one batch of the tenant daily cap (SPEC §8), on both backends
+(PostgreSQL runs its own statements): settlements first and on the day they were reserved,
+then each reservation that fits, in order; expired reservations of dead owners hold nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from sqlalchemy import delete, insert, select
+
+from app.db import quotas
+from app.db.session import SessionFactory, make_db_engine, make_session_factory
+from app.db.spend import DailyCheck
+from app.db.tables import TenantDailyReservation, TenantDailySpend
+
+CAP = Decimal("1.00")
+
+
+@pytest.fixture
+async def sessions(database_url: str) -> AsyncIterator[SessionFactory]:
+    db = make_db_engine(database_url)
+    factory = make_session_factory(db)
+    async with factory() as s, s.begin():  # these tables outlive the per-test truncation
+        await s.execute(delete(TenantDailyReservation))
+        await s.execute(delete(TenantDailySpend))
+    yield factory
+    await db.dispose()
+
+
+async def ops(sessions: SessionFactory, reserves: list[str],
+              settles: tuple[quotas.Settle, ...] = (), tenant: str = "t") -> list[DailyCheck]:
+    async with sessions() as s, s.begin():
+        return await quotas.apply_tenant_ops(s, tenant, CAP, [Decimal(a) for a in reserves],
+                                             settles, "me", 30.0)
+
+
+async def spent(sessions: SessionFactory, tenant: str = "t") -> dict[object, Decimal]:
+    async with sessions() as s:
+        rows = (await s.execute(select(TenantDailySpend.day, TenantDailySpend.spent_usd)
+                                .where(TenantDailySpend.tenant == tenant))).all()
+    return {day: value for day, value in rows}
+
+
+async def held(sessions: SessionFactory) -> list[Decimal]:
+    async with sessions() as s:
+        return sorted((await s.execute(select(TenantDailyReservation.amount))).scalars())
+
+
+async def test_what_fits_is_reserved_in_order(sessions: SessionFactory) -> None:
+    got = await ops(sessions, ["0.60", "0.50", "0.30", "0.20"])
+    today = datetime.now(UTC).date()
+    assert [c.reservation_id is not None for c in got] == [True, False, True, False]
+    assert [(c.left, c.live) for c in got] == [
+        (Decimal("1.00"), 0), (Decimal("0.40"), 1), (Decimal("0.40"), 1), (Decimal("0.10"), 2)]
+    assert all(c.day == today for c in got)
+    assert await held(sessions) == [Decimal("0.30"), Decimal("0.60")]
+    assert await spent(sessions) == {today: Decimal(0)}
+    (other,) = await ops(sessions, ["0.20"], tenant="other")  # a tenant's cap is its own
+    assert other.reservation_id is not None and other.left == Decimal("1.00")
+
+
+async def test_settlements_come_first_on_the_day_they_were_reserved(
+        sessions: SessionFactory) -> None:
+    today = datetime.now(UTC).date()
+    yesterday = today - timedelta(days=1)
+    first, second = await ops(sessions, ["0.60", "0.30"])
+    assert first.reservation_id and second.reservation_id
+    async with sessions() as s, s.begin():  # an older reservation, made yesterday
+        await s.execute(insert(TenantDailySpend).values(tenant="t", day=yesterday,
+                                                        spent_usd=Decimal("0.05")))
+        await s.execute(insert(TenantDailyReservation).values(
+            id="y" * 32, tenant="t", day=yesterday, owner="me", amount=Decimal("0.40"),
+            expires_at=datetime.now(UTC) + timedelta(seconds=30)))
+    # the 0.60 settles at 0.10, yesterday's at 0.25: the freed 0.50 is there for 0.55 at once
+    got = await ops(sessions, ["0.55"], (
+        quotas.Settle(first.reservation_id, today, Decimal("0.10")),
+        quotas.Settle("y" * 32, yesterday, Decimal("0.25"))))
+    assert got[0].reservation_id is not None and got[0].left == Decimal("0.60")
+    assert await spent(sessions) == {today: Decimal("0.10"), yesterday: Decimal("0.30")}
+    assert await held(sessions) == [Decimal("0.30"), Decimal("0.55")]
+    # settling only (no reservation asked): the money moves, the rows go
+    assert await ops(sessions, [], (quotas.Settle(second.reservation_id, today,
+                                                   Decimal("0.30")),)) == []
+    assert await spent(sessions) == {today: Decimal("0.40"), yesterday: Decimal("0.30")}
+    assert await held(sessions) == [Decimal("0.55")]
+
+
+async def test_a_dead_owners_expired_reservation_holds_nothing(sessions: SessionFactory) -> None:
+    today = datetime.now(UTC).date()
+    async with sessions() as s, s.begin():
+        await s.execute(insert(TenantDailyReservation).values(
+            id="d" * 32, tenant="t", day=today, owner="dead", amount=Decimal("0.90"),
+            expires_at=datetime.now(UTC) - timedelta(seconds=1)))
+    (got,) = await ops(sessions, ["0.80"])
+    assert got.reservation_id is not None and (got.left, got.live) == (Decimal("1.00"), 0)
+    assert await held(sessions) == [Decimal("0.80")]  # the expired row is gone
