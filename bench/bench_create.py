@@ -44,6 +44,9 @@ PY_SPY = Path(sys.executable).with_name("py-spy")
 # SPEC §8 without the limits a load test would measure instead of the API: no token bucket
 # (600 requests/min would refuse most of it with 429), no active-swarm count or daily cap;
 # budgets and per-process caps as SPEC's defaults
+# a bench's throwaway database is migrated by the `serve` it measures: builds with other
+# migrations than this checkout's compare too
+SERVE_MIGRATES = {"SWARM_AUTO_MIGRATE": "1"}
 BENCH_TENANTS = """[defaults]
 max_agents = 1000
 max_inflight_calls = 256
@@ -245,9 +248,9 @@ def run(label: str, cli: str, mode: str, args: argparse.Namespace,
     label = label.replace("/", "-")  # a file name below
     if workers:
         extra += ["--workers", workers]
-    with throwaway_db("swarm_bench") as db:
+    with throwaway_db("swarm_bench", migrate=False) as db:
         tenants = tenants_file(work, CHECKED_TENANTS if args.checked else BENCH_TENANTS)
-        env = {"SWARM_DATABASE_URL": db, "SWARM_GATEWAY_URL": args.sim,
+        env = {"SWARM_DATABASE_URL": db, **SERVE_MIGRATES, "SWARM_GATEWAY_URL": args.sim,
                "SWARM_TENANTS_FILE": str(tenants), "SWARM_MAX_INFLIGHT": "256",
                "SWARM_MAX_RUNNING_SWARMS": "64"}
         with process(["serve", "--port", str(port), *extra], env, f"{url}/readyz",

@@ -34,7 +34,13 @@ from typing import Any
 import asyncpg
 import httpx
 
-from bench.bench_create import BENCH_TENANTS, CHECKED_TENANTS, post_load, tenants_file
+from bench.bench_create import (
+    BENCH_TENANTS,
+    CHECKED_TENANTS,
+    SERVE_MIGRATES,
+    post_load,
+    tenants_file,
+)
 from bench.bench_engine_cpu import cpu_s
 from bench.bench_table import TERMINAL, run_swarm, swarm_body
 from tests.support import free_port, process, throwaway_db
@@ -153,8 +159,9 @@ def serving(cli: str, work: Path, tenants: str = BENCH_TENANTS
     """A simulator at 0 ms and a build's `serve` on a throwaway database: (api, db, pid)."""
     sim_port, api_port = free_port(), free_port()
     sim, api = f"http://127.0.0.1:{sim_port}/v1", f"http://127.0.0.1:{api_port}"
-    with throwaway_db("swarm_rows") as db:
-        env = {"SWARM_DATABASE_URL": db, "SWARM_GATEWAY_URL": sim, "SWARM_MAX_INFLIGHT": "256",
+    with throwaway_db("swarm_rows", migrate=False) as db:
+        env = {"SWARM_DATABASE_URL": db, **SERVE_MIGRATES, "SWARM_GATEWAY_URL": sim,
+               "SWARM_MAX_INFLIGHT": "256",
                "SWARM_MAX_RUNNING_SWARMS": "64",
                "SWARM_TENANTS_FILE": str(tenants_file(work, tenants))}
         with process(["simulator", "--port", str(sim_port)], {"SWARM_SIM_LATENCY_MS": "0"},

@@ -56,9 +56,12 @@ async def drop_db(name: str, timeout: float = 30.0, server: str = PG_URL) -> Non
 
 
 @contextlib.contextmanager
-def throwaway_db(prefix: str = "swarm_tmp", server: str = PG_URL) -> Iterator[str]:
-    """A new, migrated PostgreSQL database (on `server`), dropped afterwards (connections and
-    all). It runs its own event loop: use it from synchronous code or a sync fixture."""
+def throwaway_db(prefix: str = "swarm_tmp", server: str = PG_URL,
+                 migrate: bool = True) -> Iterator[str]:
+    """A new PostgreSQL database (on `server`), migrated by this checkout unless `migrate` is
+    false (the benchmarks leave it to the build they start, which may have other
+    migrations), dropped afterwards (connections and all). It runs its own event loop: use it
+    from synchronous code or a sync fixture."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     try:
         asyncio.run(pg_admin(f'CREATE DATABASE "{name}"', server))
@@ -66,7 +69,8 @@ def throwaway_db(prefix: str = "swarm_tmp", server: str = PG_URL) -> Iterator[st
         raise RuntimeError(f"PostgreSQL is not reachable at {server} ({exc!r})") from exc
     url = with_db(server, name)
     try:
-        upgrade_head(url)
+        if migrate:
+            upgrade_head(url)
         yield url
     finally:
         asyncio.run(drop_db(name, server=server))
