@@ -4,6 +4,7 @@ then each reservation that fits, in order; expired reservations of dead owners h
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -15,6 +16,7 @@ from app.db import quotas
 from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.db.spend import DailyCheck
 from app.db.tables import TenantDailyReservation, TenantDailySpend
+from app.engine.tenancy import TenantDailyCap
 
 CAP = Decimal("1.00")
 
@@ -97,3 +99,27 @@ async def test_a_dead_owners_expired_reservation_holds_nothing(sessions: Session
     (got,) = await ops(sessions, ["0.80"])
     assert got.reservation_id is not None and (got.left, got.live) == (Decimal("1.00"), 0)
     assert await held(sessions) == [Decimal("0.80")]  # the expired row is gone
+
+
+async def test_closing_the_cap_fails_what_waits_on_it(sessions: SessionFactory,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A settlement waits for its batch to end (even when its caller is cancelled): closing
+    the cap mid-batch must fail the batch's and the queue's operations, not leave them
+    waiting forever."""
+    started = asyncio.Event()
+
+    async def stuck(session: object, **kw: object) -> list[DailyCheck]:
+        started.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(quotas, "apply_tenant_ops", stuck)
+    cap = TenantDailyCap(sessions, "t", CAP, "me")
+    in_batch = asyncio.create_task(cap.reserve(Decimal("0.1")))
+    await asyncio.wait_for(started.wait(), 5)
+    queued = asyncio.create_task(cap.reserve(Decimal("0.2")))
+    await asyncio.sleep(0)
+    await cap.close()
+    for task in (in_batch, queued):
+        with pytest.raises(RuntimeError, match="tenant cap closed"):
+            await asyncio.wait_for(task, 5)

@@ -130,12 +130,10 @@ def _now_statement(pg: bool, count: bool, spent: bool) -> Executable:
 async def tenant_now(session: AsyncSession, tenant: str, *, count: bool,
                      spent: bool) -> TenantNow:
     """The clock, the tenant's active swarms (`count`) and today's settled spend (`spent`):
-    one statement where they were three round trips."""
+    one statement where they were three round trips. At least one of the two is asked."""
+    assert count or spent
     pg = is_postgres(session)
     now = None if pg else utcnow()
-    if not (pg or count or spent):
-        assert now is not None
-        return TenantNow(now, 0, Decimal(0))
     params: dict[str, Any] = {"tenant": tenant}
     if now is not None:
         params["day"] = now.astimezone(UTC).date()
@@ -189,9 +187,10 @@ async def apply_tenant_ops(session: AsyncSession, tenant: str, cap: Decimal,
     """Settle, then reserve what fits (in order) against the tenant's cap for today, in the
     caller's transaction; one DailyCheck per amount of `reserves`.
 
-    The tenant's day row is the lock every process serialises on (PostgreSQL: upsert + FOR
-    UPDATE; SQLite: the first write locks the file), so no two processes see the same money
-    as free; one transaction serves a whole batch of calls (a group commit for the cap)."""
+    The tenant's day row is the lock every process serialises on (PostgreSQL: an upsert that
+    updates it; SQLite: the first write locks the file), so no two processes see the same
+    money as free; one transaction serves a whole batch of calls (a group commit for the
+    cap)."""
     if is_postgres(session):
         return await _apply_tenant_ops_pg(session, tenant, cap, reserves, settles, owner,
                                           lease_s)

@@ -89,6 +89,8 @@ class TenantDailyCap:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        queued, self._queue = self._queue, []
+        _fail(queued, RuntimeError("tenant cap closed"))
 
     def _future(self) -> asyncio.Future[DailyCheck | None]:
         return asyncio.get_running_loop().create_future()
@@ -116,10 +118,13 @@ class TenantDailyCap:
                     quotas.apply_tenant_ops, tenant=self.tenant, cap=self.limit,
                     reserves=[op.amount for op in reserves], settles=settles,
                     owner=self.owner, lease_s=self.lease_s), retry_for_s=self.lease_s)
-            except Exception as exc:  # each caller sees the failure (as with DailyCap)
-                for op in batch:
-                    if not op.future.done():
-                        op.future.set_exception(exc)
+            except BaseException as exc:  # each caller sees the failure (as with DailyCap)
+                # stopped (close) mid-batch too: a settlement waits for its op to end
+                # (run_to_end), so none may be left waiting on a batcher that is gone
+                _fail(batch, exc if isinstance(exc, Exception)
+                      else RuntimeError("tenant cap closed"))
+                if not isinstance(exc, Exception):
+                    raise
                 continue
             for op, check in zip(reserves, checks, strict=True):
                 if not op.future.done():
@@ -141,6 +146,12 @@ class TenantDailyCap:
             except Exception:
                 log.exception("tenant cap %s: refreshing %d reservations failed", self.tenant,
                               len(ids))
+
+
+def _fail(ops: list[_Op], exc: Exception) -> None:
+    for op in ops:
+        if not op.future.done():
+            op.future.set_exception(exc)
 
 
 class BothCaps:
