@@ -44,9 +44,6 @@ PY_SPY = Path(sys.executable).with_name("py-spy")
 # SPEC §8 without the limits a load test would measure instead of the API: no token bucket
 # (600 requests/min would refuse most of it with 429), no active-swarm count or daily cap;
 # budgets and per-process caps as SPEC's defaults
-# a bench's throwaway database is migrated by the `serve` it measures: builds with other
-# migrations than this checkout's compare too
-SERVE_MIGRATES = {"SWARM_AUTO_MIGRATE": "1"}
 BENCH_TENANTS = """[defaults]
 max_agents = 1000
 max_inflight_calls = 256
@@ -70,6 +67,15 @@ BODY: dict[str, Any] = {"task": "benchmark", "agents": [
     {"name": "agent_0", "system_prompt": "You are agent 0. [[sim latency_ms=0]]"}],
     "synthesis": {"strategy": "none"}, "max_tokens": 200,
     "limits": {"concurrency": 1, "deadline_s": 600}}
+
+
+@contextlib.contextmanager
+def serve_db(prefix: str) -> Iterator[dict[str, str]]:
+    """A throwaway PostgreSQL database for a `serve` under test, as that process's environment:
+    left empty for the build to migrate itself (SWARM_AUTO_MIGRATE), so builds with other
+    migrations than this checkout's compare too."""
+    with throwaway_db(prefix, migrate=False) as url:
+        yield {"SWARM_DATABASE_URL": url, "SWARM_AUTO_MIGRATE": "1"}
 
 
 def tenants_file(work: Path, text: str = BENCH_TENANTS) -> Path:
@@ -248,9 +254,9 @@ def run(label: str, cli: str, mode: str, args: argparse.Namespace,
     label = label.replace("/", "-")  # a file name below
     if workers:
         extra += ["--workers", workers]
-    with throwaway_db("swarm_bench", migrate=False) as db:
+    with serve_db("swarm_bench") as db:
         tenants = tenants_file(work, CHECKED_TENANTS if args.checked else BENCH_TENANTS)
-        env = {"SWARM_DATABASE_URL": db, **SERVE_MIGRATES, "SWARM_GATEWAY_URL": args.sim,
+        env = {**db, "SWARM_GATEWAY_URL": args.sim,
                "SWARM_TENANTS_FILE": str(tenants), "SWARM_MAX_INFLIGHT": "256",
                "SWARM_MAX_RUNNING_SWARMS": "64"}
         with process(["serve", "--port", str(port), *extra], env, f"{url}/readyz",

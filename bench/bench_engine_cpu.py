@@ -22,9 +22,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.bench_create import SERVE_MIGRATES, postgres_cpu_s
+from bench.bench_create import postgres_cpu_s, serve_db
 from bench.bench_table import run_swarm, swarm_body
-from tests.support import free_port, process, throwaway_db
+from tests.support import free_port, process
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -40,9 +40,8 @@ def one_round(cli: str, agents: int, in_flight: int, latency_ms: float, work: Pa
     tenants.write_text("[defaults]\n")  # a file naming no limit: none of SPEC §8's applies
     sim_port, api_port = free_port(), free_port()
     sim, api = f"http://127.0.0.1:{sim_port}/v1", f"http://127.0.0.1:{api_port}"
-    with throwaway_db("swarm_cpu", migrate=False) as db:
-        env = {"SWARM_DATABASE_URL": db, **SERVE_MIGRATES, "SWARM_GATEWAY_URL": sim,
-               "SWARM_MAX_INFLIGHT": "256",
+    with serve_db("swarm_cpu") as db:
+        env = {**db, "SWARM_GATEWAY_URL": sim, "SWARM_MAX_INFLIGHT": "256",
                "SWARM_TENANTS_FILE": str(tenants)}
         with process(["simulator", "--port", str(sim_port)], {"SWARM_SIM_LATENCY_MS": "0"},
                      f"{sim}/models", work / "sim.log"), \

@@ -37,13 +37,13 @@ import httpx
 from bench.bench_create import (
     BENCH_TENANTS,
     CHECKED_TENANTS,
-    SERVE_MIGRATES,
     post_load,
+    serve_db,
     tenants_file,
 )
 from bench.bench_engine_cpu import cpu_s
 from bench.bench_table import TERMINAL, run_swarm, swarm_body
-from tests.support import free_port, process, throwaway_db
+from tests.support import free_port, process
 
 Results = dict[str, list[float]]
 
@@ -159,16 +159,15 @@ def serving(cli: str, work: Path, tenants: str = BENCH_TENANTS
     """A simulator at 0 ms and a build's `serve` on a throwaway database: (api, db, pid)."""
     sim_port, api_port = free_port(), free_port()
     sim, api = f"http://127.0.0.1:{sim_port}/v1", f"http://127.0.0.1:{api_port}"
-    with throwaway_db("swarm_rows", migrate=False) as db:
-        env = {"SWARM_DATABASE_URL": db, **SERVE_MIGRATES, "SWARM_GATEWAY_URL": sim,
-               "SWARM_MAX_INFLIGHT": "256",
+    with serve_db("swarm_rows") as db:
+        env = {**db, "SWARM_GATEWAY_URL": sim, "SWARM_MAX_INFLIGHT": "256",
                "SWARM_MAX_RUNNING_SWARMS": "64",
                "SWARM_TENANTS_FILE": str(tenants_file(work, tenants))}
         with process(["simulator", "--port", str(sim_port)], {"SWARM_SIM_LATENCY_MS": "0"},
                      f"{sim}/models", work / "sim.log"), \
              process(["serve", "--port", str(api_port)], env, f"{api}/readyz",
                      work / "api.log", cli=cli) as serve:
-            yield api, db, serve.pid
+            yield api, db["SWARM_DATABASE_URL"], serve.pid
 
 
 QUOTAS = {"lifted": BENCH_TENANTS, "checked": CHECKED_TENANTS}

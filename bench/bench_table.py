@@ -34,8 +34,8 @@ from typing import Any
 import aiohttp
 import httpx
 
-from bench.bench_create import SERVE_MIGRATES, drained, errors_cell, post_load, tenants_file
-from tests.support import CLI, free_port, process, throwaway_db
+from bench.bench_create import drained, errors_cell, post_load, serve_db, tenants_file
+from tests.support import CLI, free_port, process
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -286,9 +286,8 @@ def table(cli: str, runs: int, quick: bool, work: Path) -> list[str]:
     sim, api = f"http://127.0.0.1:{sim_port}/v1", f"http://127.0.0.1:{api_port}"
     api2, api3 = f"http://127.0.0.1:{api2_port}", f"http://127.0.0.1:{api3_port}"
     tenants = tenants_file(work)
-    with throwaway_db("swarm_bench", migrate=False) as db:
-        env = {"SWARM_DATABASE_URL": db, **SERVE_MIGRATES, "SWARM_GATEWAY_URL": sim,
-               "SWARM_MAX_INFLIGHT": "256",
+    with serve_db("swarm_bench") as db:
+        env = {**db, "SWARM_GATEWAY_URL": sim, "SWARM_MAX_INFLIGHT": "256",
                "SWARM_MAX_RUNNING_SWARMS": "64", "SWARM_TENANTS_FILE": str(tenants)}
         with process(["simulator", "--port", str(sim_port)], {"SWARM_SIM_LATENCY_MS": "0"},
                      f"{sim}/models", work / "sim.log"):
@@ -296,9 +295,9 @@ def table(cli: str, runs: int, quick: bool, work: Path) -> list[str]:
                          work / "api.log", cli=cli) as serve:
                 rows = asyncio.run(measure(api, sim, serve.pid, runs, quick))
             # the many-swarm row again from two engine processes sharing 256 calls in flight
-            with throwaway_db("swarm_bench", migrate=False) as db3, \
+            with serve_db("swarm_bench") as db3, \
                  process(["serve", "--workers", "2", "--port", str(api3_port)],
-                         {**env, "SWARM_DATABASE_URL": db3, "SWARM_MAX_INFLIGHT": "128"},
+                         {**env, **db3, "SWARM_MAX_INFLIGHT": "128"},
                          f"{api3}/readyz", work / "api3.log", cli=cli):
                 rows.append(asyncio.run(workers_row(api3, quick, runs)))
         # the creation rows again from API-only processes, each client kind on a database of
@@ -306,9 +305,9 @@ def table(cli: str, runs: int, quick: bool, work: Path) -> list[str]:
         # queue positions would count them
         got: dict[str, Creation] = {}
         for client in ("httpx", "aiohttp"):
-            with throwaway_db("swarm_bench", migrate=False) as db2, \
+            with serve_db("swarm_bench") as db2, \
                  process(["serve", "--no-engine", "--port", str(api2_port)],
-                         {**env, "SWARM_DATABASE_URL": db2}, f"{api2}/readyz",
+                         {**env, **db2}, f"{api2}/readyz",
                          work / f"api2-{client}.log", cli=cli):
                 got[client] = asyncio.run(creation(api2, quick, engine=False, client=client))
         rows.extend(creation_rows(got, quick, "API only (`serve --no-engine`)"))
