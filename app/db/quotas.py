@@ -23,6 +23,7 @@ from sqlalchemy import (
     Executable,
     Float,
     ScalarSelect,
+    Select,
     bindparam,
     cast,
     delete,
@@ -122,8 +123,7 @@ def _now_statement(pg: bool, count: bool, spent: bool) -> Executable:
     if count:
         columns.append(_active_count(tenant))
     if spent:
-        columns.append(select(TenantDailySpend.spent_usd).where(
-            TenantDailySpend.tenant == tenant, TenantDailySpend.day == day).scalar_subquery())
+        columns.append(_spent_of(tenant, day).scalar_subquery())
     return select(*columns)
 
 
@@ -148,12 +148,14 @@ async def tenant_now(session: AsyncSession, tenant: str, *, count: bool,
 # ---- the tenant daily cap -------------------------------------------------------------------
 
 
+def _spent_of(tenant: Any, day: Any) -> Select[Decimal]:
+    return select(TenantDailySpend.spent_usd).where(
+        TenantDailySpend.tenant == tenant, TenantDailySpend.day == day)
+
+
 async def tenant_spent(session: AsyncSession, tenant: str, day: date) -> Decimal:
     """Settled spend of a tenant on one UTC day."""
-    value = (await session.execute(
-        select(TenantDailySpend.spent_usd)
-        .where(TenantDailySpend.tenant == tenant, TenantDailySpend.day == day)
-    )).scalar_one_or_none()
+    value = (await session.execute(_spent_of(tenant, day))).scalar_one_or_none()
     return value or Decimal(0)
 
 
