@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -69,3 +70,22 @@ async def test_retries_stop_after_the_given_time(sqlite_url: str) -> None:
 ])
 def test_database_unavailable_classifies(exc: BaseException, expected: bool) -> None:
     assert database_unavailable(exc) is expected
+
+
+async def test_the_retry_window_counts_from_the_first_try(sqlite_url: str) -> None:
+    """The first try runs before tenacity is entered: its time is part of the window."""
+    db = make_db_engine(sqlite_url)
+    calls = 0
+
+    async def op(_: AsyncSession) -> Any:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.3)
+        raise ConnectionRefusedError("down")
+
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            await in_transaction(make_session_factory(db), op, retry_for_s=0.2)
+    finally:
+        await db.dispose()
+    assert calls == 1

@@ -4,6 +4,7 @@ failover); any other error is raised at once."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -64,12 +65,27 @@ async def in_transaction(sessions: SessionFactory, op: Callable[[AsyncSession], 
 
 async def retrying(once: Callable[[], Awaitable[T]], retry_for_s: float) -> T:
     """`once()`, retried like `in_transaction` while the database is unavailable."""
+    # The first try is made before tenacity is entered, as the gateway client's is: an
+    # AsyncRetrying per transaction (its call state, thread-local statistics, lock) is a
+    # reference cycle each, garbage only the collector's rare full passes free (~12 objects
+    # per group commit), and nearly every transaction commits at once. A failure that is an
+    # outage is tenacity's first attempt, so every decision after it is still tenacity's.
+    started = time.monotonic()
+    try:
+        return await once()
+    except Exception as exc:
+        if not database_unavailable(exc):
+            raise
+        first: Exception | None = exc
     async for attempt in AsyncRetrying(
         retry=_RETRY, wait=_WAIT,
-        stop=stop_after_delay(retry_for_s),
+        stop=stop_after_delay(max(retry_for_s - (time.monotonic() - started), 0.0)),
         before_sleep=_log_retry,
         reraise=True,
     ):
         with attempt:
+            if first is not None:
+                failed, first = first, None
+                raise failed
             return await once()
     raise AssertionError("unreachable: tenacity re-raises")

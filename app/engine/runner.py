@@ -75,7 +75,6 @@ class SwarmRunner:
         # call kept 4 in flight); a crash bills those waiting at their reservations too
         self.ahead_slots = asyncio.Semaphore(int(self.limits["concurrency"]))
         self.deadline = time.monotonic() + float(self.limits["deadline_s"])
-        self.executor = SubtaskExecutor(self)
         self._stop = asyncio.Event()
         self._drain = asyncio.Event()
         self.finished = False
@@ -190,10 +189,15 @@ class SwarmRunner:
         await self._start()
         if self.swarm.cancel_requested:  # flagged before this process took the swarm
             self.request_cancel()
+        # the executor refers to this runner, so it is the run's, never the runner's: a
+        # reference back would make a cycle of the whole swarm (its rows, outputs, events),
+        # freed only by the collector's rare full passes (a 1,000-agent swarm's ~2 MB stayed
+        # for up to ~20 swarms, bench/RESULTS.md session 15)
+        executor = SubtaskExecutor(self)
         for phase in (self._plan, self._run_workers, self._synthesize):
             if self._stop.is_set():
                 break
-            await phase()
+            await phase(executor)
         if self._stop.is_set():
             assert self._stop_status is not None
             await self._finish(self._stop_status, self._stop_error)
@@ -253,25 +257,25 @@ class SwarmRunner:
         # leaves the swarm claimable as it was
         self.commit_soon(back, events=events)
 
-    async def _plan(self) -> None:
+    async def _plan(self, executor: SubtaskExecutor) -> None:
         planner = self.subs.get(PLANNER)
         if planner is None:
             return
         if planner.status != SubtaskStatus.succeeded:
-            await self._run_phase([PLANNER])
+            await self._run_phase(executor, [PLANNER])
         if planner.status == SubtaskStatus.succeeded:
             if self.swarm.status == SwarmStatus.planning:
                 self.commit_soon(events=[self._set_status(SwarmStatus.running)])
         elif not self._stop.is_set():
             self.stop_with(SwarmStatus.failed, planner.error)
 
-    async def _run_workers(self) -> None:
+    async def _run_workers(self, executor: SubtaskExecutor) -> None:
         for name in self.worker_names():
             if self.subs[name].status in (SubtaskStatus.failed, SubtaskStatus.skipped):
                 self._skip_dependents(name)
-        await self._run_phase(self.worker_names())
+        await self._run_phase(executor, self.worker_names())
 
-    async def _synthesize(self) -> None:
+    async def _synthesize(self, executor: SubtaskExecutor) -> None:
         results = self.worker_results()
         strategy = self.spec["synthesis"]["strategy"]
         synth = next((s for s in self.subs.values() if s.kind == SubtaskKind.synthesizer), None)
@@ -282,7 +286,7 @@ class SwarmRunner:
             if synth.status != SubtaskStatus.succeeded:
                 if self.swarm.status != SwarmStatus.synthesizing:  # not after a takeover
                     self.commit_soon(events=[self._set_status(SwarmStatus.synthesizing)])
-                await self._run_phase([synth.name])
+                await self._run_phase(executor, [synth.name])
             if synth.status == SubtaskStatus.succeeded:
                 self.swarm.result = synth.output
             elif not self._stop.is_set():
@@ -334,7 +338,7 @@ class SwarmRunner:
 
     # ---- phases -------------------------------------------------------------------------
 
-    async def _run_phase(self, names: list[str]) -> None:
+    async def _run_phase(self, executor: SubtaskExecutor, names: list[str]) -> None:
         """Start each subtask as soon as its dependencies succeeded and a slot is free."""
         in_phase = set(names)
         ts: graphlib.TopologicalSorter[str] = graphlib.TopologicalSorter(
@@ -356,7 +360,7 @@ class SwarmRunner:
         try:
             while True:
                 self._collect_ready(ts, ready)
-                self._launch(ready, running, tasks, finished)
+                self._launch(executor, ready, running, tasks, finished)
                 if self._drain.is_set() and not running and not self._stop.is_set():
                     raise Drained
                 if self._stop.is_set() or not running:
@@ -396,8 +400,9 @@ class SwarmRunner:
             done.append(finished.get_nowait())
         return done
 
-    def _launch(self, ready: deque[str], running: dict[asyncio.Task[Outcome], str],
-                tasks: int, finished: asyncio.Queue[asyncio.Future[Any]]) -> None:
+    def _launch(self, executor: SubtaskExecutor, ready: deque[str],
+                running: dict[asyncio.Task[Outcome], str], tasks: int,
+                finished: asyncio.Queue[asyncio.Future[Any]]) -> None:
         """Start ready subtasks, up to `tasks` at once, while the swarm is neither stopping nor
         draining (each then waits for the swarm's call slot, in launch order)."""
         while ready and len(running) < tasks and not (
@@ -405,7 +410,7 @@ class SwarmRunner:
         ):
             name = ready.popleft()
             if self.subs[name].status == SubtaskStatus.pending:
-                task = asyncio.create_task(self.executor.run(self.subs[name]))
+                task = asyncio.create_task(executor.run(self.subs[name]))
                 task.add_done_callback(finished.put_nowait)
                 running[task] = name
 

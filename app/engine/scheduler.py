@@ -231,25 +231,29 @@ class Scheduler:
                 await asyncio.wait_for(self._heartbeat_stopped.wait(), interval)
             if self._heartbeat_stopped.is_set():
                 return
-            if not self.runners:
+            if self.runners:
+                # a method of its own: a loop's locals would hold the last runner it looked
+                # at (a whole finished swarm) for as long as the process is idle
+                await self._extend_leases()
+
+    async def _extend_leases(self) -> None:
+        epochs = {sid: r.epoch for sid, (r, _) in self.runners.items()}
+        try:
+            async with self.sessions() as session, session.begin():
+                held = await leases.extend_leases(
+                    session, self.owner, epochs, self.settings.lease_seconds)
+        except Exception as exc:
+            _log_failure("heartbeat", exc)
+            return
+        for sid in epochs:
+            entry = self.runners.get(sid)
+            if entry is None:
                 continue
-            epochs = {sid: r.epoch for sid, (r, _) in self.runners.items()}
-            try:
-                async with self.sessions() as session, session.begin():
-                    held = await leases.extend_leases(
-                        session, self.owner, epochs, self.settings.lease_seconds)
-            except Exception as exc:
-                _log_failure("heartbeat", exc)
-                continue
-            for sid in epochs:
-                entry = self.runners.get(sid)
-                if entry is None:
-                    continue
-                if sid not in held:
-                    log.warning("swarm %s: lease lost to another process", sid)
-                    entry[1].cancel()
-                elif held[sid]:
-                    entry[0].request_cancel()
+            if sid not in held:
+                log.warning("swarm %s: lease lost to another process", sid)
+                entry[1].cancel()
+            elif held[sid]:
+                entry[0].request_cancel()
 
 
 def _log_failure(what: str, exc: Exception) -> None:
