@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 from sqlalchemy import event, select
 
-from app.db import create
+from app.db import create, one_statement
 from app.db.notify import QUEUED
 from app.db.session import (
     SessionFactory,
@@ -75,6 +75,39 @@ async def test_one_statement_stores_the_swarm_its_subtasks_and_wakes_the_workers
     assert [(s.name, s.position, s.depends_on, s.prompt) for s in subs] == \
         [(s.name, s.position, s.depends_on, s.prompt) for s in new.subtasks]
     await _until(lambda: new.swarm.id in heard)
+
+
+MIXED = {"task": "t", "synthesis": {"strategy": "synthesize"}, "agents": [
+    {"name": "a", "model": "gpt-4.1", "temperature": 0.2, "max_tokens": 100, "weight": 2.0},
+    {"name": "b", "prompt": "p", "depends_on": ["a"]},
+    {"name": "c", "system_prompt": "s", "temperature": 1, "max_tokens": 100},
+    {"name": "d", "model": "deepseek-v3.2", "max_turns": 3, "depends_on": ["a", "c"]}]}
+
+
+@pytest.mark.parametrize("body", [AGENTS, MIXED, {"task": "t", "agents": [{"name": "solo"}]}],
+                         ids=["alike", "mixed", "one"])
+async def test_every_subtask_column_is_stored_as_built(
+        sessions: SessionFactory, pg_url: str, body: dict[str, Any]) -> None:
+    """The columns every subtask has alike go once, not per row: each row is still stored
+    with every column as it was built, whichever columns differ."""
+    new = new_swarm(pg_url, body=body)
+    await insert_alone(sessions, new, claim_for="w1", lease_s=30)
+    async with sessions() as s:
+        subs = (await s.execute(select(Subtask).where(Subtask.swarm_id == new.swarm.id)
+                                .order_by(Subtask.position))).scalars().all()
+    stored = [create.insert_row(x) for x in subs]
+    assert stored == [create.insert_row(x) for x in new.subtasks]
+    assert len({(x["model"], x["temperature"], x["kind"]) for x in stored}) == \
+        len({(x.model, x.temperature, x.kind) for x in new.subtasks})
+
+
+def test_values_alike_only_as_a_document_would_store_them() -> None:
+    alike = one_statement._alike
+    assert alike(None, None) and alike("x", "x") and alike(1, 1) and alike([], [])
+    assert not alike(1, 1.0) and not alike(1, True) and not alike(0, False)
+    assert not alike(["a"], ["a"]) and not alike({"k": 1}, {"k": True})
+    shared = ["a"]
+    assert alike(shared, shared)
 
 
 async def test_a_claimed_swarm_is_leased_by_the_database_clock_and_wakes_nobody(

@@ -140,35 +140,94 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
     unless claimed (nobody else may claim it: no engine need wake for it), and with `count` the
     tenant's queued swarms created before it (the statement's snapshot does not see the new
     row). It returns one row: the lease's expiry[, the count]. Two statements (the swarm's, then
-    the subtasks') in a transaction were four round trips: BEGIN, two inserts, COMMIT."""
-    sql, sw_cols, st_cols = _creation(tuple(swarm), subtask_keys if subtasks else None,
-                                      claim_s is not None, count)
+    the subtasks') in a transaction were four round trips: BEGIN, two inserts, COMMIT.
+
+    The subtasks' columns that every row has alike (new rows differ in little but their name,
+    position and prompts) are sent once, not once per row: a 1,000-agent swarm's document was
+    547 KB of ~30 keys a row where three varied, ~6 ms to encode and ~7 ms for PostgreSQL to
+    parse (bench/RESULTS.md, session 15)."""
+    sql, sw_cols, st_cols, alike_cols = _creation(
+        tuple(swarm), _split(subtasks, subtask_keys) if subtasks else None,
+        claim_s is not None, count)
     args: list[Any] = [_document([swarm], sw_cols)]
+    args += [_json(swarm[key]) for key in _OWN_PARAMETER if key in swarm]
     if st_cols is not None:
         args.append(_document(subtasks, st_cols))
+    if alike_cols is not None:
+        args.append(_document(subtasks[:1], alike_cols))
     if claim_s is not None:
         args.append(float(claim_s))
     return sql, tuple(args)
 
 
-@functools.cache  # one shape per (claimed, counted, with subtasks) and key set
-def _creation(swarm_keys: tuple[str, ...], subtask_keys: tuple[str, ...] | None, claim: bool,
-              count: bool) -> tuple[str, _Columns, _Columns | None]:
+# always sent per row: unique to each, so the rows' document is never empty
+_PER_ROW = ("name", "position")
+# the swarm's columns sent as a `jsonb` parameter of their own: inside the row's document the
+# spec (every agent: ~200 KB for 1,000) was parsed as `json`, then again as `jsonb` (6.4 ms)
+_OWN_PARAMETER = ("spec",)
+
+
+def _json(value: Any) -> str | None:
+    """A JSON column's value as its own parameter's text (None: SQL NULL, as in a document)."""
+    return None if value is None else pydantic_core.to_json(
+        value, inf_nan_mode="constants").decode()
+
+
+def _split(rows: Sequence[Mapping[str, Any]], keys: tuple[str, ...]
+           ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the keys whose values differ between rows, the keys every row has alike)."""
+    first, rest = rows[0], rows[1:]
+    varying = tuple(k for k in keys if k in _PER_ROW or not all(
+        (v := r[k]) is (f := first[k]) or _alike(v, f) for r in rest))  # `is`: most are
+    return varying, tuple(k for k in keys if k not in varying)
+
+
+def _alike(a: Any, b: Any) -> bool:
+    """Values one document may carry for both: the same object, or equal scalars of one type
+    (not `1 == 1.0 == True`, which a JSON column stores apart), or two empty lists (dicts); a
+    list or dict with something in it is per row unless shared."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    return not (a or b) if isinstance(a, (dict, list)) else bool(a == b)
+
+
+# one shape per (claimed, counted, which subtask keys vary) and key set; bounded, as which
+# keys vary is the request's to choose
+@functools.lru_cache(maxsize=256)
+def _creation(swarm_keys: tuple[str, ...],
+              subtask_keys: tuple[tuple[str, ...], tuple[str, ...]] | None, claim: bool,
+              count: bool) -> tuple[str, _Columns, _Columns | None, _Columns | None]:
     params = iter(range(1, 100))
-    sw_cols, sw_source = _recordset(_SWARMS, swarm_keys, params, defaults=False)
-    names = [c[0] for c in sw_cols]
-    st_cols, st_source = (_recordset(_SUBTASKS, subtask_keys, params, defaults=True)
-                          if subtask_keys is not None else (None, ""))
-    lease = f"now() + make_interval(secs => ${next(params)}::float8)" if claim else None
-    exprs = ", ".join(lease if lease and n == "lease_expires_at" else f"v.{_Q(n)}"
-                      for n in names)
-    ctes = [f"new_swarm AS (INSERT INTO {_Q(_SWARMS.name)} ({', '.join(map(_Q, names))}) "
-            f"SELECT {exprs} FROM {sw_source} RETURNING id, tenant, created_at, "
-            "lease_expires_at)"]
+    own = [k for k in _OWN_PARAMETER if k in swarm_keys]
+    sw_cols, sw_source = _recordset(_SWARMS, tuple(k for k in swarm_keys if k not in own),
+                                    params, defaults=False)
+    values = {c[0]: f"v.{_Q(c[0])}" for c in sw_cols}
+    values.update((k, f"${next(params)}::jsonb") for k in own)
+    st_cols = alike_cols = None
+    selected: list[str] = []
+    if subtask_keys is not None:
+        varying, alike = subtask_keys
+        st_cols, source = _recordset(_SUBTASKS, varying, params, defaults=False)
+        selected = [f"v.{_Q(c[0])}" for c in st_cols]
+        if alike or _defaults(_SUBTASKS, varying):
+            # the alike keys and the Python-side defaults of the columns no key names: one row
+            alike_cols, alike_source = _recordset(_SUBTASKS, alike, params, defaults=True,
+                                                  given=varying, alias="a")
+            selected += [f"a.{_Q(c[0])}" for c in alike_cols]
+            source += f" CROSS JOIN {alike_source}"
+    if claim:
+        values["lease_expires_at"] = f"now() + make_interval(secs => ${next(params)}::float8)"
+    ctes = [f"new_swarm AS (INSERT INTO {_Q(_SWARMS.name)} ({', '.join(map(_Q, values))}) "
+            f"SELECT {', '.join(values.values())} FROM {sw_source} RETURNING id, tenant, "
+            "created_at, lease_expires_at)"]
     if st_cols is not None:
+        columns = [c[0] for c in st_cols] + [c[0] for c in alike_cols or ()]
         # the subtasks' foreign key is checked at the statement's end: their swarm is there
         ctes.append(f"new_subtasks AS (INSERT INTO {_Q(_SUBTASKS.name)} "
-                    f"({', '.join(_Q(c[0]) for c in st_cols)}) SELECT * FROM {st_source})")
+                    f"({', '.join(map(_Q, columns))}) SELECT {', '.join(selected)} "
+                    f"FROM {source})")
     out = ["n.lease_expires_at"]
     if not claim:
         out.append(f"pg_notify('{QUEUED}', n.id)")
@@ -176,7 +235,7 @@ def _creation(swarm_keys: tuple[str, ...], subtask_keys: tuple[str, ...] | None,
         out.append(f"(SELECT count(*) FROM {_Q(_SWARMS.name)} q WHERE q.tenant = n.tenant "
                    f"AND q.status = '{SwarmStatus.queued.value}' AND q.created_at < n.created_at)")
     sql = f"WITH {', '.join(ctes)} SELECT {', '.join(out)} FROM new_swarm n"
-    return sql, sw_cols, st_cols
+    return sql, sw_cols, st_cols, alike_cols
 
 
 # (row key, bind processor, the column's Python-side default for a key no row has)
@@ -214,11 +273,12 @@ def _statement(shape: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, lis
     return "WITH " + ",\n".join(ctes) + "\nSELECT id FROM sw", columns
 
 
-def _recordset(table: Table, keys: tuple[str, ...], params: Iterator[int], *, defaults: bool
-               ) -> tuple[_Columns, str]:
-    """The columns the rows' keys (and, for an insert, the defaults of the columns they leave
-    out) bind, and `json_to_recordset($n::json) AS v(key type, …)` over their document."""
-    filled = _defaults(table, keys) if defaults else {}
+def _recordset(table: Table, keys: tuple[str, ...], params: Iterator[int], *, defaults: bool,
+               given: tuple[str, ...] = (), alias: str = "v") -> tuple[_Columns, str]:
+    """The columns the rows' keys (and, for an insert, the defaults of the columns neither they
+    nor `given`, another document's keys, name) bind, and `json_to_recordset($n::json) AS
+    v(key type, …)` over their document (`alias` for v)."""
+    filled = _defaults(table, keys + given) if defaults else {}
     keys = (*keys, *filled)
     types = [_column(table, key).type for key in keys]
     cols = tuple((key, None if isinstance(type_.dialect_impl(_DIALECT), JSON)
@@ -226,7 +286,7 @@ def _recordset(table: Table, keys: tuple[str, ...], params: Iterator[int], *, de
                  for key, type_ in zip(keys, types, strict=True))
     defs = ", ".join(f"{_Q(key)} {type_.compile(dialect=_DIALECT)}"
                      for key, type_ in zip(keys, types, strict=True))
-    return cols, f"json_to_recordset(${next(params)}::json) AS v({defs})"
+    return cols, f"json_to_recordset(${next(params)}::json) AS {alias}({defs})"
 
 
 def _defaults(table: Table, keys: tuple[str, ...]) -> dict[str, Callable[[], Any]]:
