@@ -169,17 +169,20 @@ _OWN_PARAMETER = ("spec",)
 
 def _json(value: Any) -> str | None:
     """A JSON column's value as its own parameter's text (None: SQL NULL, as in a document)."""
-    return None if value is None else pydantic_core.to_json(
-        value, inf_nan_mode="constants").decode()
+    return None if value is None else _encode(value)
 
 
 def _split(rows: Sequence[Mapping[str, Any]], keys: tuple[str, ...]
            ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the keys whose values differ between rows, the keys every row has alike)."""
-    first, rest = rows[0], rows[1:]
-    varying = tuple(k for k in keys if k in _PER_ROW or not all(
-        (v := r[k]) is (f := first[k]) or _alike(v, f) for r in rest))  # `is`: most are
+    varying = tuple(k for k in keys if k in _PER_ROW or _varies(rows, k))
     return varying, tuple(k for k in keys if k not in varying)
+
+
+def _varies(rows: Sequence[Mapping[str, Any]], key: str) -> bool:
+    first = rows[0][key]
+    # `is` first: most values of new rows are one object (None, an enum, a small int)
+    return not all((v := r[key]) is first or _alike(v, first) for r in rows[1:])
 
 
 def _alike(a: Any, b: Any) -> bool:
@@ -257,7 +260,11 @@ def _document(rows: Sequence[Mapping[str, Any]], cols: _Columns) -> str:
             out[key] = None if (value := row[key]) is None else process(value)
         out.update(fixed)
         doc.append(out)
-    return pydantic_core.to_json(doc, inf_nan_mode="constants").decode()
+    return _encode(doc)
+
+
+def _encode(value: Any) -> str:
+    return pydantic_core.to_json(value, inf_nan_mode="constants").decode()
 
 
 @functools.cache  # a handful of shapes: which tables have rows, with which keys
