@@ -58,8 +58,10 @@ class Admission:
     async def check_active(self, session: AsyncSession) -> None:
         """`max_active_swarms`, for a route admitted by RateLimitDep that turns out to create
         a swarm (the facade's `agent_swarm`)."""
+        if self.limits.max_active_swarms is None:
+            return
         async with session.begin():
-            await _check_active(session, self.tenant, self.limits)
+            _refuse_active(await quotas.active_swarms(session, self.tenant), self.limits)
 
     @property
     def checks_in(self) -> bool:
@@ -110,13 +112,6 @@ class Admission:
                 update={"budget_usd": self.limits.default_budget_usd})
             body = body.model_copy(update={"limits": limits})
         return body
-
-
-async def _check_active(session: AsyncSession, tenant: str, limits: TenantLimits,
-                        own: int = 0) -> None:
-    """`own`: swarms this transaction already inserted (counted, but not against it)."""
-    if limits.max_active_swarms is not None:
-        _refuse_active(await quotas.active_swarms(session, tenant) - own, limits)
 
 
 def _refuse_active(active: int, limits: TenantLimits) -> None:
