@@ -309,12 +309,12 @@ def main() -> None:
                         print(f"{label:>6} {shown:>6}: load {res['load']['per_s']:.0f}/s p50 "
                               f"{res['load']['p50'] * 1000:.0f} ms p99 "
                               f"{res['load']['p99'] * 1000:.0f} ms {errors_cell(res['load'])}"
-                              f" cpu {res['load']['cpu_ms']:.1f} ms/req"
+                              f" cpu {res['load']['cpu_ms']:.2f} ms/req"
                               f" (client {res['load']['client_cpu_ms']:.1f},"
                               f" postgres {res['load']['db_cpu_ms']:.1f})"
                               f" | one client p50 {res['single']['p50'] * 1000:.1f} ms "
                               f"({res['single']['per_s']:.0f}/s) cpu "
-                              f"{res['single']['cpu_ms']:.1f} ms/req", flush=True)
+                              f"{res['single']['cpu_ms']:.2f} ms/req", flush=True)
         finally:
             sim.terminate()
     print(f"\nmedians over {args.rounds} round(s), {args.clients} clients x {args.each}, "
