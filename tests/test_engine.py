@@ -49,11 +49,13 @@ async def test_dependents_start_after_dependencies_and_receive_outputs(harness: 
 
 async def test_chain_runs_beside_an_independent_agent(harness: Harness) -> None:
     body = {"task": "t", "agents": [
-        agent("a", "[[sim latency_ms=100]]"), agent("b", "[[sim latency_ms=100]]",
+        agent("a", "[[sim latency_ms=400]]"), agent("b", "[[sim latency_ms=400]]",
                                                      depends_on=["a"]),
-        agent("c", "[[sim latency_ms=100]]", depends_on=["b"]),
-        # d outlasts the whole chain by far, so scheduling delays on a loaded machine cannot
-        # blur "b starts while d still runs" (a wave scheduler would start b after d)
+        agent("c", "[[sim latency_ms=400]]", depends_on=["b"]),
+        # d outlasts the chain's first two links by far, so scheduling delays on a loaded
+        # machine cannot blur "b starts while d still runs" (a wave scheduler would start b
+        # after d); the chain itself is long enough (1.2 s) that wall < serial leaves a loaded
+        # machine over a second of overhead (CI once read 1.852 < 1.836 with a 0.3 s chain)
         agent("d", "[[sim latency_ms=1500]]")], "synthesis": {"strategy": "none"}}
     data = await harness.run(body)
     subs = by_name(data)
