@@ -1,10 +1,11 @@
 """Creation: `POST /swarms` (1-agent swarms) under many concurrent clients and from one client,
-with the engine in the process and without (`serve --no-engine`), optionally for several builds
+with the engine in the process, without (`serve --no-engine`), and split (`serve --no-engine`
+with a `swarm-api worker` beside it running the swarms), optionally for several builds
 of `swarm-api` back to back (an A/B in one run on a noisy machine), optionally profiled.
 
     .venv/bin/python -m bench.bench_create [--clients 200] [--each 10] [--single 200]
         [--cli base=/path/to/old/.venv/bin/swarm-api] [--cli new=.venv/bin/swarm-api]
-        [--modes engine,api] [--rounds 1] [--workers 1,2] [--profile DIR]
+        [--modes engine,api,split] [--rounds 1] [--workers 1,2] [--profile DIR]
         [--client httpx,aiohttp]
 
 Every (build, mode) gets its own throwaway PostgreSQL database and `serve` process, started and
@@ -227,43 +228,67 @@ def postgres_cpu_s() -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(url: str, clients: int, each: int, single: int, pid: int,
+async def measure(url: str, clients: int, each: int, single: int, pids: list[int],
                   profile: Path | None, engine: bool, client: str = "httpx"
                   ) -> dict[str, dict[str, Any]]:
+    """`pids`: the processes whose CPU a request is charged (serve's, and a worker's); the
+    first is the one profiled."""
+    def cpu() -> float:
+        return sum(cpu_s(p) for p in pids)
+
     await post_load(url, 10, 5, client=client)  # warm-up: connections, caches, first rows
-    with profiled(pid, profile and profile.with_suffix(".load.raw")):
-        c0, db0 = cpu_s(pid), postgres_cpu_s()
+    with profiled(pids[0], profile and profile.with_suffix(".load.raw")):
+        c0, db0 = cpu(), postgres_cpu_s()
         load = await post_load(url, clients, each, client=client)
-        load["cpu_ms"] = (cpu_s(pid) - c0) * 1000 / (clients * each)
+        load["cpu_ms"] = (cpu() - c0) * 1000 / (clients * each)
         load["db_cpu_ms"] = (postgres_cpu_s() - db0) * 1000 / (clients * each)
     if engine:
         load["drained_s"] = await drained(url)
-    with profiled(pid, profile and profile.with_suffix(".single.raw")):
-        c0 = cpu_s(pid)
+    with profiled(pids[0], profile and profile.with_suffix(".single.raw")):
+        c0 = cpu()
         one = await post_load(url, 1, single, client=client)
-        one["cpu_ms"] = (cpu_s(pid) - c0) * 1000 / single
+        one["cpu_ms"] = (cpu() - c0) * 1000 / single
     return {"load": load, "single": one}
+
+
+@contextlib.contextmanager
+def engine_worker(env: dict[str, str], log: Path, cli: str = CLI
+                  ) -> Iterator[subprocess.Popen[bytes]]:
+    """A `swarm-api worker` (the engine alone) beside an API-only `serve` on the same
+    database, as a split deployment runs it: ready once its metrics port answers."""
+    port = free_port()
+    with process(["worker"], {**env, "SWARM_METRICS_PORT": str(port)},
+                 f"http://127.0.0.1:{port}/metrics", log, cli=cli, ready_s=60) as proc:
+        yield proc
 
 
 def run(label: str, cli: str, mode: str, args: argparse.Namespace,
         work: Path, client: str = "httpx") -> dict[str, dict[str, Any]]:
+    """One (build, mode): `engine` is one `serve` with its engine, `api` one `serve
+    --no-engine` (its swarms stay queued), `split` a `serve --no-engine` with a `swarm-api
+    worker` running what it creates (the worker's CPU counted with serve's)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    extra = ["--no-engine"] if mode == "api" else []
+    extra = ["--no-engine"] if mode in ("api", "split") else []
     workers = label.partition("/w")[2]
     label = label.replace("/", "-")  # a file name below
     if workers:
         extra += ["--workers", workers]
-    with serve_db("swarm_bench") as db:
+    with serve_db("swarm_bench") as db, contextlib.ExitStack() as stack:
         tenants = tenants_file(work, CHECKED_TENANTS if args.checked else BENCH_TENANTS)
         env = {**db, "SWARM_GATEWAY_URL": args.sim,
                "SWARM_TENANTS_FILE": str(tenants), "SWARM_MAX_INFLIGHT": "256",
                "SWARM_MAX_RUNNING_SWARMS": "64"}
-        with process(["serve", "--port", str(port), *extra], env, f"{url}/readyz",
-                     work / f"{label}-{mode}.log", cli=cli, ready_s=60) as proc:
-            prof = Path(args.profile) / f"{label}-{mode}-{client}" if args.profile else None
-            return asyncio.run(measure(url, args.clients, args.each, args.single, proc.pid,
-                                       prof, engine=mode != "api", client=client))
+        proc = stack.enter_context(process(["serve", "--port", str(port), *extra], env,
+                                           f"{url}/readyz", work / f"{label}-{mode}.log",
+                                           cli=cli, ready_s=60))
+        pids = [proc.pid]
+        if mode == "split":  # started once serve has migrated the database
+            pids.append(stack.enter_context(engine_worker(
+                env, work / f"{label}-{mode}-worker.log", cli)).pid)
+        prof = Path(args.profile) / f"{label}-{mode}-{client}" if args.profile else None
+        return asyncio.run(measure(url, args.clients, args.each, args.single, pids,
+                                   prof, engine=mode != "api", client=client))
 
 
 def main() -> None:

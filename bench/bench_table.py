@@ -9,8 +9,9 @@ throughput at 0 ms with 64 in flight (over a bare single-pool gather), one 1,000
 and 50 concurrent 100-agent swarms at 200 ms with 256 in flight (over their floors) — each the
 median of `--runs`, alternating with its peer, with its range — serve's memory per in-flight
 call (its peak over those runs), and `POST /swarms` under 200 concurrent clients and from one
-client, with the engine in the process and from an API-only process (`serve --no-engine`, its own
-database). With `--cli`, each named build runs every row in turn (before/after in one run).
+client, with the engine in the process, from an API-only process (`serve --no-engine`, its own
+database), and split (that API-only process with a `swarm-api worker` beside it). With `--cli`,
+each named build runs every row in turn (before/after in one run).
 Appends to bench/RESULTS.md (not with `--quick`, a smoke run).
 """
 
@@ -34,7 +35,14 @@ from typing import Any
 import aiohttp
 import httpx
 
-from bench.bench_create import drained, errors_cell, post_load, serve_db, tenants_file
+from bench.bench_create import (
+    drained,
+    engine_worker,
+    errors_cell,
+    post_load,
+    serve_db,
+    tenants_file,
+)
 from tests.support import CLI, free_port, process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -317,6 +325,16 @@ def table(cli: str, runs: int, quick: bool, work: Path) -> list[str]:
                          work / f"api2-{client}.log", cli=cli):
                 got[client] = asyncio.run(creation(api2, quick, engine=False, client=client))
         rows.extend(creation_rows(got, quick, "API only (`serve --no-engine`)"))
+        # and split: an API-only `serve` with a `swarm-api worker` running what it creates (a
+        # one-client caller then never has the previous swarm's engine work in its window)
+        for client in ("httpx", "aiohttp"):
+            with serve_db("swarm_bench") as db2, \
+                 process(["serve", "--no-engine", "--port", str(api2_port)],
+                         {**env, **db2}, f"{api2}/readyz",
+                         work / f"split-{client}.log", cli=cli), \
+                 engine_worker({**env, **db2}, work / f"split-worker-{client}.log", cli):
+                got[client] = asyncio.run(creation(api2, quick, engine=True, client=client))
+        rows.extend(creation_rows(got, quick, "split (`serve --no-engine` + `swarm-api worker`)"))
     return rows
 
 
