@@ -316,25 +316,24 @@ def table(cli: str, runs: int, quick: bool, work: Path) -> list[str]:
                 rows.append(asyncio.run(workers_row(api3, quick, runs)))
         # the creation rows again from API-only processes, each client kind on a database of
         # its own: without an engine a load's 2,000 swarms stay queued, and the next one's
-        # queue positions would count them
-        got: dict[str, Creation] = {}
-        for client in ("httpx", "aiohttp"):
-            with serve_db("swarm_bench") as db2, \
-                 process(["serve", "--no-engine", "--port", str(api2_port)],
-                         {**env, **db2}, f"{api2}/readyz",
-                         work / f"api2-{client}.log", cli=cli):
-                got[client] = asyncio.run(creation(api2, quick, engine=False, client=client))
-        rows.extend(creation_rows(got, quick, "API only (`serve --no-engine`)"))
-        # and split: an API-only `serve` with a `swarm-api worker` running what it creates (a
-        # one-client caller then never has the previous swarm's engine work in its window)
-        for client in ("httpx", "aiohttp"):
-            with serve_db("swarm_bench") as db2, \
-                 process(["serve", "--no-engine", "--port", str(api2_port)],
-                         {**env, **db2}, f"{api2}/readyz",
-                         work / f"split-{client}.log", cli=cli), \
-                 engine_worker({**env, **db2}, work / f"split-worker-{client}.log", cli):
-                got[client] = asyncio.run(creation(api2, quick, engine=True, client=client))
-        rows.extend(creation_rows(got, quick, "split (`serve --no-engine` + `swarm-api worker`)"))
+        # queue positions would count them; then split, that process with a `swarm-api
+        # worker` running what it creates (a one-client caller then never has the previous
+        # swarm's engine work in its window)
+        for split, where in ((False, "API only (`serve --no-engine`)"),
+                             (True, "split (`serve --no-engine` + `swarm-api worker`)")):
+            got: dict[str, Creation] = {}
+            name = "split" if split else "api2"
+            for client in ("httpx", "aiohttp"):
+                with serve_db("swarm_bench") as db2, contextlib.ExitStack() as stack:
+                    stack.enter_context(process(
+                        ["serve", "--no-engine", "--port", str(api2_port)], {**env, **db2},
+                        f"{api2}/readyz", work / f"{name}-{client}.log", cli=cli))
+                    if split:  # started once serve has migrated the database
+                        stack.enter_context(engine_worker(
+                            {**env, **db2}, work / f"{name}-worker-{client}.log", cli))
+                    got[client] = asyncio.run(creation(api2, quick, engine=split,
+                                                       client=client))
+            rows.extend(creation_rows(got, quick, where))
     return rows
 
 
