@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     max_running_swarms: int = Field(default=64, ge=1)
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     poll_interval_s: float = Field(default=1.0, gt=0)
+    # a comment line on an idle event stream, so proxies and load balancers keep it open
+    sse_ping_s: float = Field(default=15.0, gt=0, le=3600)
     # `swarm-api worker` serves /metrics on this port when set (the API serves it anyway);
     # telemetry only, but keep it off public interfaces: 0.0.0.0 only inside a container
     metrics_port: int | None = Field(default=None, ge=1, le=65535)

@@ -46,6 +46,17 @@ def test_the_environment_is_checked_too(monkeypatch: pytest.MonkeyPatch) -> None
         Settings(_env_file=None)  # type: ignore[call-arg]
 
 
+def test_the_event_streams_ping_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """15 s by default (below the 30 to 60 s idle timeouts of common proxies); never 0, which
+    would mean a stream of pings."""
+    assert _settings().sse_ping_s == 15
+    monkeypatch.setenv("SWARM_SSE_PING_S", "2.5")
+    assert Settings(_env_file=None).sse_ping_s == 2.5  # type: ignore[call-arg]
+    for bad in (0, -1, 7200):
+        with pytest.raises(ValidationError, match="sse_ping_s"):
+            _settings(sse_ping_s=bad)
+
+
 def test_a_default_model_without_a_price_is_refused() -> None:
     with pytest.raises(ValidationError, match="no price"):
         _settings(default_model="gpt-9000")

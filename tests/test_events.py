@@ -18,7 +18,7 @@ from tests.helpers import agent
 from tests.procs import Db, cluster, owner_pid, post_swarm, wait_terminal
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
-PING_S = 15  # sse-starlette's default keep-alive interval, used by GET /swarms/{id}/events
+PING_S = 3  # SWARM_SSE_PING_S for these processes (15 by default)
 
 
 @dataclass
@@ -98,7 +98,7 @@ async def test_resume_with_last_event_id_on_replicas_without_engine(db_url: str,
             "agents": [agent("a", step), agent("b", step, depends_on=["a"]),
                        agent("c", step, depends_on=["b"]),
                        agent("slow", f"[[sim latency_ms={(PING_S + 3) * 1000}]]")]}
-    async with cluster(db_url, tmp_path) as c:
+    async with cluster(db_url, tmp_path, SWARM_SSE_PING_S=str(PING_S)) as c:
         await c.simulator(latency_ms=20)
         api_1, api_2, worker = await asyncio.gather(c.api("api_1"), c.api("api_2"),
                                                     c.worker("worker"))

@@ -194,7 +194,7 @@ class SwarmCall:
     def stream(self, swarm_id: str) -> EventSourceResponse:
         """`chat.completion.chunk` events from the swarm's events table: each worker's output
         framed as it succeeds, then the result, then [DONE]. The swarm runs on without us."""
-        return EventSourceResponse(self._chunks(swarm_id), ping=15,
+        return EventSourceResponse(self._chunks(swarm_id), ping=self.settings.sse_ping_s,
                                    headers={"x-swarm-id": swarm_id})
 
     def _chunk(self, swarm_id: str, delta: ChunkDelta, finish: str | None = None,

@@ -230,4 +230,6 @@ async def stream_swarm_events(
             slot.release()
 
     # the slot is freed when the stream ends, or after the response if it never started
-    return EventSourceResponse(stream(), ping=15, background=BackgroundTask(slot.release))
+    settings: Settings = request.app.state.settings
+    return EventSourceResponse(stream(), ping=settings.sse_ping_s,
+                               background=BackgroundTask(slot.release))
