@@ -58,7 +58,8 @@ EVENT_SCHEMA: dict[str, Any] = {
 
 EVENT_STREAM_RESPONSE: dict[str, Any] = {
     "description": "Server-Sent Events, one per state change; the stream ends after "
-                   "`swarm.completed`",
+                   "`swarm.completed`. While nothing happens a `: ping` comment line comes "
+                   "every `SWARM_SSE_PING_S` seconds (15 by default): not an event",
     "content": {"text/event-stream": {"schema": EVENT_SCHEMA}},
 }
 
