@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from app.schemas import MaxTokens, ModelName, Temperature
 
@@ -38,8 +38,10 @@ class AgentSwarmOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = Field(description="true runs a swarm; false (or no `agent_swarm`) sends "
-                                      "the request to the gateway unchanged")
+    # flags are JSON booleans only, as OpenAI's API takes them: pydantic's lax bool took
+    # `"enabled": 0` (or "no") for false, which the schema refuses
+    enabled: StrictBool = Field(description="true runs a swarm; false (or no `agent_swarm`) "
+                                            "sends the request to the gateway unchanged")
     max_sub_agents: int | None = Field(
         default=None, ge=1, le=1000, description="the planner's bound: orchestrator.max_subtasks")
     fan_in_strategy: FanIn | None = Field(
@@ -49,7 +51,7 @@ class AgentSwarmOptions(BaseModel):
         default=None, ge=0, le=1, description="limits.failure_tolerance")
     per_sub_agent_max_tokens: MaxTokens | None = Field(
         default=None, description="each worker's max_tokens")
-    streaming: bool = Field(
+    streaming: StrictBool = Field(
         default=True, description="with `stream: true`, frame each worker's output as it "
                                   "finishes; false streams only the result")
     tools: list[str] | None = Field(
@@ -70,7 +72,7 @@ class ChatMessage(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class ChatCompletionCreate(BaseModel):
@@ -83,7 +85,7 @@ class ChatCompletionCreate(BaseModel):
 
     model: ModelName
     messages: list[ChatMessage] = Field(min_length=1, max_length=10_000)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None

@@ -478,6 +478,23 @@ async def test_framework_errors_have_the_error_shape(api: Harness, method: str, 
     error_of(await api.client.request(method, path), status, code)
 
 
+async def test_a_405_allows_every_method_its_path_serves(api: Harness) -> None:
+    """RFC 9110: a 405's `Allow` lists the target's methods. Starlette names the first route
+    that matched the path only: `OPTIONS /swarms` answered `Allow: POST` (schemathesis'
+    ST205), GET being served there too."""
+    paths = (await api.client.get("/openapi.json")).json()["paths"]
+    for template, operations in paths.items():
+        path = template.replace("{swarm_id}", str(uuid.uuid4())).replace("{name}", "a")
+        documented = {m.upper() for m in operations} & {"GET", "POST", "PUT", "PATCH", "DELETE"}
+        for method in ("OPTIONS", "PATCH"):
+            if method in documented:
+                continue
+            r = await api.client.request(method, path)
+            error_of(r, 405, "method_not_allowed")
+            allowed = set(r.headers["allow"].split(", "))
+            assert allowed - {"HEAD"} == documented, (method, template, r.headers["allow"])
+
+
 # ---- events ------------------------------------------------------------------------------------
 
 

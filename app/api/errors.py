@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app.db.retry import database_unavailable
 from app.errors import ApiError, Refused, RequestInvalid, TooManyRequests, error_body
@@ -74,10 +75,24 @@ async def _refused(request: Request, exc: Refused) -> JSONResponse:
     return await _api_error(request, as_api_error(exc))
 
 
-async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     code = _HTTP_CODES.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, code, str(exc.detail), None,
-                          dict(exc.headers) if exc.headers else None)
+    headers = dict(exc.headers) if exc.headers else None
+    if exc.status_code == 405:
+        headers = {**(headers or {}), "Allow": allowed_methods(request)}
+    return error_response(exc.status_code, code, str(exc.detail), None, headers)
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method the path answers (RFC 9110 §15.5.6), each tried against the routes:
+    Starlette's 405 names only the first route that matched the path, so `OPTIONS /swarms`
+    said `Allow: POST` where GET is served too."""
+    routes = request.app.router.routes
+    return ", ".join(m for m in _METHODS if any(
+        route.matches({**request.scope, "method": m})[0] == Match.FULL for route in routes))
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 async def unhandled(exc: Exception) -> JSONResponse:

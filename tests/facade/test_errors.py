@@ -77,6 +77,13 @@ INVALID: list[tuple[dict[str, Any], int, str, str]] = [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
       "agent_swarm": {"enabled": True}}, 400, "unsupported_content", "messages.0.content.0"),
     ({**SWARM, "max_tokens": 0}, 422, "validation_error", "max_tokens"),
+    # flags are JSON booleans (schemathesis' negative_data_rejection: `"enabled": 0` ran)
+    ({**SWARM, "agent_swarm": {"enabled": 0}}, 422, "validation_error", "agent_swarm.enabled"),
+    ({**SWARM, "agent_swarm": {"enabled": True, "streaming": "no"}}, 422, "validation_error",
+     "agent_swarm.streaming"),
+    ({**SWARM, "stream": 1}, 422, "validation_error", "stream"),
+    ({**SWARM, "stream": True, "stream_options": {"include_usage": "true"}}, 422,
+     "validation_error", "stream_options.include_usage"),
 ]
 
 
