@@ -20,7 +20,7 @@ from app.api.admission import StreamSlots
 from app.api.openai_errors import openai_responses
 from app.config import Settings
 from app.gateway.client import GatewayClient
-from app.middleware import BodyLimit, HttpMetrics, LoopbackOnly
+from app.middleware import BodyLimit, HeadAsGet, HttpMetrics, LoopbackOnly
 from app.runtime import Runtime
 from app.ui import routes as ui
 from app.ui.docs import offline_fastapi
@@ -108,6 +108,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     app.include_router(tools_api.router, responses=errors.error_responses(403))
     app.include_router(ops.router)
     ui.install(app)  # /ui pages and their assets
+    app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     if not settings.auth_enabled and not settings.allow_open:
         app.add_middleware(LoopbackOnly)  # the CLI refuses the bind; other servers get this

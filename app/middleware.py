@@ -1,10 +1,11 @@
-"""Pure ASGI middleware: request body limit, HTTP metrics by route template, and the last
-resort for unhandled exceptions."""
+"""Pure ASGI middleware: request body limit, HEAD served as GET, HTTP metrics by route
+template, and the last resort for unhandled exceptions."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -119,6 +120,45 @@ class BodyLimit:
             return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
         await self.app(scope, replay, send)
+
+
+# the one GET route whose answer does not end by itself: HEAD there is refused (405)
+_STREAM = re.compile(r"^/swarms/[^/]+/events/?$")
+
+
+def head_served(path: str) -> bool:
+    """Whether HEAD is answered as GET on this path (where GET is)."""
+    return _STREAM.match(path) is None
+
+
+class HeadAsGet:
+    """HEAD on every GET route (RFC 9110 §9.3.2: what GET would answer, headers only; uptime
+    monitors and `curl -I` send it), but the event stream, which would never end: FastAPI's
+    routes serve GET alone. The app sees GET; the body is dropped here (uvicorn drops it
+    too); the metrics, outside, still count a HEAD, under the route that answered."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD" or not head_served(
+                scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        inner = {**scope, "method": "GET"}
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b""}
+            await send(message)
+
+        try:
+            await self.app(inner, receive, headers_only)
+        finally:
+            if "route" in inner:  # what the router matched, for HttpMetrics' label
+                scope["route"] = inner["route"]
 
 
 class HttpMetrics:

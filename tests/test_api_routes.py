@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -493,6 +494,32 @@ async def test_a_405_allows_every_method_its_path_serves(api: Harness) -> None:
             error_of(r, 405, "method_not_allowed")
             allowed = set(r.headers["allow"].split(", "))
             assert allowed - {"HEAD"} == documented, (method, template, r.headers["allow"])
+            # HEAD wherever GET is, but the event stream (which never ends by itself)
+            heads = "GET" in documented and not template.endswith("/events")
+            assert ("HEAD" in allowed) == heads, (template, r.headers["allow"])
+
+
+async def test_head_answers_what_get_would_without_the_body(api: Harness) -> None:
+    """RFC 9110 §9.3.2 (uptime monitors and `curl -I` send HEAD): the GET's status and
+    headers, no body; on the event stream a 405 (its answer would not end)."""
+    swarm = await api.run({"task": "t", "agents": [{"name": "a"}]})
+    for path in ("/healthz", "/readyz", "/swarms", f"/swarms/{swarm['id']}",
+                 f"/swarms/{swarm['id']}/subtasks/a", "/usage", "/openapi.json", "/ui"):
+        got, head = await api.client.get(path), await api.client.head(path)
+        assert got.status_code == head.status_code == 200, (path, head.status_code)
+        assert head.content == b"", path
+        assert head.headers["content-type"] == got.headers["content-type"], path
+        if "/swarms" not in path:  # a swarm's answer carries a moving `timing.wall_s`: no
+            assert head.headers["content-length"] == got.headers["content-length"], path
+    missing = await api.client.head(f"/swarms/{uuid.uuid4()}")
+    assert missing.status_code == 404 and missing.content == b""
+    stream = await api.client.head(f"/swarms/{swarm['id']}/events")
+    assert stream.status_code == 405 and stream.headers["allow"] == "GET"
+    cancel = await api.client.head(f"/swarms/{swarm['id']}/cancel")
+    assert cancel.status_code == 405 and cancel.headers["allow"] == "POST"
+    text = (await api.client.get("/metrics")).text
+    assert re.search(r'swarm_http_request_duration_seconds_count\{method="HEAD",'
+                     r'route="/swarms/\{swarm_id\}",status="200"\} [1-9]', text), text[-3000:]
 
 
 # ---- events ------------------------------------------------------------------------------------

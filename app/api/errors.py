@@ -13,7 +13,7 @@ from starlette.routing import Match
 
 from app.db.retry import database_unavailable
 from app.errors import ApiError, Refused, RequestInvalid, TooManyRequests, error_body
-from app.middleware import CatchAll
+from app.middleware import CatchAll, head_served
 from app.schemas import ErrorResponse
 
 log = logging.getLogger(__name__)
@@ -86,10 +86,13 @@ async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
 def allowed_methods(request: Request) -> str:
     """Every method the path answers (RFC 9110 §15.5.6), each tried against the routes:
     Starlette's 405 names only the first route that matched the path, so `OPTIONS /swarms`
-    said `Allow: POST` where GET is served too."""
+    said `Allow: POST` where GET is served too. HEAD wherever GET is (`HeadAsGet`)."""
     routes = request.app.router.routes
-    return ", ".join(m for m in _METHODS if any(
-        route.matches({**request.scope, "method": m})[0] == Match.FULL for route in routes))
+    allowed = {m for m in _METHODS if any(
+        route.matches({**request.scope, "method": m})[0] == Match.FULL for route in routes)}
+    if "GET" in allowed and head_served(request.url.path):
+        allowed.add("HEAD")
+    return ", ".join(m for m in _METHODS if m in allowed)
 
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
