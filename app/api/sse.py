@@ -9,7 +9,10 @@ from typing import Any
 from app.errors import ApiError
 
 MAX_EVENT_ID = 2**31 - 1  # events.seq is a 32-bit integer
-_EVENT_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits only: int() also takes "٣" and "1_0"
+LAST_EVENT_ID_PATTERN = r"^[0-9]{0,10}$"  # ASCII digits only: int() also takes "٣" and "1_0"
+_EVENT_ID = re.compile(LAST_EVENT_ID_PATTERN)
+LAST_EVENT_ID_DOC = (f"the `id` of the last event seen, an integer from 0 to {MAX_EVENT_ID}: the "
+                     "stream resumes after it (absent or empty: from the first event)")
 
 # SPEC §3 and §9 event names; a schema-aware client checks each event against these
 EVENT_NAMES = ("swarm.status", "subtask.started", "subtask.succeeded", "subtask.failed",

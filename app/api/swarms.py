@@ -27,7 +27,12 @@ from app.api.shared import read_swarm as _read
 from app.api.shared import status_or_404 as _status_or_404
 from app.api.shared import swarm_answer as _answer
 from app.api.shared import swarm_or_404 as _swarm_or_404
-from app.api.sse import EVENT_STREAM_RESPONSE, resume_after
+from app.api.sse import (
+    EVENT_STREAM_RESPONSE,
+    LAST_EVENT_ID_DOC,
+    LAST_EVENT_ID_PATTERN,
+    resume_after,
+)
 from app.config import Settings
 from app.db import create, queries, retry_copy
 from app.engine import finish
@@ -211,7 +216,10 @@ async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
 async def stream_swarm_events(
     swarm_id: str, request: Request, session: SessionDep, tenant: TenantDep,
     notifier: NotifierDep, gate: StreamGateDep,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    last_event_id: Annotated[str | None, Header(
+        alias="Last-Event-ID", description=LAST_EVENT_ID_DOC,
+        # documented, not enforced by FastAPI: resume_after answers 400 invalid_last_event_id
+        json_schema_extra={"pattern": LAST_EVENT_ID_PATTERN})] = None,
 ) -> EventSourceResponse:
     """`id:` is the per-swarm sequence number; `Last-Event-ID` resumes after it; the stream
     ends after `swarm.completed`."""
