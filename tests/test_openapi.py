@@ -277,6 +277,14 @@ async def test_documented_parameters_match_the_checks(api: Harness) -> None:
     for taken in ("", "0", "17", "2147483647"):
         assert pattern.search(taken), taken
     assert "2147483647" in last_event_id["description"]
+    # /usage's bounds are documented as read, a day or an instant, and their examples work
+    for name in ("from", "to"):
+        bound = param("/usage", name)
+        formats = {b.get("format") for b in bound["schema"]["anyOf"] if b.get("type") != "null"}
+        assert formats == {"date", "date-time"}, bound
+        for example in bound["examples"].values():
+            r = await api.client.get("/usage", params={name: example["value"]})
+            assert r.status_code == 200, (name, example, r.text)
     events_ok = doc["paths"]["/swarms/{swarm_id}/events"]["get"]["responses"]["200"]
     assert list(events_ok["content"]) == ["text/event-stream"]
     metrics_ok = doc["paths"]["/metrics"]["get"]["responses"]["200"]

@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, WithJsonSchema
 
 from app.api.deps import SessionDep, TenantDep
 from app.api.errors import error_responses
@@ -41,7 +41,11 @@ def _instant(value: Any) -> Any:
                          "(2026-11-29T12:00:00Z) between 0001-01-01 and 9999-12-31 UTC") from None
 
 
-Instant = Annotated[datetime | None, BeforeValidator(_instant)]
+# documented as it is read: a date or a datetime (a bare `datetime` said date-time only, which
+# the parameter's own example, a date, is not)
+Instant = Annotated[datetime | None, BeforeValidator(_instant), WithJsonSchema({"anyOf": [
+    {"type": "string", "format": "date"}, {"type": "string", "format": "date-time"},
+    {"type": "null"}]})]
 
 
 def _figures(rows: list[UsageRow]) -> dict[str, Any]:
@@ -62,10 +66,11 @@ async def get_usage(
     session: SessionDep, tenant: TenantDep,
     start: Annotated[Instant, Query(alias="from", description="inclusive start: ISO-8601 "
                                     "date or datetime (naive = UTC)",
-                                    examples=["2026-11-29"])] = None,
+                                    openapi_examples={"a day": {"value": "2026-11-29"}})] = None,
     end: Annotated[Instant, Query(alias="to", description="exclusive end: ISO-8601 date or "
                                   "datetime (naive = UTC)",
-                                  examples=["2026-11-30T00:00:00Z"])] = None,
+                                  openapi_examples={"an instant": {
+                                      "value": "2026-11-30T00:00:00Z"}})] = None,
     group_by: Annotated[GroupBy, Query(description="model, UTC day, or tenant")] = "model",
 ) -> UsageReport:
     """Every gateway attempt of the caller's tenant in [from, to), grouped; money is an exact
