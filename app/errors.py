@@ -31,6 +31,26 @@ def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": json_safe(message), "details": json_safe(details)}}
 
 
+OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
+                409: "conflict_error", 413: "invalid_request_error",
+                422: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def openai_error_body(status: int, message: str, code: str | None = None,
+                      param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error answer, `{"error": {"message", "type", "param", "code"}}`, for the /v1
+    routes (their SDKs raise their own error classes from it), safe to encode as JSON."""
+    return {"error": {"message": json_safe(message),
+                      "type": OPENAI_TYPES.get(status, "server_error"),
+                      "param": param, "code": code}}
+
+
+def is_openai_path(path: str) -> bool:
+    """The OpenAI-compatible routes, which answer every error in OpenAI's shape."""
+    return path.startswith("/v1/")
+
+
 class Refused(Exception):
     """A request the domain refuses — a swarm spec the engine cannot run (an unknown model, a
     cycle, an unknown tool, too many agents), a webhook URL the policy forbids: a SPEC code,

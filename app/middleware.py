@@ -13,16 +13,13 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
-from app.errors import error_body
-
-_OPENAI_TYPES = {403: "permission_error", 413: "invalid_request_error"}
+from app.errors import error_body, is_openai_path, openai_error_body
 
 
 async def _send_error(send: Send, status: int, code: str, message: str,
                       details: object = None, *, path: str = "") -> None:
     # the OpenAI-compatible routes answer in OpenAI's error shape (docs/OPENAI.md)
-    answer = ({"error": {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"),
-                         "param": None, "code": code}} if path.startswith("/v1/")
+    answer = (openai_error_body(status, message, code) if is_openai_path(path)
               else error_body(code, message, details))
     body = json.dumps(answer).encode()
     await send({"type": "http.response.start", "status": status,

@@ -12,7 +12,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from app.db.retry import database_unavailable
-from app.errors import ApiError, Refused, RequestInvalid, TooManyRequests, error_body
+from app.errors import (
+    ApiError,
+    Refused,
+    RequestInvalid,
+    TooManyRequests,
+    error_body,
+    is_openai_path,
+    openai_error_body,
+)
 from app.middleware import CatchAll, head_served
 from app.schemas import ErrorResponse
 
@@ -76,10 +84,15 @@ async def _refused(request: Request, exc: Refused) -> JSONResponse:
 
 
 async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """The router's own errors (no route, a method the path does not serve), in the shape of
+    the path's API: OpenAI's on /v1, so an OpenAI SDK reads `POST /v1/models`' answer too."""
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     headers = dict(exc.headers) if exc.headers else None
     if exc.status_code == 405:
         headers = {**(headers or {}), "Allow": allowed_methods(request)}
+    if is_openai_path(request.url.path):
+        return JSONResponse(openai_error_body(exc.status_code, str(exc.detail), code),
+                            status_code=exc.status_code, headers=headers)
     return error_response(exc.status_code, code, str(exc.detail), None, headers)
 
 

@@ -22,14 +22,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.errors import _field, as_api_error
 from app.db.retry import database_unavailable
-from app.errors import ApiError, Refused, json_safe
+from app.errors import ApiError, Refused, openai_error_body
 from app.openai_schemas import OpenAIError
 
 log = logging.getLogger(__name__)
 
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-         404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
-         422: "invalid_request_error", 429: "rate_limit_error"}
 DESCRIPTIONS = {
     400: "the body is not JSON, has an unknown `agent_swarm` key or a parameter a swarm "
          "cannot honour",
@@ -48,15 +45,13 @@ def openai_error(status: int, message: str, code: str | None = None, param: str 
                  retry: bool | None = None) -> JSONResponse:
     """The error answer. `retry=False` adds `x-should-retry: false`, which the OpenAI SDKs obey:
     retrying a request that ran a swarm would run (and pay for) another one."""
-    body: dict[str, Any] = {"message": json_safe(message),
-                            "type": TYPES.get(status, "server_error"),
-                            "param": param, "code": code}
+    answer = openai_error_body(status, message, code, param)
     if swarm_id is not None:
-        body["swarm_id"] = swarm_id
+        answer["error"]["swarm_id"] = swarm_id
     out = dict(headers or {})
     if retry is not None:
         out["x-should-retry"] = "true" if retry else "false"
-    return JSONResponse({"error": body}, status_code=status, headers=out)
+    return JSONResponse(answer, status_code=status, headers=out)
 
 
 def openai_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:

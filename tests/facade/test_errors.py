@@ -45,6 +45,24 @@ async def test_wrong_key_is_the_sdks_authentication_error(facade_sqlite: Facade)
     assert error_of(r)["code"] == "unauthorized"
 
 
+async def test_the_routers_own_errors_on_v1_are_in_openais_shape(facade_sqlite: Facade) -> None:
+    """A path or method /v1 does not serve is answered by the router, not a route: in
+    OpenAI's shape too (it was the SPEC's), its 405 naming the methods served."""
+    for method, path, status, code in (
+            ("POST", "/v1/models", 405, "method_not_allowed"),
+            ("GET", "/v1/chat/completions", 405, "method_not_allowed"),
+            ("GET", "/v1/embeddings", 404, "not_found")):
+        r = await facade_sqlite.http.request(method, path)
+        assert r.status_code == status, (method, path, r.text)
+        err = error_of(r)
+        assert err["code"] == code and err["type"] in ("invalid_request_error",
+                                                       "not_found_error"), err
+    r = await facade_sqlite.http.post("/v1/models")
+    assert r.headers["allow"] == "GET, HEAD"
+    with pytest.raises(openai.NotFoundError):  # the SDK reads it as its own
+        await facade_sqlite.sdk().embeddings.create(model="kimi-k2.5", input="x")
+
+
 async def test_unknown_agent_swarm_key_is_a_400_naming_it(facade_sqlite: Facade) -> None:
     sdk = facade_sqlite.sdk(max_retries=0)
     with pytest.raises(openai.BadRequestError) as caught:
