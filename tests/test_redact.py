@@ -3,6 +3,7 @@ error: by pattern, not only when echoed exactly."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -45,6 +46,16 @@ def test_ordinary_errors_stay_readable(text: str) -> None:
     assert Redactor(KEY, BASE)(text) == text
 
 
+def _errors(node: Any, inside: bool = False) -> list[str]:
+    """Every string under an `error` key: where a leak would be. Ids and timestamps are left out,
+    where a secret's digits ("8443", "a1b2") turn up by chance."""
+    if isinstance(node, dict):
+        return [s for k, v in node.items() for s in _errors(v, inside or k == "error")]
+    if isinstance(node, list):
+        return [s for v in node for s in _errors(v, inside)]
+    return [node] if inside and isinstance(node, str) else []
+
+
 def _gateway(text: str) -> httpx.MockTransport:
     return httpx.MockTransport(lambda _: httpx.Response(401, json={"error": {"message": text}}))
 
@@ -81,5 +92,10 @@ async def test_stored_subtask_and_swarm_errors_are_redacted(sqlite_url: str) -> 
         await gateway.aclose()
     assert data["status"] == "failed" and data["error"]["code"] == "gateway_rejected"
     assert "revoked" in data["subtasks"][0]["error"]["message"]  # the reason stays readable
+    frames = [json.loads(line[5:]) for line in events.splitlines() if line.startswith("data:")]
+    texts = _errors(data) + _errors(frames)
+    assert sum("revoked" in t for t in texts) >= 3  # the swarm's, the subtask's, an event's
     for secret in SECRETS:
+        assert not any(secret in t for t in texts), secret
+    for secret in SECRETS[:3]:  # long enough never to turn up in an id or a time by chance
         assert secret not in str(data) and secret not in events, secret
