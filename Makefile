@@ -4,6 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+# pytest workers: half the suite's time is processes, leases and restarts waited on, not CPU
+TEST_WORKERS ?= 2
 
 .PHONY: run test lint install bench clean
 
@@ -30,7 +32,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
 
 # the LangGraph peer of bench_table runs in its own virtualenv: never a dependency of the service
 .venv-bench/bin/python:

@@ -30,6 +30,9 @@ from tests.helpers import (
     until,
 )
 
+# a well-formed id no swarm has (fixed: parametrized test ids must agree between xdist workers)
+UNKNOWN_ID = "5b0c9c1e-2f4e-4b8a-9d63-0e7a1f2c4d58"
+
 SWARM_KEYS = {"id", "status", "created_at", "started_at", "finished_at", "task", "metadata",
               "spec", "progress", "subtasks", "usage", "timing", "queue_position", "result",
               "error"}
@@ -166,7 +169,7 @@ async def test_views_from_core_rows_equal_views_from_orm_objects(harness: Harnes
                                                         if r.status == "succeeded")
 
 
-@pytest.mark.parametrize("swarm_id", [str(uuid.uuid4()), "nope", "a%00b", "%FF", "x" * 300])
+@pytest.mark.parametrize("swarm_id", [UNKNOWN_ID, "nope", "a%00b", "%FF", "x" * 300])
 async def test_unknown_or_malformed_id_is_404(api: Harness, swarm_id: str) -> None:
     for method, path in (("GET", f"/swarms/{swarm_id}"),
                          ("GET", f"/swarms/{swarm_id}?wait=30"),  # answered at once
@@ -470,8 +473,8 @@ async def test_health_ready_metrics(api: Harness) -> None:
     ("GET", "/nope", 404, "not_found"),
     ("GET", "/swarms/x/y/z", 404, "not_found"),
     ("DELETE", "/swarms", 405, "method_not_allowed"),
-    ("PUT", f"/swarms/{uuid.uuid4()}", 405, "method_not_allowed"),
-    ("GET", f"/swarms/{uuid.uuid4()}/cancel", 405, "method_not_allowed"),
+    ("PUT", f"/swarms/{UNKNOWN_ID}", 405, "method_not_allowed"),
+    ("GET", f"/swarms/{UNKNOWN_ID}/cancel", 405, "method_not_allowed"),
     ("POST", "/healthz", 405, "method_not_allowed"),
 ])
 async def test_framework_errors_have_the_error_shape(api: Harness, method: str, path: str,
