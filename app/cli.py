@@ -51,14 +51,15 @@ def serve(settings: Settings, host: str, port: int, engine: bool, workers: int =
 
 # every process's logging: this one's (main), and the spawned ones of `serve --workers N`
 # (uvicorn applies it in each); httpx logs one line per gateway call, httpx2 (the MCP SDK's
-# client) the same: noise
+# client) the same, alembic one per plugin it sets up on every start: noise
 LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"level": "INFO", "handlers": ["stderr"]},
-    "loggers": {"httpx": {"level": "WARNING"}, "httpx2": {"level": "WARNING"}},
+    "loggers": {"httpx": {"level": "WARNING"}, "httpx2": {"level": "WARNING"},
+                "alembic.runtime.plugins": {"level": "WARNING"}},
 }
 
 

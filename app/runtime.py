@@ -14,6 +14,7 @@ from app import tracing
 from app.config import Settings
 from app.db.migrate import upgrade_head_async
 from app.db.notify import CHANGED
+from app.db.retry import log_db_failure
 from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.engine import faults
 from app.engine.budget import DailyCap
@@ -74,8 +75,8 @@ async def _settle_stale_passthrough(sessions: SessionFactory) -> None:
     now on; a database that does not answer yet must not stop the start."""
     try:
         n = await settle_stale(sessions)
-    except Exception:
-        log.exception("settling stale passthrough attempts failed; the next start retries")
+    except Exception as exc:
+        log_db_failure(log, "settling stale passthrough attempts", exc, "the next start retries")
         return
     if n:
         log.warning("%d passthrough attempts of a dead process settled as unknown", n)

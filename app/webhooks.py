@@ -17,6 +17,7 @@ import httpx
 from app.config import Settings
 from app.db import queries
 from app.db import webhooks as repo
+from app.db.retry import log_db_failure
 from app.db.session import SessionFactory
 from app.db.tables import Webhook
 from app.outbound import PinnedTransport
@@ -74,8 +75,8 @@ class WebhookDispatcher:
                     async with self.sessions() as session, session.begin():
                         due = await repo.claim_due(session, free,
                                                    self.deadline_s + HOLD_SLACK_S)
-                except Exception:
-                    log.exception("claiming webhook deliveries failed; retrying")
+                except Exception as exc:
+                    log_db_failure(log, "claiming webhook deliveries", exc)
             for hook in due:
                 task = asyncio.create_task(self._deliver(hook), name=f"webhook {hook.swarm_id}")
                 self._inflight.add(task)

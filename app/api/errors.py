@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from app.db.retry import database_unavailable
+from app.db.retry import database_not_migrated, database_unavailable
 from app.errors import (
     ApiError,
     Refused,
@@ -111,13 +111,25 @@ def allowed_methods(request: Request) -> str:
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
-async def unhandled(exc: Exception) -> JSONResponse:
-    """The answer to an exception no handler took, logged here once: 503 while the database
-    is unreachable or its pool has no connection to give, else 500."""
+def database_refusal(exc: Exception) -> tuple[str, dict[str, str]] | None:
+    """The 503's message and headers (logged here, once) when `exc` is the database's state,
+    not the request's: unreachable, its pool with no connection to give, or not migrated yet
+    (a `serve` started before `swarm-api migrate`); None for anything else."""
     if database_unavailable(exc):  # pool timeouts included
         log.warning("database unavailable: %s", type(exc).__name__)
-        return error_response(503, "unavailable", "the database is unavailable; retry shortly",
-                              None, {"Retry-After": "1"})
+        return "the database is unavailable; retry shortly", {"Retry-After": "1"}
+    if database_not_migrated(exc):
+        log.warning("database not migrated (run `swarm-api migrate`): %s", type(exc).__name__)
+        return "the database is not migrated; its operator must run `swarm-api migrate`", {}
+    return None
+
+
+async def unhandled(exc: Exception) -> JSONResponse:
+    """The answer to an exception no handler took, logged here once: 503 for the database's
+    state (`database_refusal`), else 500."""
+    refusal = database_refusal(exc)
+    if refusal is not None:
+        return error_response(503, "unavailable", refusal[0], None, refusal[1])
     log.error("unhandled error", exc_info=exc)
     return error_response(500, "internal", "internal error")
 

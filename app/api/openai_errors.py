@@ -20,8 +20,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.errors import _field, as_api_error
-from app.db.retry import database_unavailable
+from app.api.errors import _field, as_api_error, database_refusal
 from app.errors import ApiError, Refused, openai_error_body
 from app.openai_schemas import OpenAIError
 
@@ -120,10 +119,9 @@ class OpenAIRoute(APIRoute):
                 return openai_error(exc.status_code, str(exc.detail), None,
                                     headers=dict(exc.headers or {}))
             except Exception as exc:
-                if database_unavailable(exc):
-                    log.warning("database unavailable: %s", exc)
-                    return openai_error(503, "the database is unavailable; retry shortly",
-                                        "unavailable", headers={"Retry-After": "1"})
+                refusal = database_refusal(exc)
+                if refusal is not None:
+                    return openai_error(503, refusal[0], "unavailable", headers=refusal[1])
                 log.error("unhandled error", exc_info=exc)
                 return openai_error(500, "internal error", "internal")
 

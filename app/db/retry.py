@@ -38,6 +38,30 @@ def database_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.InterfaceError) or _lost_connection(exc)
 
 
+# SQLSTATE 42P01 (undefined table), 42703 (undefined column): a schema behind the code's
+_SCHEMA_BEHIND = ("42P01", "42703")
+
+
+def database_not_migrated(exc: BaseException) -> bool:
+    """A statement that names a table or column the database does not have yet: `serve`
+    started before `swarm-api migrate` (PostgreSQL; SQLite migrates itself on start)."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    return str(getattr(orig, "sqlstate", "") or "") in _SCHEMA_BEHIND
+
+
+def log_db_failure(logger: logging.Logger, what: str, exc: BaseException,
+                   then: str = "retrying") -> None:
+    """A background round that failed and will be tried again (`then` says when): an outage
+    or a schema not yet migrated is one line (each would be the same traceback, about once a
+    second); anything else keeps its traceback."""
+    if database_unavailable(exc):
+        logger.warning("%s: database unavailable (%s); %s", what, type(exc).__name__, then)
+    elif database_not_migrated(exc):
+        logger.warning("%s: database not migrated (run `swarm-api migrate`); %s", what, then)
+    else:
+        logger.error("%s failed; %s", what, then, exc_info=exc)
+
+
 def _lost_connection(exc: BaseException | None) -> bool:
     # SQLSTATE classes 08 (connection exception) and 57 (operator intervention: shutdown)
     return str(getattr(exc, "sqlstate", "") or "")[:2] in ("08", "57")

@@ -14,7 +14,7 @@ from contextlib import suppress
 from app.config import Settings
 from app.db import leases
 from app.db.notify import CANCEL, QUEUED
-from app.db.retry import database_unavailable
+from app.db.retry import log_db_failure
 from app.db.session import SessionFactory
 from app.db.tables import Subtask, Swarm
 from app.engine.budget import SharedCap
@@ -164,7 +164,7 @@ class Scheduler:
                 await self._claim_some()
                 retry_s = 0.0
             except Exception as exc:
-                _log_failure("claiming", exc)
+                log_db_failure(log, "claiming", exc)
                 retry_s = min(max(retry_s * 2, 0.25), poll)
                 poll = retry_s
             with suppress(TimeoutError):
@@ -243,7 +243,7 @@ class Scheduler:
                 held = await leases.extend_leases(
                     session, self.owner, epochs, self.settings.lease_seconds)
         except Exception as exc:
-            _log_failure("heartbeat", exc)
+            log_db_failure(log, "heartbeat", exc)
             return
         for sid in epochs:
             entry = self.runners.get(sid)
@@ -255,10 +255,3 @@ class Scheduler:
             elif held[sid]:
                 entry[0].request_cancel()
 
-
-def _log_failure(what: str, exc: Exception) -> None:
-    """An outage is one line per attempt; anything else keeps its traceback."""
-    if database_unavailable(exc):
-        log.warning("%s: database unavailable (%s); retrying", what, type(exc).__name__)
-    else:
-        log.error("%s failed; retrying", what, exc_info=exc)
