@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from swarm_api_client import cli as client_cli
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from app.config import Settings
 
 log = logging.getLogger("swarm_api")
@@ -61,6 +63,17 @@ LOGGING: dict[str, Any] = {
     "loggers": {"httpx": {"level": "WARNING"}, "httpx2": {"level": "WARNING"},
                 "alembic.runtime.plugins": {"level": "WARNING"}},
 }
+
+
+def configuration_errors(exc: ValidationError) -> str:
+    """One line a setting: its variable and what is wrong, never the value it was given
+    (pydantic's own text repeats it: a database URL's password, a key)."""
+    lines = []
+    for err in exc.errors(include_url=False, include_input=False):
+        name = "SWARM_" + "_".join(str(p) for p in err["loc"]).upper() if err["loc"] else ""
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {name}: {msg}" if name and not msg.startswith(name) else f"  {msg}")
+    return "\n".join(lines)
 
 
 def _serve_workers(settings: Settings, host: str, port: int, engine: bool,
@@ -155,12 +168,14 @@ def main(argv: list[str] | None = None) -> int:
 
         run_simulator(args.host, args.port)
         return 0
+    from pydantic import ValidationError
+
     from app.config import Settings
 
     try:  # a bad setting or file (SWARM_TENANTS_FILE, ...) stops the process, saying why
         settings = Settings()
-    except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        print(f"swarm-api: invalid configuration: {exc}", file=sys.stderr)
+    except ValidationError as exc:
+        print(f"swarm-api: invalid configuration:\n{configuration_errors(exc)}", file=sys.stderr)
         return 2
     if args.command == "migrate":
         from app.db.migrate import upgrade_head

@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -13,6 +14,28 @@ from app.pricing import PriceTable
 from app.tenants import TenantLimits, TenantTable
 
 EMBEDDED_DATABASE_URL = "sqlite+aiosqlite:///./swarm.db"
+# SPEC §2: the two async drivers; the synchronous spellings a platform's DATABASE_URL comes
+# in (`postgres://`, `postgresql://`, `sqlite:///`) mean the async driver of their database
+_ASYNC_DRIVERS = {"postgres": "postgresql+asyncpg", "postgresql": "postgresql+asyncpg",
+                  "postgresql+asyncpg": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite",
+                  "sqlite+aiosqlite": "sqlite+aiosqlite"}
+
+
+def database_url_of(raw: str) -> str:
+    """SWARM_DATABASE_URL with its async driver; a ValueError that names the fix (never the
+    URL, which may hold a password) for a database this service does not run on, or a SQLite
+    file in a directory that does not exist."""
+    scheme, sep, rest = raw.strip().partition("://")
+    driver = _ASYNC_DRIVERS.get(scheme.lower()) if sep else None
+    if driver is None:
+        raise ValueError("SWARM_DATABASE_URL must be postgresql+asyncpg://user@host/db "
+                         "(PostgreSQL) or sqlite+aiosqlite:///path.db (SQLite)")
+    if driver == "sqlite+aiosqlite":
+        path = urlsplit(f"sqlite://{rest}").path[1:]  # `///x.db`: relative, `////x.db`: absolute
+        if path and path != ":memory:" and not Path(path).parent.is_dir():
+            raise ValueError(f"SWARM_DATABASE_URL: the SQLite file's directory "
+                             f"{str(Path(path).parent)!r} does not exist")
+    return f"{driver}://{rest}"
 
 
 def parse_api_keys(raw: str) -> dict[str, str]:
@@ -94,10 +117,21 @@ class Settings(BaseSettings):
     # crash tests only: SIGKILL this process at `<point>:<subtask>[,…]` (app/engine/faults.py)
     crash_at: str = ""
 
+    @field_validator("database_url")
+    @classmethod
+    def _async_driver(cls, v: str) -> str:
+        return database_url_of(v)
+
     @field_validator("gateway_url")
     @classmethod
-    def _strip_slash(cls, v: str | None) -> str | None:
-        return v.rstrip("/") if v else None
+    def _gateway_base(cls, v: str | None) -> str | None:
+        if not v:
+            return None
+        parts = urlsplit(v.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("SWARM_GATEWAY_URL must be an http(s) base URL, such as "
+                             "https://gateway.example/v1")
+        return v.strip().rstrip("/")
 
     @field_validator("crash_at")
     @classmethod

@@ -116,6 +116,23 @@ def test_unreachable_service_and_refused_key(api_url: str, tmp_path: Path) -> No
     assert invalid.returncode == 2 and "unknown_model" in invalid.stderr
 
 
+def test_a_bad_setting_stops_the_process_naming_it_not_its_value(tmp_path: Path) -> None:
+    """One line a setting (its variable, what is wrong), exit 2, nothing created; a value is
+    never echoed: a database URL carries its password."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    env.update(SWARM_DATABASE_URL="mysql://app:hunter2@db/swarm", SWARM_MAX_AGENTS="lots",
+               SWARM_GATEWAY_URL="gateway.example/v1")
+    run = subprocess.run([CLI, "serve", "--port", str(free_port())], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.splitlines()
+    assert lines[0] == "swarm-api: invalid configuration:", run.stderr
+    assert sorted(line.split(":")[0].split()[0] for line in lines[1:]) == [
+        "SWARM_DATABASE_URL", "SWARM_GATEWAY_URL", "SWARM_MAX_AGENTS"], run.stderr
+    assert "hunter2" not in run.stderr and "lots" not in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(("workers", "database", "says"), [
     ("2", "sqlite+aiosqlite:///./swarm.db", "serve --workers needs PostgreSQL"),
     ("0", "sqlite+aiosqlite:///./swarm.db", "--workers must be at least 1"),

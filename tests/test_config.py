@@ -89,6 +89,41 @@ def test_migrations_dir_and_crash_points_are_settings(
         _settings(crash_at="before_call")
 
 
+@pytest.mark.parametrize(("given", "meant"), [
+    ("sqlite+aiosqlite:///./swarm.db", "sqlite+aiosqlite:///./swarm.db"),
+    ("sqlite+aiosqlite://", "sqlite+aiosqlite://"),  # in memory
+    ("sqlite:///./x.db?mode=rwc", "sqlite+aiosqlite:///./x.db?mode=rwc"),
+    ("postgresql+asyncpg://u:p@db:5432/swarm", "postgresql+asyncpg://u:p@db:5432/swarm"),
+    ("postgresql://u:p@db/swarm", "postgresql+asyncpg://u:p@db/swarm"),
+    ("postgres://u@db/swarm", "postgresql+asyncpg://u@db/swarm"),  # a platform's DATABASE_URL
+    (" POSTGRES://u@db/swarm ", "postgresql+asyncpg://u@db/swarm"),
+])
+def test_database_urls_name_their_async_driver(given: str, meant: str) -> None:
+    assert _settings(database_url=given).database_url == meant
+
+
+@pytest.mark.parametrize(("given", "why"), [
+    ("mysql://u:hunter2@db/swarm", "must be postgresql[+]asyncpg://"),
+    ("postgresql+psycopg2://u:hunter2@db/swarm", "must be postgresql[+]asyncpg://"),
+    ("swarm.db", "must be postgresql[+]asyncpg://"),
+    ("", "must be postgresql[+]asyncpg://"),
+    ("sqlite+aiosqlite:////nowhere/at/all/swarm.db", "'/nowhere/at/all' does not exist"),
+])
+def test_a_database_this_service_cannot_open_is_refused_when_built(given: str, why: str) -> None:
+    with pytest.raises(ValidationError, match=why):
+        _settings(database_url=given)
+
+
+@pytest.mark.parametrize("given", ["notaurl", "gateway.example/v1", "ftp://gw/v1", "http://",
+                                   "https:///v1"])
+def test_a_gateway_url_is_an_http_base_url(given: str) -> None:
+    with pytest.raises(ValidationError, match=r"must be an http\(s\) base URL"):
+        _settings(gateway_url=given)
+    assert _settings(gateway_url=" https://gw.example:8443/v1/ ").gateway_url == \
+        "https://gw.example:8443/v1"
+    assert _settings(gateway_url="").gateway_url is None
+
+
 async def test_statement_errors_do_not_carry_their_parameters(tmp_path: Any) -> None:
     engine = make_db_engine(f"sqlite+aiosqlite:///{tmp_path}/x.db")
     try:
