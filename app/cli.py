@@ -53,7 +53,8 @@ def serve(settings: Settings, host: str, port: int, engine: bool, workers: int =
 
 # every process's logging: this one's (main), and the spawned ones of `serve --workers N`
 # (uvicorn applies it in each); httpx logs one line per gateway call, httpx2 (the MCP SDK's
-# client) the same, alembic one per plugin it sets up on every start: noise
+# client) the same, alembic one per plugin it sets up on every start, SQLAlchemy's pool (the
+# engine's FairQueuePool logs under app.db.pool) two per connection lost: noise
 LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -61,7 +62,8 @@ LOGGING: dict[str, Any] = {
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"level": "INFO", "handlers": ["stderr"]},
     "loggers": {"httpx": {"level": "WARNING"}, "httpx2": {"level": "WARNING"},
-                "alembic.runtime.plugins": {"level": "WARNING"}},
+                "alembic.runtime.plugins": {"level": "WARNING"},
+                "app.db.pool": {"level": "WARNING"}},
 }
 
 
@@ -74,6 +76,24 @@ def configuration_errors(exc: ValidationError) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"  {name}: {msg}" if name and not msg.startswith(name) else f"  {msg}")
     return "\n".join(lines)
+
+
+def migrate(settings: Settings) -> bool:
+    """`alembic upgrade head`; a database it cannot reach (refused, not created, a wrong
+    password) is one line on stderr and False, not a traceback. A migration that fails on a
+    reachable database raises: its traceback is what to fix."""
+    from app.db.migrate import upgrade_head
+    from app.db.retry import database_unavailable, reason
+
+    try:
+        upgrade_head(settings.database_url, settings.migrations_dir)
+    except Exception as exc:
+        if not database_unavailable(exc):
+            raise
+        print(f"swarm-api: cannot migrate: database unavailable ({reason(exc)})",
+              file=sys.stderr)
+        return False
+    return True
 
 
 def _serve_workers(settings: Settings, host: str, port: int, engine: bool,
@@ -90,10 +110,8 @@ def _serve_workers(settings: Settings, host: str, port: int, engine: bool,
         print("swarm-api: serve --workers needs PostgreSQL (SWARM_DATABASE_URL): SQLite is "
               "the one-process embedded default", file=sys.stderr)
         return 2
-    if settings.migrate_on_start:  # once, here: N processes migrating at once would race
-        from app.db.migrate import upgrade_head
-
-        upgrade_head(settings.database_url, settings.migrations_dir)
+    if settings.migrate_on_start and not migrate(settings):  # once, here: N at once race
+        return 1
     # what the spawned processes read when they build their Settings and import metrics
     os.environ["SWARM_AUTO_MIGRATE"] = "0"
     os.environ["SWARM_ENGINE"] = "1" if engine else "0"
@@ -178,9 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"swarm-api: invalid configuration:\n{configuration_errors(exc)}", file=sys.stderr)
         return 2
     if args.command == "migrate":
-        from app.db.migrate import upgrade_head
-
-        upgrade_head(settings.database_url, settings.migrations_dir)
+        if not migrate(settings):
+            return 1
         print("database at head")
         return 0
     if args.command == "worker":

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.pricing import PriceTable
 from app.tenants import TenantLimits, TenantTable
+from app.tools.config import load_config
 
 EMBEDDED_DATABASE_URL = "sqlite+aiosqlite:///./swarm.db"
 # SPEC §2: the two async drivers; the synchronous spellings a platform's DATABASE_URL comes
@@ -155,6 +156,8 @@ class Settings(BaseSettings):
             raise ValueError(f"SWARM_DEFAULT_MODEL {self.default_model!r} has no price "
                              f"(priced: {', '.join(self.prices.names())})")
         _ = self.tenants  # SWARM_TENANTS_FILE read and checked now (ValueError says why)
+        if self.mcp_config:  # read again when the servers start; a typo stops no running swarm
+            load_config(self.mcp_config)
         return self
 
     @property

@@ -16,7 +16,7 @@ import pytest
 from swarm_api_client import SwarmClient
 from tests.client_support import API_KEY, SERVICE_ENV, five_agents
 from tests.procs import live_service
-from tests.support import CLI, free_port
+from tests.support import CLI, PG_URL, free_port, with_db
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -131,6 +131,22 @@ def test_a_bad_setting_stops_the_process_naming_it_not_its_value(tmp_path: Path)
         "SWARM_DATABASE_URL", "SWARM_GATEWAY_URL", "SWARM_MAX_AGENTS"], run.stderr
     assert "hunter2" not in run.stderr and "lots" not in run.stderr, run.stderr
     assert "Traceback" not in run.stderr and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("database", "says"), [
+    (f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/test", "ConnectionRefusedError"),
+    (with_db(PG_URL, "swarm_never_created"), 'database "swarm_never_created" does not exist'),
+], ids=["refused", "not_created"])  # fixed ids: every xdist worker must collect the same tests
+def test_migrate_says_in_a_line_why_it_cannot_reach_the_database(database: str, says: str,
+                                                                  tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    env["SWARM_DATABASE_URL"] = database
+    run = subprocess.run([CLI, "migrate"], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.startswith("swarm-api: cannot migrate: database unavailable (")
+    assert says in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert len(run.stderr.splitlines()) == 1, run.stderr  # nor the pool's INFO lines
 
 
 @pytest.mark.parametrize(("workers", "database", "says"), [

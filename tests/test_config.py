@@ -73,6 +73,14 @@ def test_bad_files_are_refused_when_built(tmp_path: Path) -> None:
         _settings(tenants_file=str(tenants))
     with pytest.raises(ValidationError, match=r"nowhere\.toml"):
         _settings(tenants_file=str(tmp_path / "nowhere.toml"))
+    mcp = tmp_path / "mcp.json"
+    mcp.write_text("{bad")
+    with pytest.raises(ValidationError, match=r"SWARM_MCP_CONFIG .*mcp\.json"):
+        _settings(mcp_config=str(mcp))
+    with pytest.raises(ValidationError, match=r"SWARM_MCP_CONFIG .*nowhere\.json"):
+        _settings(mcp_config=str(tmp_path / "nowhere.json"))
+    mcp.write_text('{"mcpServers": {"search": {"command": "search-mcp"}}}')
+    assert _settings(mcp_config=str(mcp)).mcp_config == str(mcp)  # its servers start later
 
 
 def test_migrations_dir_and_crash_points_are_settings(

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from app.db.retry import database_not_migrated, database_unavailable
+from app.db.retry import database_not_migrated, database_unavailable, reason
 from app.errors import (
     ApiError,
     Refused,
@@ -116,7 +116,7 @@ def database_refusal(exc: Exception) -> tuple[str, dict[str, str]] | None:
     not the request's: unreachable, its pool with no connection to give, or not migrated yet
     (a `serve` started before `swarm-api migrate`); None for anything else."""
     if database_unavailable(exc):  # pool timeouts included
-        log.warning("database unavailable: %s", type(exc).__name__)
+        log.warning("database unavailable: %s", reason(exc))
         return "the database is unavailable; retry shortly", {"Retry-After": "1"}
     if database_not_migrated(exc):
         log.warning("database not migrated (run `swarm-api migrate`): %s", type(exc).__name__)

@@ -55,7 +55,7 @@ def log_db_failure(logger: logging.Logger, what: str, exc: BaseException,
     or a schema not yet migrated is one line (each would be the same traceback, about once a
     second); anything else keeps its traceback."""
     if database_unavailable(exc):
-        logger.warning("%s: database unavailable (%s); %s", what, type(exc).__name__, then)
+        logger.warning("%s: database unavailable (%s); %s", what, reason(exc), then)
     elif database_not_migrated(exc):
         logger.warning("%s: database not migrated (run `swarm-api migrate`); %s", what, then)
     else:
@@ -63,13 +63,25 @@ def log_db_failure(logger: logging.Logger, what: str, exc: BaseException,
 
 
 def _lost_connection(exc: BaseException | None) -> bool:
-    # SQLSTATE classes 08 (connection exception) and 57 (operator intervention: shutdown)
-    return str(getattr(exc, "sqlstate", "") or "")[:2] in ("08", "57")
+    # SQLSTATE classes 08 (connection exception), 57 (operator intervention: shutdown) and 28
+    # (authorization: a password being rotated), and 3D000 (the database is not created yet):
+    # no connection to work with, which retrying may get once its operator acts
+    state = str(getattr(exc, "sqlstate", "") or "")
+    return state[:2] in ("08", "57", "28") or state == "3D000"
+
+
+def reason(exc: BaseException) -> str:
+    """A database error in one line for a log: the driver's type and first line (a refused
+    port, a missing database, a failed password); never the statement or its parameters."""
+    orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    first = next(iter(str(orig).splitlines()), "")[:200]
+    return f"{type(orig).__name__}: {first}" if first else type(orig).__name__
 
 
 def _log_retry(state: RetryCallState) -> None:
     exc = state.outcome.exception() if state.outcome else None
-    log.warning("database unavailable (%s); retrying transaction", type(exc).__name__)
+    log.warning("database unavailable (%s); retrying transaction",
+                reason(exc) if exc else None)
 
 
 # stateless: built once, not per transaction (every group commit goes through here)
