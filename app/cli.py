@@ -133,7 +133,12 @@ async def _worker(settings: Settings) -> int:
     server = None
     if settings.metrics_port is not None:
         # the engine's series live here, not in the API process: Prometheus scrapes workers too
-        server, _ = metrics.serve_http(settings.metrics_port, settings.metrics_host)
+        try:
+            server, _ = metrics.serve_http(settings.metrics_port, settings.metrics_host)
+        except OSError as exc:  # the port taken, a host not of this machine: as uvicorn says it
+            print(f"swarm-api worker: cannot serve /metrics on {settings.metrics_host}:"
+                  f"{settings.metrics_port} (SWARM_METRICS_PORT): {exc}", file=sys.stderr)
+            return 1
         log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -200,3 +200,17 @@ def test_worker_serves_metrics_on_its_own_port(tmp_path: Path) -> None:
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(20)
     assert code == 0, log.read_text()
+
+
+def test_a_worker_whose_metrics_port_is_taken_says_so_and_exits_1(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "SWARM_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/w.db",
+               "SWARM_METRICS_PORT": str(port)}
+        run = subprocess.run([str(BIN / "swarm-api"), "worker"], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.strip() == (f"swarm-api worker: cannot serve /metrics on 127.0.0.1:{port} "
+                                  "(SWARM_METRICS_PORT): [Errno 98] Address already in use")
