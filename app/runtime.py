@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 from contextlib import AsyncExitStack
@@ -72,7 +73,8 @@ def make_scheduler(settings: Settings, sessions: SessionFactory, gateway: Gatewa
 
 async def _settle_stale_passthrough(sessions: SessionFactory) -> None:
     """Passthrough attempts a dead process left `in_flight` count (at their reservation) from
-    now on; a database that does not answer yet must not stop the start."""
+    now on; a database that does not answer yet must not stop the start (nor hold it: this
+    runs beside it, and its retries took 15 s before the port opened)."""
     try:
         n = await settle_stale(sessions)
     except Exception as exc:
@@ -80,6 +82,12 @@ async def _settle_stale_passthrough(sessions: SessionFactory) -> None:
         return
     if n:
         log.warning("%d passthrough attempts of a dead process settled as unknown", n)
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 # CPython collects generation 0 after 700 net allocations of container objects; a subtask
@@ -143,8 +151,7 @@ class Runtime:
             self.db = make_db_engine(settings.database_url)
             stack.push_async_callback(self.db.dispose)
             self.sessions = make_session_factory(self.db)
-            if self._listen or settings.is_sqlite:  # an API process: the facade's ledger rows
-                await _settle_stale_passthrough(self.sessions)
+            await self._settle_stale()
             self.gateway = self._given_gateway or make_gateway(settings)
             if self._given_gateway is None:
                 stack.push_async_callback(self.gateway.aclose)
@@ -175,6 +182,18 @@ class Runtime:
             await stack.aclose()
             raise
         return self
+
+    async def _settle_stale(self) -> None:
+        """An API process's start settles the facade's attempts a dead process left: on
+        PostgreSQL beside the start, as the database may not answer yet (only attempts older
+        than the horizon, so none of this process's own); SQLite, a local file, answers, and
+        aiosqlite's thread must not outlive the loop of a cancelled query."""
+        if self.settings.is_sqlite:
+            await _settle_stale_passthrough(self.sessions)
+        elif self._listen:
+            task = asyncio.create_task(_settle_stale_passthrough(self.sessions),
+                                       name="settle stale passthrough")
+            self._stack.push_async_callback(_cancelled, task)
 
     async def _start_engine(self) -> None:
         engine, daily = make_scheduler(self.settings, self.sessions, self.gateway,
