@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -28,3 +29,11 @@ async def run_to_end(aw: Awaitable[T]) -> T:
     if cancelled:
         raise asyncio.CancelledError
     return result
+
+
+async def cancel_and_wait(task: asyncio.Task[T]) -> None:
+    """Cancel a background task and wait until it has stopped (its own cancellation is not
+    an error to its owner)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 from contextlib import AsyncExitStack
@@ -12,6 +11,7 @@ from types import TracebackType
 import httpx
 
 from app import tracing
+from app.aio import cancel_and_wait
 from app.config import Settings
 from app.db.migrate import upgrade_head_async
 from app.db.notify import CHANGED
@@ -82,12 +82,6 @@ async def _settle_stale_passthrough(sessions: SessionFactory) -> None:
         return
     if n:
         log.warning("%d passthrough attempts of a dead process settled as unknown", n)
-
-
-async def _cancelled(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 # CPython collects generation 0 after 700 net allocations of container objects; a subtask
@@ -193,7 +187,7 @@ class Runtime:
         elif self._listen:
             task = asyncio.create_task(_settle_stale_passthrough(self.sessions),
                                        name="settle stale passthrough")
-            self._stack.push_async_callback(_cancelled, task)
+            self._stack.push_async_callback(cancel_and_wait, task)
 
     async def _start_engine(self) -> None:
         engine, daily = make_scheduler(self.settings, self.sessions, self.gateway,

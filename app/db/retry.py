@@ -45,7 +45,7 @@ _SCHEMA_BEHIND = ("42P01", "42703")
 def database_not_migrated(exc: BaseException) -> bool:
     """A statement that names a table or column the database does not have yet: `serve`
     started before `swarm-api migrate` (PostgreSQL; SQLite migrates itself on start)."""
-    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    orig = _driver_error(exc)
     return str(getattr(orig, "sqlstate", "") or "") in _SCHEMA_BEHIND
 
 
@@ -70,10 +70,15 @@ def _lost_connection(exc: BaseException | None) -> bool:
     return state[:2] in ("08", "57", "28") or state == "3D000"
 
 
+def _driver_error(exc: BaseException) -> BaseException:
+    """The driver's own error inside SQLAlchemy's wrapper (which carries its SQLSTATE)."""
+    return exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+
+
 def reason(exc: BaseException) -> str:
     """A database error in one line for a log: the driver's type and first line (a refused
     port, a missing database, a failed password); never the statement or its parameters."""
-    orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    orig = _driver_error(exc)
     first = next(iter(str(orig).splitlines()), "")[:200]
     return f"{type(orig).__name__}: {first}" if first else type(orig).__name__
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 
+from app.aio import cancel_and_wait
 from app.db.session import asyncpg_dsn
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,7 @@ class PgListener:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     def _dispatch(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
         handler = self._handlers.get(channel)
