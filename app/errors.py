@@ -33,7 +33,7 @@ def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
 
 OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
-                409: "conflict_error", 413: "invalid_request_error",
+                409: "conflict_error", 413: "invalid_request_error", 415: "invalid_request_error",
                 422: "invalid_request_error", 429: "rate_limit_error"}
 
 

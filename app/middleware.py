@@ -17,14 +17,15 @@ from app.errors import error_body, is_openai_path, openai_error_body
 
 
 async def _send_error(send: Send, status: int, code: str, message: str,
-                      details: object = None, *, path: str = "") -> None:
+                      details: object = None, *, path: str = "",
+                      headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     # the OpenAI-compatible routes answer in OpenAI's error shape (docs/OPENAI.md)
     answer = (openai_error_body(status, message, code) if is_openai_path(path)
               else error_body(code, message, details))
     body = json.dumps(answer).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+                            (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -67,18 +68,33 @@ class LoopbackOnly:
         await self.app(scope, receive, send)
 
 
-def _declared_length(scope: Scope) -> int:
+def _declared(scope: Scope) -> tuple[int, bytes]:
+    """The request's Content-Length (0 when absent or unreadable) and Content-Encoding."""
+    length, encoding = 0, b""
     for name, value in scope["headers"]:
         if name == b"content-length":
             try:
-                return int(value)
+                length = int(value)
             except ValueError:
-                return 0
-    return 0
+                length = 0
+        elif name == b"content-encoding":
+            encoding = value.strip().lower()
+    return length, encoding
+
+
+async def _send_415(send: Send, encoding: bytes, path: str) -> None:
+    # RFC 7694: the codings the server takes, in Accept-Encoding. A compressed body would
+    # otherwise read as "not valid JSON", and decompressing one defeats the body limit.
+    coding = encoding.decode("latin-1")
+    await _send_error(send, 415, "unsupported_media_type",
+                      f"request bodies are not accepted with Content-Encoding {coding!r}: "
+                      f"send the body uncompressed", {"content_encoding": coding},
+                      path=path, headers=((b"accept-encoding", b"identity"),))
 
 
 class BodyLimit:
-    """Answer 413 for bodies over `limit` bytes, by Content-Length or while streaming."""
+    """Answer 413 for bodies over `limit` bytes, by Content-Length or while streaming, and
+    415 for a body in a content coding (the API reads identity bodies only)."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -88,7 +104,8 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if _declared_length(scope) > self.limit:
+        length, encoding = _declared(scope)
+        if length > self.limit:
             await _send_413(send, self.limit, scope["path"])
             return
         # Read the whole body first (it is at most `limit` bytes): a limit hit while the app
@@ -107,6 +124,9 @@ class BodyLimit:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+        if seen and encoding not in (b"", b"identity"):
+            await _send_415(send, encoding, scope["path"])
+            return
         replayed = False
 
         async def replay() -> Message:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from app.schemas import MaxTokens, ModelName, Temperature
+from app.schemas import Int, MaxTokens, ModelName, Number, Temperature
 
 FanIn = Literal["weighted_vote", "majority", "concatenate", "synthesize"]
 
@@ -42,12 +42,12 @@ class AgentSwarmOptions(BaseModel):
     # `"enabled": 0` (or "no") for false, which the schema refuses
     enabled: StrictBool = Field(description="true runs a swarm; false (or no `agent_swarm`) "
                                             "sends the request to the gateway unchanged")
-    max_sub_agents: int | None = Field(
+    max_sub_agents: Int | None = Field(
         default=None, ge=1, le=1000, description="the planner's bound: orchestrator.max_subtasks")
     fan_in_strategy: FanIn | None = Field(
         default=None, description="weighted_vote | majority -> vote, concatenate -> "
                                   "concatenate, absent (or synthesize) -> synthesize")
-    failure_tolerance: float | None = Field(
+    failure_tolerance: Number | None = Field(
         default=None, ge=0, le=1, description="limits.failure_tolerance")
     per_sub_agent_max_tokens: MaxTokens | None = Field(
         default=None, description="each worker's max_tokens")

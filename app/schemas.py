@@ -10,11 +10,13 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 METADATA_MAX_DEPTH = 32
@@ -53,10 +55,25 @@ def _json_value(v: Any, depth: int) -> None:
             _json_value(item, depth + 1)
 
 
+def _json_number(v: Any) -> Any:
+    """A number as the schema says: pydantic's lax mode took `true` for 1 and `"8"` for 8
+    (`"max_attempts": true` ran one attempt). An integral float stays an integer, as JSON
+    Schema has it (`8.0`)."""
+    if isinstance(v, bool | str):
+        raise PydanticCustomError(
+            "number_type", "Input should be a JSON number, not {kind}",
+            {"kind": "a boolean" if isinstance(v, bool) else "a string"})
+    return v
+
+
+# numbers of a request: JSON numbers only (a budget may also be a decimal string: money)
+Int = Annotated[int, BeforeValidator(_json_number)]
+Number = Annotated[float, BeforeValidator(_json_number)]
+
 Text = Annotated[str, AfterValidator(_storable)]
 AgentName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
-MaxTokens = Annotated[int, Field(ge=1, le=128_000)]
-Temperature = Annotated[float, Field(ge=0, le=2)]
+MaxTokens = Annotated[Int, Field(ge=1, le=128_000)]
+Temperature = Annotated[Number, Field(ge=0, le=2)]
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=64),
                       AfterValidator(_storable)]
 # `server` (all its tools) or `server.tool` (one; MCP tool names are 1-128 of [A-Za-z0-9_.-])
@@ -98,9 +115,9 @@ class AgentCreate(Strict):
     max_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     depends_on: list[AgentName] = Field(default_factory=list, max_length=1000)
-    weight: float = Field(default=1.0, gt=0, le=1e6)
+    weight: Number = Field(default=1.0, gt=0, le=1e6)
     tools: ToolSelectors | None = None
-    max_turns: int = Field(default=8, ge=1, le=50)
+    max_turns: Int = Field(default=8, ge=1, le=50)
 
 
 class OrchestratorOptions(Strict):
@@ -108,8 +125,8 @@ class OrchestratorOptions(Strict):
     system_prompt: Text = Field(default="", max_length=100_000,
                                 description="the caller's guidance, added to the planner's "
                                             "instructions")
-    max_subtasks: int = Field(default=8, ge=1, le=1000)
-    max_depth: int = Field(default=3, ge=1, le=20)
+    max_subtasks: Int = Field(default=8, ge=1, le=1000)
+    max_depth: Int = Field(default=3, ge=1, le=20)
 
 
 class SynthesisOptions(Strict):
@@ -120,13 +137,13 @@ class SynthesisOptions(Strict):
 
 
 class Limits(Strict):
-    concurrency: int = Field(default=8, ge=1, le=1000)
+    concurrency: Int = Field(default=8, ge=1, le=1000)
     budget_usd: Decimal | None = Field(default=None, gt=0, max_digits=20, decimal_places=12)
-    failure_tolerance: float = Field(default=0.0, ge=0, le=1)
-    max_attempts: int = Field(default=3, ge=1, le=10)
-    subtask_timeout_s: float = Field(default=60.0, gt=0, le=3600)
-    deadline_s: float = Field(default=900.0, gt=0, le=86_400)
-    max_tool_calls: int = Field(default=1000, ge=1, le=1_000_000)
+    failure_tolerance: Number = Field(default=0.0, ge=0, le=1)
+    max_attempts: Int = Field(default=3, ge=1, le=10)
+    subtask_timeout_s: Number = Field(default=60.0, gt=0, le=3600)
+    deadline_s: Number = Field(default=900.0, gt=0, le=86_400)
+    max_tool_calls: Int = Field(default=1000, ge=1, le=1_000_000)
 
 
 class SwarmCreate(Strict):

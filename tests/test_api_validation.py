@@ -3,6 +3,7 @@ offending field, and stores nothing."""
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import math
@@ -110,12 +111,27 @@ async def test_unknown_model_lists_priced_models(api: Harness) -> None:
                   "synthesis": {"max_tokens": 128_000}}, id="max-tokens-edge"),
     pytest.param(body_with(model="deepseek-v3.2", synthesis={"model": "gpt-4.1"},
                        orchestrator={"model": "gemini-2.5-flash"}), id="priced-models"),
+    # JSON Schema's integer: 8.0 is one; a budget may be a decimal string (money)
+    pytest.param(body_with(max_tokens=100.0, limits={"concurrency": 4.0, "max_attempts": 2.0}),
+                 id="integral-floats"),
+    pytest.param(body_with(limits={"budget_usd": "0.125"}), id="budget-decimal-string"),
 ])
 async def test_valid_edges_are_accepted(small: Harness, body: dict[str, Any]) -> None:
     """The rules reject exactly the invalid side of each bound."""
     r = await small.client.post("/swarms", json=body)
     assert r.status_code == 202, r.text
     assert await swarm_count(small.client) == 1
+
+
+async def test_numbers_are_kept_as_the_schema_types_them(small: Harness) -> None:
+    """An integral float is the integer it names; a decimal-string budget its exact amount."""
+    r = await small.client.post("/swarms", json=body_with(
+        max_tokens=100.0, limits={"concurrency": 4.0, "budget_usd": "0.125"}))
+    assert r.status_code == 202, r.text
+    spec = r.json()["spec"]
+    assert spec["max_tokens"] == 100 and isinstance(spec["max_tokens"], int)
+    assert spec["limits"]["concurrency"] == 4 and isinstance(spec["limits"]["concurrency"], int)
+    assert float(spec["limits"]["budget_usd"]) == 0.125
 
 
 async def test_invalid_json_is_400(api: Harness) -> None:
@@ -150,6 +166,27 @@ async def test_body_over_limit_with_content_length_is_413(small: Harness) -> Non
     err = error_of(r, 413, "payload_too_large")
     assert err["details"]["limit"] == MAX_BODY
     assert await swarm_count(small.client) == 0
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br", "Deflate"])
+async def test_compressed_body_is_415_naming_the_coding(small: Harness, coding: str) -> None:
+    """A body in a content coding is refused for what it is (it read as "not valid JSON")."""
+    raw = gzip.compress(json.dumps({"task": "t", "agents": A}).encode())
+    r = await small.client.post("/swarms", content=raw, headers={
+        "content-type": "application/json", "content-encoding": coding})
+    err = error_of(r, 415, "unsupported_media_type")
+    assert err["details"] == {"content_encoding": coding.lower()}
+    assert r.headers["accept-encoding"] == "identity"
+    assert await swarm_count(small.client) == 0
+
+
+async def test_identity_coding_and_bodiless_requests_are_read(small: Harness) -> None:
+    body = json.dumps({"task": "t", "agents": A}).encode()
+    r = await small.client.post("/swarms", content=body, headers={
+        "content-type": "application/json", "content-encoding": "identity"})
+    assert r.status_code == 202, r.text
+    r = await small.client.get("/swarms", headers={"content-encoding": "gzip"})
+    assert r.status_code == 200 and len(r.json()["items"]) == 1
 
 
 async def test_body_over_limit_streamed_without_length_is_413(small: Harness) -> None:

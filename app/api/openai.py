@@ -49,7 +49,7 @@ async def list_models(settings: SettingsDep, tenant: TenantDep) -> ModelList:
                                     "stream. " + _STREAM_DOC,
                      "content": {"text/event-stream": {"schema": json_event_schema(
                          inline_schema(ChatCompletionChunk), done_marker="[DONE]")}}},
-               **openai_responses(400, 401, 409, 413, 422, 429, 502, 503)},
+               **openai_responses(400, 401, 409, 413, 415, 422, 429, 502, 503)},
     summary="Create a chat completion (or, with agent_swarm, run a swarm)",
     operation_id="createChatCompletion",
 )

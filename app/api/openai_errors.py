@@ -33,6 +33,7 @@ DESCRIPTIONS = {
     403: "a client off loopback while the API has no keys (SWARM_API_KEYS)",
     409: "the swarm was cancelled",
     413: "request body too large",
+    415: "a compressed body (Content-Encoding): send it uncompressed",
     422: "a value is invalid (type, range, a model without a price)",
     429: "a quota, the daily cap, or the gateway's rate limit (see Retry-After)",
     502: "the swarm failed, or the gateway refused our credentials",

@@ -32,7 +32,7 @@ RETRYABLE = (SwarmStatus.failed, SwarmStatus.cancelled)
 
 @router.post(
     "/{swarm_id}/retry", status_code=202, response_model=SwarmRead,
-    responses=error_responses(400, 401, 404, 409, 413, 422, 429),
+    responses=error_responses(400, 401, 404, 409, 413, 415, 422, 429),
     summary="Retry a failed or cancelled swarm",
 )
 async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, tenant: TenantDep,

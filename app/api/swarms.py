@@ -132,7 +132,7 @@ async def _create_arguments(request: Request) -> dict[str, Any]:
 
 router.add_api_route(
     "", create_swarm, methods=["POST"], status_code=202, response_model=SwarmRead,
-    responses={202: {"links": SWARM_LINKS}, **error_responses(400, 401, 413, 422, 429)},
+    responses={202: {"links": SWARM_LINKS}, **error_responses(400, 401, 413, 415, 422, 429)},
     summary="Start a swarm", route_class_override=hand_parsed(_create_arguments),
 )
 

@@ -3,6 +3,8 @@ classes; the models list is the price table; the OpenAPI document says all of it
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +102,15 @@ INVALID: list[tuple[dict[str, Any], int, str, str]] = [
     ({**SWARM, "agent_swarm": {"enabled": True, "streaming": "no"}}, 422, "validation_error",
      "agent_swarm.streaming"),
     ({**SWARM, "stream": 1}, 422, "validation_error", "stream"),
+    # numbers are JSON numbers: `"max_tokens": "100"` or `true` is refused, as OpenAI does
+    ({**SWARM, "max_tokens": "100"}, 422, "validation_error", "max_tokens"),
+    ({**SWARM, "temperature": "0.3"}, 422, "validation_error", "temperature"),
+    ({**SWARM, "agent_swarm": {"enabled": True, "max_sub_agents": True}}, 422,
+     "validation_error", "agent_swarm.max_sub_agents"),
+    ({**SWARM, "agent_swarm": {"enabled": True, "failure_tolerance": "0.5"}}, 422,
+     "validation_error", "agent_swarm.failure_tolerance"),
+    ({**SWARM, "agent_swarm": {"enabled": True, "per_sub_agent_max_tokens": "64"}}, 422,
+     "validation_error", "agent_swarm.per_sub_agent_max_tokens"),
     ({**SWARM, "stream": True, "stream_options": {"include_usage": "true"}}, 422,
      "validation_error", "stream_options.include_usage"),
 ]
@@ -120,6 +131,17 @@ async def test_invalid_bodies(facade_sqlite: Facade) -> None:
         assert err["type"] == "invalid_request_error"
     assert (await facade_sqlite.http.get("/swarms")).json()["items"] == []
     assert (await facade_sqlite.usage())["total"]["gateway_calls"] == 0
+
+
+async def test_compressed_body_is_a_415_in_openais_shape(facade_sqlite: Facade) -> None:
+    raw = gzip.compress(json.dumps({**SWARM, "agent_swarm": {"enabled": True}}).encode())
+    r = await facade_sqlite.http.post("/v1/chat/completions", content=raw, headers={
+        "content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 415 and r.headers["accept-encoding"] == "identity"
+    err = error_of(r)
+    assert err["type"] == "invalid_request_error" and err["code"] == "unsupported_media_type"
+    assert "gzip" in err["message"]
+    assert (await facade_sqlite.http.get("/swarms")).json()["items"] == []
 
 
 async def test_body_that_is_not_json_or_too_large(facade_sqlite: Facade) -> None:
