@@ -66,7 +66,8 @@ def write_config(path: Path, servers: dict[str, dict[str, Any]]) -> str:
 def calls(log: Path, event: str = "start") -> list[dict[str, Any]]:
     if not log.exists():
         return []
-    lines = log.read_text(encoding="utf-8").splitlines()
+    # the server may be writing a line as it is read: only whole (newline-ended) lines count
+    lines = log.read_text(encoding="utf-8").split("\n")[:-1]
     return [e for e in map(json.loads, lines) if e["event"] == event]
 
 

@@ -37,7 +37,7 @@ def _record(event: str, tool: str, args: dict[str, object]) -> None:
         line = json.dumps({"event": event, "tool": tool, "args": args, "pid": os.getpid(),
                            "in_flight": sum(_in_flight.values()),
                            "tool_in_flight": _in_flight[tool], "t": time.time()})
-        with open(LOG, "a", encoding="utf-8") as f:  # one short append per line: never torn
+        with open(LOG, "a", encoding="utf-8") as f:  # one append a line: none interleave
             f.write(line + "\n")
 
 
