@@ -237,6 +237,66 @@ async def test_usage_reported_by_failed_attempts_is_kept(
     ]
 
 
+UNUSABLE_USAGE = [
+    pytest.param(None, id="absent"),
+    pytest.param("12 tokens", id="not-an-object"),
+    pytest.param({"total_tokens": 15}, id="no-counts"),
+    pytest.param({"prompt_tokens": "12", "completion_tokens": 3}, id="string"),
+    pytest.param({"prompt_tokens": 12, "completion_tokens": 3.0}, id="float"),
+    pytest.param({"prompt_tokens": True, "completion_tokens": 3}, id="bool"),
+    pytest.param({"prompt_tokens": 12, "completion_tokens": -3}, id="negative"),
+    pytest.param({"prompt_tokens": 10**20, "completion_tokens": 3}, id="absurd"),
+]
+
+
+@pytest.mark.parametrize("usage", UNUSABLE_USAGE)
+async def test_an_answer_without_usable_usage_is_billed_its_upper_bound(
+    make_client: Callable[..., GatewayClient], usage: Any
+) -> None:
+    """The gateway produced the answer and bills it: a usage that cannot be read is not 0
+    tokens (the budget would never see the call) but the bytes sent and received."""
+    body = {**completion("answer"), "usage": usage}
+    raw = json.dumps(body).encode()
+    gateway = Gateway(httpx.Response(200, content=raw))
+    result = await make_client(gateway).complete(REQUEST)
+    assert result.content == "answer"
+    [attempt] = result.attempts
+    assert attempt.outcome == "ok" and not attempt.usage_reported
+    assert attempt.usage.prompt_tokens == len(gateway.requests[0].content)
+    assert attempt.usage.completion_tokens == len(raw) and attempt.usage.cached_tokens == 0
+
+
+async def test_a_truncated_2xx_is_billed_its_bound_and_a_failure_its_report(
+    make_client: Callable[..., GatewayClient], waits: list[float]
+) -> None:
+    cut = json.dumps(completion("answer")).encode()[:-20]
+    gateway = Gateway(httpx.Response(200, content=cut), httpx.Response(503, content=b"busy"),
+                      ok_response())
+    result = await make_client(gateway).complete(REQUEST, max_attempts=3)
+    truncated, failed, ok = result.attempts
+    assert truncated.outcome == "invalid_response" and not truncated.usage_reported
+    assert truncated.usage.completion_tokens == len(cut)
+    assert failed.outcome == "server_error" and failed.usage == client_module.Usage()
+    assert ok.usage_reported and (ok.usage.prompt_tokens, ok.usage.completion_tokens) == (12, 3)
+
+
+async def test_an_unreadable_cached_count_bills_the_full_prompt(
+    make_client: Callable[..., GatewayClient],
+) -> None:
+    usage = {"prompt_tokens": 100, "completion_tokens": 7,
+             "prompt_tokens_details": {"cached_tokens": "40"}}
+    gateway = Gateway(httpx.Response(200, json=completion("answer", "stop", usage)))
+    result = await make_client(gateway).complete(REQUEST)
+    assert result.usage == client_module.Usage(100, 7, 0) and result.attempts[0].usage_reported
+
+
+def test_usage_within_bounds() -> None:
+    usage = client_module.Usage(500, 90, 450)
+    assert usage.within(1000, 100) is usage
+    assert usage.within(200, 50) == client_module.Usage(200, 50, 200)
+    assert usage.within(200, 100) == client_module.Usage(200, 90, 200)
+
+
 def _date_in(seconds: float) -> str:
     return format_datetime(datetime.now(UTC) + timedelta(seconds=seconds), usegmt=True)
 

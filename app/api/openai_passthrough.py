@@ -91,7 +91,7 @@ class Passthrough:
         gates = request.app.state.tenant_gates
         cap = request.app.state.daily if gates is None else gates.cap(tenant)
         caps: list[SharedCap] = [cap] if cap is not None else []
-        bound = prompt_bound(raw["messages"])
+        bound = prompt_bound(self.body)
         self.meter = PassthroughMeter(
             request.app.state.sessions, price, caps, tenant, price.worst_case(bound, out),
             prompt_bound=bound, max_tokens=out, lease_s=settings.lease_seconds)

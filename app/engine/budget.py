@@ -19,9 +19,33 @@ from app.aio import run_to_end
 from app.db import spend
 from app.db.retry import in_transaction
 from app.db.session import SessionFactory
+from app.gateway.client import AttemptRecord, Usage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_warned: set[tuple[str, str]] = set()  # (model, kind): a gateway's habit is logged once
+
+
+def billable_usage(rec: AttemptRecord, prompt_bound: int, max_tokens: int, model: str) -> Usage:
+    """What an attempt is billed: the usage the gateway reported, never above the two bounds
+    its reservation was priced on (the prompt's bytes, a token being at least one; the
+    request's max_tokens). A conforming gateway cannot bill more; one that says it did (a bug,
+    a hostile answer, counts no column holds) would take a swarm past its budget and a tenant
+    past its daily cap — so the cap stays hard, and the operator is told."""
+    usage = rec.usage.within(prompt_bound, max_tokens)
+    kind = "unreported" if not rec.usage_reported else "over" if usage != rec.usage else ""
+    if kind and (model, kind) not in _warned:
+        _warned.add((model, kind))
+        if kind == "unreported":
+            log.warning("gateway answered %s with no usable usage: billed its upper bound "
+                        "(%d prompt, %d completion tokens); later ones are not logged",
+                        model, usage.prompt_tokens, usage.completion_tokens)
+        else:
+            log.warning("gateway reported %d prompt and %d completion tokens for %s, above the "
+                        "request's bounds (%d prompt, max_tokens %d): billed the bounds; later "
+                        "ones are not logged", rec.usage.prompt_tokens,
+                        rec.usage.completion_tokens, model, prompt_bound, max_tokens)
+    return usage
 
 
 class BudgetExceeded(Exception):

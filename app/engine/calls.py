@@ -11,7 +11,7 @@ from app import metrics, tracing
 from app.aio import run_to_end
 from app.db.tables import Subtask
 from app.db.types import utcnow
-from app.engine.budget import Reservation, SharedCap
+from app.engine.budget import Reservation, SharedCap, billable_usage
 from app.engine.handle import LedgerRow, SwarmHandle
 from app.gateway.client import AttemptRecord, Usage
 
@@ -97,7 +97,7 @@ class CallMeter:
             raise
 
     async def after(self, rec: AttemptRecord) -> None:
-        u = rec.usage
+        u = billable_usage(rec, self.prompt_bound, self.sub.max_tokens, self.label)
         cost = self.handle.ctx.prices[self.sub.model].cost(u.prompt_tokens, u.completion_tokens,
                                                            u.cached_tokens)
         self._open = False

@@ -8,6 +8,9 @@ from typing import Any
 
 # Upper bound on tokens per message beyond its text (role markers, separators)
 MESSAGE_OVERHEAD_TOKENS = 8
+# a provider may add a hidden system prompt when tools are offered (Anthropic's tool use: 313
+# to 346 tokens); the bound holds it, or an honest usage would be billed down to the bound
+TOOLS_OVERHEAD_TOKENS = 512
 # For fitting text into a context window only (English averages ~4 bytes per token; 3 leaves
 # room); the budget never uses this, it uses the strict bound below
 BYTES_PER_TOKEN = 3
@@ -39,7 +42,8 @@ def estimate_request_tokens(messages: Sequence[Mapping[str, Any]],
     """The same bound for a call with tools: the JSON bytes of the messages (tool calls and
     tool results included) and of the tool definitions cover whatever the gateway tokenizes."""
     raw = json.dumps([*messages, *tools], ensure_ascii=False, separators=(",", ":"))
-    return MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1) + len(raw.encode())
+    return (MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1) + TOOLS_OVERHEAD_TOKENS
+            + len(raw.encode()))
 
 
 def truncate_marked(text: str, max_chars: int) -> str:

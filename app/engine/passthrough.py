@@ -6,9 +6,8 @@ and subtask NULL), and the gateway metrics."""
 from __future__ import annotations
 
 import json
-import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -20,26 +19,27 @@ from app.db import passthrough as ledger
 from app.db.retry import in_transaction
 from app.db.session import SessionFactory
 from app.db.types import utcnow
-from app.engine.budget import Reservation, SharedCap
+from app.engine.budget import Reservation, SharedCap, billable_usage
 from app.engine.calls import IN_FLIGHT, UNKNOWN
+from app.engine.context import MESSAGE_OVERHEAD_TOKENS, TOOLS_OVERHEAD_TOKENS
 from app.gateway.client import AttemptRecord, Usage
 from app.pricing import ModelPrice
 
-log = logging.getLogger(__name__)
-MESSAGE_OVERHEAD_TOKENS = 8  # per message, as the engine bounds a prompt
 # a row still `in_flight` this long after it was written lost its process (an attempt is
 # bounded by SWARM_FACADE_TIMEOUT_S, a stream by that much between events)
 STALE_AFTER_S = 3600.0
 
 
-def prompt_bound(messages: Sequence[dict[str, Any]]) -> int:
-    """An upper bound of the prompt's tokens: UTF-8 bytes of every message (a token is at
-    least one byte) plus a per-message overhead, as the engine reserves for its calls."""
-    total = MESSAGE_OVERHEAD_TOKENS
-    for m in messages:
-        text = json.dumps(m, ensure_ascii=False, separators=(",", ":"))
-        total += len(text.encode("utf-8", "replace")) + MESSAGE_OVERHEAD_TOKENS
-    return total
+def prompt_bound(body: Mapping[str, Any]) -> int:
+    """An upper bound of the prompt's tokens: the UTF-8 bytes of the whole request — its
+    messages, tool definitions and whatever else the gateway may tokenize (a token is at least
+    one byte) — plus the overheads the engine reserves for its calls (per message, and for
+    offered tools)."""
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    messages = body.get("messages")
+    count = len(messages) if isinstance(messages, list) else 0
+    tools = TOOLS_OVERHEAD_TOKENS if body.get("tools") else 0
+    return len(text.encode("utf-8", "replace")) + MESSAGE_OVERHEAD_TOKENS * (count + 1) + tools
 
 
 def call_key() -> str:
@@ -93,7 +93,7 @@ class PassthroughMeter:
         self._open = attempt
 
     async def after(self, rec: AttemptRecord) -> None:
-        u = rec.usage
+        u = billable_usage(rec, self.prompt_bound, self.max_tokens, self.label)
         cost = self.price.cost(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
         held, self._held, self._open = self._held, [], None
         await run_to_end(_settle_all(held, cost))
@@ -105,8 +105,6 @@ class PassthroughMeter:
         metrics.child(metrics.tokens_total, self.label, "prompt").inc(u.prompt_tokens)
         metrics.child(metrics.tokens_total, self.label, "completion").inc(u.completion_tokens)
         metrics.child(metrics.spend_total, self.label).inc(float(cost))
-        if not rec.usage_reported:
-            log.warning("gateway stream reported no usage; billed its upper bound (%s USD)", cost)
 
     def finished(self, finish_reason: str) -> None:
         """Count the answer's finish reason (as the engine does for its calls)."""

@@ -47,8 +47,20 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0
 
+    def within(self, prompt_bound: int, completion_bound: int) -> Usage:
+        """These counts, none above what the request could be billed for: its prompt's bound
+        and its max_tokens (the reservation's worst case is priced on the same two)."""
+        if self.prompt_tokens <= prompt_bound and self.completion_tokens <= completion_bound:
+            return self
+        prompt = min(self.prompt_tokens, prompt_bound)
+        return Usage(prompt, min(self.completion_tokens, completion_bound),
+                     min(self.cached_tokens, prompt))
+
 
 _NO_USAGE = Usage()
+# no call is billed a billion tokens: a larger count is not a usage (nor storable in every
+# column and trace attribute that carries it)
+_COUNT_MAX = 10**9
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +87,8 @@ class AttemptRecord:
     latency_s: float
     error: str | None
     retry_after_s: float | None
-    # False when a stream ended without a usage chunk: `usage` is then an upper bound (bytes)
+    # False when a 2xx answer (or a stream) reported no usable usage: `usage` is then an upper
+    # bound from the bytes sent and received, which the caller's bounds tighten
     usage_reported: bool = True
 
 
@@ -159,19 +172,34 @@ def _loads(raw: bytes) -> Any:
         return None
 
 
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and value > 0 else 0
+def _count(value: object) -> int | None:
+    """A token count, or None: a bool, a float, a string, a negative or absurd number is none."""
+    return value if type(value) is int and 0 <= value <= _COUNT_MAX else None
 
 
-def _usage_of(body: Any) -> Usage:
+def _usage_of(body: Any) -> Usage | None:
+    """The usage an answer reports, or None when it reports none that can be billed: absent,
+    or prompt or completion tokens not a count (a string, a float, negative, absurd)."""
     usage = body.get("usage") if isinstance(body, dict) else None
     if not isinstance(usage, dict):
-        return _NO_USAGE
+        return None
+    prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+    if prompt is None or completion is None:
+        return None
     details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-    return Usage(
-        _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")), _count(cached)
-    )
+    # an unreadable cached count bills the prompt at the full price: never less than it cost
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return Usage(prompt, completion, cached or 0)
+
+
+def billed_usage(body: Any, sent: bytes, received: int) -> tuple[Usage, bool]:
+    """What a 2xx answer is billed: its reported usage, or, when it reports none usable, an
+    upper bound (a token is at least a byte: the bytes sent, the bytes received) — the gateway
+    produced the answer and bills it whatever it says. The flag: the usage was reported."""
+    usage = _usage_of(body)
+    if usage is None:
+        return Usage(len(sent), received), False
+    return usage, True
 
 
 def _any_choice(body: Any) -> _Choice | None:
@@ -550,19 +578,17 @@ class GatewayClient:
     ) -> ChatResult:
         status = answer.status
         body = _loads(answer.content)
-        usage = _usage_of(body)
         if 200 <= status < 300:
+            usage, reported = billed_usage(body, call.body, len(answer.content))
             if isinstance(body, dict) and isinstance(body.get("model"), str):
                 tracing.attribute("gen_ai.response.model", body["model"])
             choice = call.accept(body)
             if choice is not None:
-                return await call.finish(
-                    AttemptRecord(number, status, "ok", usage, latency, None, None), choice, body
-                )
+                return await call.finish(AttemptRecord(
+                    number, status, "ok", usage, latency, None, None, reported), choice, body)
             error = "unparseable or truncated body" if body is None else "unexpected body shape"
-            return await call.finish(
-                AttemptRecord(number, status, "invalid_response", usage, latency, error, None)
-            )
+            return await call.finish(AttemptRecord(
+                number, status, "invalid_response", usage, latency, error, None, reported))
         return await call.finish(
             self.failed_record(number, status, answer.headers, answer.content, latency))
 
@@ -576,8 +602,9 @@ class GatewayClient:
         if not isinstance(detail, str):
             detail = content[:4096].decode("utf-8", "replace")
         error = self._scrub(f"HTTP {status}: {detail}")
-        return AttemptRecord(number, status, _classify(status), _usage_of(body), latency, error,
-                             _retry_after(headers))
+        # a failure is billed only for the usage it reports (SPEC §4)
+        return AttemptRecord(number, status, _classify(status), _usage_of(body) or _NO_USAGE,
+                             latency, error, _retry_after(headers))
 
     # ---- what app/gateway/streaming.py uses ----
 

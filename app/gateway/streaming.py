@@ -49,9 +49,9 @@ class _Opened:
 class GatewayStream:
     """The events of one streamed completion (each event's `data`, unchanged).
 
-    `usage` is what the stream reported (its last `usage` object); when it reported none, the
-    attempt is billed on an upper bound: the request's bytes for the prompt and the streamed
-    content's bytes for the completion (a token is at least one byte).
+    `usage` is what the stream reported (its last usable `usage` object); when it reported
+    none, the attempt is billed on an upper bound: the request's bytes for the prompt and the
+    bytes of the text it streamed for the completion (a token is at least one byte).
     """
 
     _gateway: GatewayClient
@@ -106,10 +106,7 @@ class GatewayStream:
         for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict):
                 continue
-            delta = choice.get("delta")
-            content = delta.get("content") if isinstance(delta, dict) else None
-            if isinstance(content, str):
-                self.content_bytes += len(content.encode("utf-8", "replace"))
+            self.content_bytes += _text_bytes(choice.get("delta"))
             if isinstance(choice.get("finish_reason"), str):
                 self.finish_reason = choice["finish_reason"]
 
@@ -236,3 +233,19 @@ def _failed(number: int, response: httpx.Response | None, outcome: Outcome, erro
     status = response.status_code if response is not None else None
     return AttemptRecord(number, status, outcome, Usage(), time.perf_counter() - started,
                          error, None)
+
+
+def _text_bytes(delta: object) -> int:
+    """The UTF-8 bytes of every text a chunk's delta carries — content, reasoning, tool calls'
+    names and arguments: what the tokens generated were, so their count bounds them. (A
+    loop, not recursion: a chunk nested as deep as the JSON parser allows must not overflow.)"""
+    total, todo = 0, [delta]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            total += len(item.encode("utf-8", "replace"))
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    return total

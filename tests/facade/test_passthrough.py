@@ -71,6 +71,20 @@ async def test_stream_without_include_usage_is_still_billed(facade_sqlite: Facad
         expected["prompt_tokens"], expected["completion_tokens"])
 
 
+async def test_over_reported_usage_is_billed_the_requests_bounds(facade_sqlite: Facade) -> None:
+    """A gateway claiming a million completion tokens for `max_tokens: 20` is relayed as it
+    said, and billed the 20 the request allowed: the daily cap holds in real money."""
+    body = {**PLAIN, "max_tokens": 20, "messages": [
+        {"role": "user", "content": "[[sim completion_tokens=1000000]] Name a risk"}]}
+    completion = await facade_sqlite.sdk().chat.completions.create(  # type: ignore[call-overload]
+        **body)
+    assert completion.usage.completion_tokens == 1_000_000  # the gateway's answer, unchanged
+    row = ledger(await facade_sqlite.usage())
+    assert row["completion_tokens"] == 20
+    assert Decimal(row["cost_usd"]) == (Decimal(row["prompt_tokens"]) * Decimal("0.27")
+                                        + 20 * Decimal("0.42")) / 1_000_000
+
+
 async def test_gateway_429_after_retries_is_a_429(facade: Facade) -> None:
     body = {**PLAIN, "messages": [{"role": "user",
                                    "content": "hi [[sim fail=429 retry_after_ms=10]]"}]}

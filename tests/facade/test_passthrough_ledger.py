@@ -4,6 +4,7 @@ lost — cut off by a cancelled request, or left by a process that died."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
@@ -14,7 +15,8 @@ from sqlalchemy import select
 from app.db import spend
 from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.db.tables import GatewayCall
-from app.engine.passthrough import PassthroughMeter, settle_stale
+from app.engine.context import TOOLS_OVERHEAD_TOKENS
+from app.engine.passthrough import PassthroughMeter, prompt_bound, settle_stale
 from app.gateway.client import AttemptRecord, Usage
 from app.pricing import BUILTIN_MODELS
 
@@ -58,6 +60,28 @@ async def test_written_ahead_then_settled_by_the_answer(sessions: SessionFactory
     assert await rows(sessions) == [("ok", cost, 40, 10, None)]
     await m.release()  # nothing left open: nothing changes
     assert await billed(sessions) == (cost, 0, 1)
+
+
+async def test_a_usage_over_the_bounds_settles_at_the_bounds(sessions: SessionFactory) -> None:
+    """Over-reported (or, unreported, bounded by bytes) usage never settles above the worst
+    case reserved for it: the caps stay hard."""
+    m = meter(sessions)
+    await m.before(1)
+    await m.after(AttemptRecord(1, 200, "ok", Usage(10**6, 10**6, 10**6), 0.1, None, None))
+    assert await rows(sessions) == [("ok", WORST, 100, 50, None)]
+    await m.before(2)
+    await m.after(AttemptRecord(2, 200, "ok", Usage(70, 900), 0.1, None, None,
+                                usage_reported=False))
+    assert (await rows(sessions))[1] == ("ok", PRICE.cost(70, 50), 70, 50, None)
+
+
+def test_the_prompt_bound_covers_the_whole_body() -> None:
+    messages = [{"role": "user", "content": "héllo"}]
+    bare = prompt_bound({"model": "m", "messages": messages})
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"x": "y" * 300}}}
+    with_tools = prompt_bound({"model": "m", "messages": messages, "tools": [tool]})
+    assert bare >= len('{"role":"user","content":"héllo"}'.encode()) + 8
+    assert with_tools >= bare + len(json.dumps(tool, separators=(",", ":"))) + TOOLS_OVERHEAD_TOKENS
 
 
 async def test_an_attempt_cut_off_is_unknown_at_its_reservation(
