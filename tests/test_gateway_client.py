@@ -660,6 +660,25 @@ async def test_hostile_answers_on_the_network_are_classified(
     assert len(result.attempts) == (1 if outcome == "ok" else 2)
 
 
+@pytest.mark.parametrize("status", ["307 Temporary Redirect", "308 Permanent Redirect",
+                                    "302 Found"])
+async def test_a_redirect_is_an_answer_not_an_address_to_follow(status: str) -> None:
+    """A gateway naming another URL (its own, or an internal one) is refused as it is: the
+    caller's body and our key are not sent again anywhere."""
+    server = ScriptedServer(raw_answer(status, b"", "Location: /stolen"),
+                            raw_answer("200 OK", OK_BODY), close=True)
+    async with server as url:
+        client = GatewayClient(url, API_KEY)
+        try:
+            with pytest.raises(GatewayRejected) as caught:
+                await client.complete(REQUEST, timeout_s=2)
+        finally:
+            await client.aclose()
+    assert server.requests == 1
+    [attempt] = caught.value.attempts
+    assert (attempt.outcome, attempt.status_code) == ("client_error", int(status[:3]))
+
+
 async def test_a_connection_that_never_opens_is_a_timeout(waits: list[float]) -> None:
     """A gateway whose accept queue is full never completes the handshake: the connect timer
     runs out, and the attempt is a `timeout` (retried), not a broken connection."""

@@ -76,7 +76,10 @@ class AiohttpWire:
         """One POST; the caller's asyncio.timeout bounds it as a whole (`timeout` is unused)."""
         session = self._session or self._open()
         try:
-            async with session.post(self._url, data=body, headers=headers) as response:
+            # a redirect is the gateway's answer, not an address to send the caller's body and
+            # our key to (a 3xx fails as client_error, as on the streaming path)
+            async with session.post(self._url, data=body, headers=headers,
+                                    allow_redirects=False) as response:
                 return Answer(response.status, response.headers, await response.read())
         except TimeoutError:
             raise  # aiohttp's own timer (connecting) ran out: a timeout, not a broken connection
