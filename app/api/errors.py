@@ -83,9 +83,26 @@ async def _refused(request: Request, exc: Refused) -> JSONResponse:
     return await _api_error(request, as_api_error(exc))
 
 
+# FastAPI's (and json_body's) answer to a body json.loads raised on other than a syntax
+# error: not UTF-8, nested past the recursion limit, an integer of over 4,300 digits
+BODY_UNPARSED = "There was an error parsing the body"
+UNPARSED_MESSAGE = "the request body is not valid JSON (not UTF-8, nested too deep, or a number "\
+                   "too long)"
+
+
+def body_unparsed(exc: StarletteHTTPException) -> bool:
+    return exc.status_code == 400 and exc.detail == BODY_UNPARSED
+
+
 async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """The router's own errors (no route, a method the path does not serve), in the shape of
     the path's API: OpenAI's on /v1, so an OpenAI SDK reads `POST /v1/models`' answer too."""
+    if body_unparsed(exc):
+        if is_openai_path(request.url.path):
+            return JSONResponse(openai_error_body(400, UNPARSED_MESSAGE, "invalid_json"),
+                                status_code=400)
+        return error_response(400, "invalid_json", UNPARSED_MESSAGE,
+                              [{"field": "body", "message": UNPARSED_MESSAGE}])
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     headers = dict(exc.headers) if exc.headers else None
     if exc.status_code == 405:

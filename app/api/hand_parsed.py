@@ -21,6 +21,8 @@ from fastapi.routing import APIRoute
 from pydantic import TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
+from app.api.errors import BODY_UNPARSED
+
 Parse = Callable[[Request], Awaitable[dict[str, Any]]]
 T = TypeVar("T")
 
@@ -72,7 +74,7 @@ async def json_body(request: Request, adapter: TypeAdapter[T],
                 [{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
                   "input": {}, "ctx": {"error": exc.msg}}], body=exc.doc) from exc
         except Exception as exc:  # not UTF-8, nested past the recursion limit
-            raise HTTPException(400, "There was an error parsing the body") from exc
+            raise HTTPException(400, BODY_UNPARSED) from exc
     try:
         return adapter.validate_python(value, from_attributes=True)
     except ValidationError as exc:

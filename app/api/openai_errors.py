@@ -20,7 +20,13 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.errors import _field, as_api_error, database_refusal
+from app.api.errors import (
+    UNPARSED_MESSAGE,
+    _field,
+    as_api_error,
+    body_unparsed,
+    database_refusal,
+)
 from app.errors import ApiError, Refused, openai_error_body
 from app.openai_schemas import OpenAIError
 
@@ -36,7 +42,8 @@ DESCRIPTIONS = {
     415: "a compressed body (Content-Encoding): send it uncompressed",
     422: "a value is invalid (type, range, a model without a price)",
     429: "a quota, the daily cap, or the gateway's rate limit (see Retry-After)",
-    502: "the swarm failed, or the gateway refused our credentials",
+    502: "the swarm failed, the gateway refused our credentials, or its answer could not be "
+         "relayed",
     503: "the gateway or the database is unavailable, or the swarm did not finish in time"}
 
 
@@ -117,6 +124,8 @@ class OpenAIRoute(APIRoute):
             except Refused as exc:
                 return _api_error(as_api_error(exc))
             except StarletteHTTPException as exc:
+                if body_unparsed(exc):
+                    return openai_error(400, UNPARSED_MESSAGE, "invalid_json")
                 return openai_error(exc.status_code, str(exc.detail), None,
                                     headers=dict(exc.headers or {}))
             except Exception as exc:

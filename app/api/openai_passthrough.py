@@ -25,10 +25,29 @@ from app.gateway.streaming import DONE
 from app.openai_schemas import ChatCompletionCreate
 
 MAX_ATTEMPTS = 3
+MAX_CHOICES = 128  # OpenAI's bound on `n`
 
 
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+def _dumps(value: Any, *, finite: bool = False) -> bytes:
+    """`value` as JSON bytes, whatever it holds: a lone surrogate (which UTF-8 cannot encode)
+    travels as its `\\uXXXX` escape, as the client or the gateway sent it. `finite`: a NaN or
+    Infinity (which JSON has not, and Python's parser takes) becomes null — for what the caller
+    receives, whose parser may refuse them."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=not finite).encode()
+    except ValueError:  # UnicodeEncodeError included
+        return json.dumps(_finite(value) if finite else value, separators=(",", ":")).encode()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def over_budget(exc: BudgetExceeded) -> JSONResponse:
@@ -57,17 +76,18 @@ def gateway_failed(exc: GatewayError) -> JSONResponse:
 
 def _without_usage(data: str) -> str | None:
     """An event of a stream whose caller did not ask for usage (we always ask the gateway for
-    it, to bill): the usage-only chunk dropped, usage removed from any other."""
+    it, to bill): the usage-only chunk dropped, usage removed from any other. An event that
+    does not parse, or nests too deep to encode again, goes as it came."""
     try:
         chunk = json.loads(data)
-    except ValueError:
+        if not isinstance(chunk, dict) or "usage" not in chunk:
+            return data
+        if not chunk.get("choices"):
+            return None
+        chunk.pop("usage")
+        return _dumps(chunk, finite=True).decode()
+    except (ValueError, RecursionError):
         return data
-    if not isinstance(chunk, dict) or "usage" not in chunk:
-        return data
-    if not chunk.get("choices"):
-        return None
-    chunk.pop("usage")
-    return _dumps(chunk).decode()
 
 
 class Passthrough:
@@ -86,12 +106,21 @@ class Passthrough:
         self.timeout_s = settings.facade_timeout_s
         self.body = {k: v for k, v in raw.items() if k != "agent_swarm"}
         price = settings.prices[req.model]
-        out = req.max_completion_tokens or req.max_tokens or price.context_window
+        choices = raw.get("n")
+        if choices is None:
+            choices = 1
+        elif type(choices) is not int or not 1 <= choices <= MAX_CHOICES:
+            raise RequestInvalid(f"n: must be an integer from 1 to {MAX_CHOICES}",
+                                 details={"field": "n"})
+        # the most it can be billed: every choice at the larger of the two output limits (a
+        # gateway may honour either), each unset: the context window
+        out = max(req.max_completion_tokens or 0, req.max_tokens or 0) or price.context_window
+        out *= choices
         # the global cap and the tenant's (SPEC §8), as one: both must hold the worst case
         gates = request.app.state.tenant_gates
         cap = request.app.state.daily if gates is None else gates.cap(tenant)
         caps: list[SharedCap] = [cap] if cap is not None else []
-        bound = prompt_bound(self.body)
+        bound = prompt_bound(self.body, price.context_window)
         self.meter = PassthroughMeter(
             request.app.state.sessions, price, caps, tenant, price.worst_case(bound, out),
             prompt_bound=bound, max_tokens=out, lease_s=settings.lease_seconds)
@@ -109,7 +138,12 @@ class Passthrough:
         finally:
             await self.meter.release()
         self.meter.finished(result.finish_reason)
-        return JSONResponse(result.body)
+        try:
+            answer = _dumps(result.body, finite=True)
+        except RecursionError:  # parsed at the parser's depth limit, deeper than we encode
+            return openai_error(502, "the gateway's answer nests too deep to relay (it was "
+                                     "billed)", "invalid_response")
+        return Response(answer, media_type="application/json")
 
     async def stream(self) -> Response:
         options = self.body.get("stream_options")

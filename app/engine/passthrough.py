@@ -30,16 +30,26 @@ from app.pricing import ModelPrice
 STALE_AFTER_S = 3600.0
 
 
-def prompt_bound(body: Mapping[str, Any]) -> int:
+def prompt_bound(body: Mapping[str, Any], context_window: int) -> int:
     """An upper bound of the prompt's tokens: the UTF-8 bytes of the whole request — its
     messages, tool definitions and whatever else the gateway may tokenize (a token is at least
     one byte) — plus the overheads the engine reserves for its calls (per message, and for
-    offered tools)."""
+    offered tools). A part that is not text (an image, audio, a file: by URL, id or inline) is
+    billed on what it holds, not its bytes — a tiny image costs hundreds of tokens — so a
+    request with one is bounded by the model's whole context window on top."""
     text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     messages = body.get("messages")
-    count = len(messages) if isinstance(messages, list) else 0
+    messages = messages if isinstance(messages, list) else []
     tools = TOOLS_OVERHEAD_TOKENS if body.get("tools") else 0
-    return len(text.encode("utf-8", "replace")) + MESSAGE_OVERHEAD_TOKENS * (count + 1) + tools
+    media = context_window if any(_has_media(m) for m in messages) else 0
+    return (len(text.encode("utf-8", "replace")) + MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1)
+            + tools + media)
+
+
+def _has_media(message: object) -> bool:
+    content = message.get("content") if isinstance(message, dict) else None
+    return isinstance(content, list) and any(
+        not (isinstance(part, dict) and part.get("type") == "text") for part in content)
 
 
 def call_key() -> str:

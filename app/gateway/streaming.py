@@ -67,7 +67,8 @@ class GatewayStream:
 
     async def __aiter__(self) -> AsyncIterator[str]:
         """Each event's data as it arrives, `[DONE]` included; raises GatewayUnavailable when
-        the gateway stops answering mid-stream."""
+        the gateway stops answering mid-stream — or closes it without `[DONE]`: a cut answer
+        must not read as a whole one (billed all the same: it was generated)."""
         opened = self._opened
         event: ServerSentEvent | None = opened.first
         while event is not None:
@@ -78,6 +79,10 @@ class GatewayStream:
                 return
             event = await self._next()
         self._done = True
+        self._outcome, self._error = "invalid_response", "the stream ended before [DONE]"
+        record = await self._record()
+        raise GatewayUnavailable(f"gateway stream broke: {self._error}", (record,),
+                                 deadline_hit=False)
 
     async def _next(self) -> ServerSentEvent | None:
         try:

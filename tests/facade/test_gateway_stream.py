@@ -135,6 +135,30 @@ async def test_a_stream_without_usage_is_billed_on_an_upper_bound() -> None:
     assert (rec.usage.prompt_tokens, rec.usage.completion_tokens) == (len(BODY), 5 + 2)
 
 
+async def test_an_unreported_streams_bound_counts_every_text_it_carried() -> None:
+    """Tool calls' names and arguments and reasoning are generated tokens too."""
+    call = {"index": 0, "id": "c1", "function": {"name": "lookup", "arguments": '{"q":"é"}'}}
+    delta = {"reasoning_content": "think", "tool_calls": [call]}
+    gw = Gateway([ok([event({"choices": [{"index": 0, "delta": delta}]}), event(b"[DONE]")])])
+    async with gw.stream() as stream:
+        assert len([d async for d in stream]) == 2
+    rec = gw.records[-1]
+    assert not rec.usage_reported
+    assert rec.usage.completion_tokens >= len("think") + len("lookup") + len('{"q":"é"}'.encode())
+
+
+async def test_a_stream_closed_before_done_raises_and_is_billed() -> None:
+    gw = Gateway([ok([chunk("Hel"), chunk("lo")])])
+    seen: list[str] = []
+    with pytest.raises(GatewayUnavailable, match=r"before \[DONE\]"):
+        async with gw.stream() as stream:
+            async for data in stream:
+                seen.append(data)
+    assert len(seen) == 2
+    [rec] = gw.records
+    assert rec.outcome == "invalid_response" and rec.usage.completion_tokens == 5
+
+
 async def test_a_stream_that_breaks_midway_raises_and_is_recorded_once() -> None:
     gw = Gateway([ok(fail_after=2)])
     seen: list[str] = []

@@ -76,12 +76,17 @@ async def test_a_usage_over_the_bounds_settles_at_the_bounds(sessions: SessionFa
 
 
 def test_the_prompt_bound_covers_the_whole_body() -> None:
-    messages = [{"role": "user", "content": "héllo"}]
-    bare = prompt_bound({"model": "m", "messages": messages})
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "héllo"}]
+    bare = prompt_bound({"model": "m", "messages": messages}, 1000)
     tool = {"type": "function", "function": {"name": "lookup", "parameters": {"x": "y" * 300}}}
-    with_tools = prompt_bound({"model": "m", "messages": messages, "tools": [tool]})
-    assert bare >= len('{"role":"user","content":"héllo"}'.encode()) + 8
+    with_tools = prompt_bound({"model": "m", "messages": messages, "tools": [tool]}, 1000)
+    assert 1000 > bare >= len('{"role":"user","content":"héllo"}'.encode()) + 8
     assert with_tools >= bare + len(json.dumps(tool, separators=(",", ":"))) + TOOLS_OVERHEAD_TOKENS
+    # a part that is not text is billed on what it holds: the window on top of the bytes
+    text_parts = [{"role": "user", "content": [{"type": "text", "text": "héllo"}]}]
+    assert prompt_bound({"messages": text_parts}, 1000) < 1000
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    assert prompt_bound({"messages": image}, 1000) > 1000
 
 
 async def test_an_attempt_cut_off_is_unknown_at_its_reservation(
