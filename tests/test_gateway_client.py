@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from app.gateway import client as client_module
+from app.gateway import wire
 from app.gateway.client import (
     AttemptRecord,
     ChatRequest,
@@ -677,6 +678,38 @@ async def test_a_redirect_is_an_answer_not_an_address_to_follow(status: str) -> 
     assert server.requests == 1
     [attempt] = caught.value.attempts
     assert (attempt.outcome, attempt.status_code) == ("client_error", int(status[:3]))
+
+
+def _chunked(body: bytes) -> bytes:
+    pieces = [body[i:i + 700] for i in range(0, len(body), 700)]
+    return (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n")
+
+
+BIG = json.dumps(completion("x" * 5000)).encode()
+
+
+@pytest.mark.parametrize("answer", [
+    pytest.param(raw_answer("200 OK", BIG), id="declared-length"),
+    pytest.param(_chunked(BIG), id="chunked"),
+    pytest.param(raw_answer("200 OK", _gzipped(BIG), "Content-Encoding: gzip"), id="gzip-bomb"),
+])
+async def test_an_answer_past_the_size_cap_is_refused_and_billed_its_bound(
+        answer: bytes, waits: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An endless (or decompression-bomb) answer would take the process's memory: it is read
+    up to the cap, then an invalid_response, retried, billed on its bound."""
+    monkeypatch.setattr(wire, "MAX_ANSWER_BYTES", 4000)
+    server = ScriptedServer(answer, raw_answer("200 OK", OK_BODY), close=True)
+    async with server as url:
+        client = GatewayClient(url, API_KEY)
+        try:
+            result = await client.complete(REQUEST, timeout_s=2)
+        finally:
+            await client.aclose()
+    first, ok = result.attempts
+    assert (first.outcome, ok.outcome) == ("invalid_response", "ok") and result.content == "hi"
+    assert "answer over" in (first.error or "") and not first.usage_reported
+    assert first.usage.completion_tokens > 0
 
 
 async def test_a_connection_that_never_opens_is_a_timeout(waits: list[float]) -> None:

@@ -20,7 +20,7 @@ from tenacity import AsyncRetrying, RetryCallState
 
 from app import tracing
 from app.gateway.redact import Redactor
-from app.gateway.wire import AiohttpWire, Answer, HttpxWire, Wire, WireError
+from app.gateway.wire import MAX_ANSWER_BYTES, AiohttpWire, Answer, HttpxWire, Wire, WireError
 from app.text import storable
 
 Outcome = Literal[
@@ -554,6 +554,7 @@ class GatewayClient:
                     AttemptRecord(number, None, "timeout", _NO_USAGE, 0.0, error, None)
                 )
         started = time.perf_counter()
+        usage, reported = _NO_USAGE, True  # a failure without an answer bills nothing
         try:
             # httpx's timeouts are per read (and ASGITransport ignores them): one for the attempt
             async with asyncio.timeout(timeout):
@@ -564,13 +565,16 @@ class GatewayClient:
         except WireError as exc:
             if exc.undecodable:  # a body whose Content-Encoding does not decode
                 outcome, error = "invalid_response", "undecodable body"
+            elif exc.too_large:  # generated (and billed) but unread: billed on its bound
+                outcome, error = "invalid_response", str(exc)
+                usage, reported = Usage(len(call.body), MAX_ANSWER_BYTES), False
             else:
                 outcome, error = "connection_error", self._scrub(str(exc))
         else:
             return await self._classified(call, number, answer, time.perf_counter() - started)
         latency = time.perf_counter() - started
         return await call.finish(
-            AttemptRecord(number, None, outcome, _NO_USAGE, latency, error, None)
+            AttemptRecord(number, None, outcome, usage, latency, error, None, reported)
         )
 
     async def _classified(

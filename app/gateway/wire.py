@@ -29,13 +29,42 @@ class Answer:
     content: bytes
 
 
-class WireError(Exception):
-    """No usable answer: `undecodable` when the body's Content-Encoding did not decode, else
-    the connection failed (refused, reset, closed early, or the answer was not HTTP)."""
+# the most a buffered answer may hold, decoded: a chat completion of 128 choices of 128k
+# tokens is well under it; an endless or decompression-bomb answer would take the process's
+# memory, and every swarm with it
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
-    def __init__(self, message: str, *, undecodable: bool = False) -> None:
+
+class WireError(Exception):
+    """No usable answer: `undecodable` when the body's Content-Encoding did not decode,
+    `too_large` when it passed MAX_ANSWER_BYTES, else the connection failed (refused, reset,
+    closed early, or the answer was not HTTP)."""
+
+    def __init__(self, message: str, *, undecodable: bool = False,
+                 too_large: bool = False) -> None:
         super().__init__(message)
         self.undecodable = undecodable
+        self.too_large = too_large
+
+
+def _too_large() -> WireError:
+    return WireError(f"answer over {MAX_ANSWER_BYTES // (1024 * 1024)} MiB", too_large=True)
+
+
+async def _read(response: aiohttp.ClientResponse) -> bytes:
+    """The body, at most MAX_ANSWER_BYTES of it decoded (a declared length over it is refused
+    before a byte is read)."""
+    length = response.content_length
+    if length is not None and length > MAX_ANSWER_BYTES:
+        raise _too_large()
+    if length is not None and "Content-Encoding" not in response.headers:
+        return await response.read()  # the common case: bounded by its length
+    body = bytearray()
+    async for piece in response.content.iter_chunked(256 * 1024):
+        body += piece
+        if len(body) > MAX_ANSWER_BYTES:
+            raise _too_large()
+    return bytes(body)
 
 
 def _env_proxy(url: str) -> str | None:
@@ -80,7 +109,7 @@ class AiohttpWire:
             # our key to (a 3xx fails as client_error, as on the streaming path)
             async with session.post(self._url, data=body, headers=headers,
                                     allow_redirects=False) as response:
-                return Answer(response.status, response.headers, await response.read())
+                return Answer(response.status, response.headers, await _read(response))
         except TimeoutError:
             raise  # aiohttp's own timer (connecting) ran out: a timeout, not a broken connection
         except aiohttp.ClientError as exc:
@@ -122,6 +151,8 @@ class HttpxWire:
             raise WireError(f"{type(exc).__name__}: {exc}", undecodable=True) from exc
         except httpx.RequestError as exc:
             raise WireError(f"{type(exc).__name__}: {exc}") from exc
+        if len(response.content) > MAX_ANSWER_BYTES:  # in process: read already, refused alike
+            raise _too_large()
         return Answer(response.status_code, response.headers, response.content)
 
     async def aclose(self) -> None:
