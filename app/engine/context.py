@@ -26,14 +26,22 @@ def fit_chars(tokens: int) -> int:
     return max(tokens, 0) * BYTES_PER_TOKEN
 
 
-def estimate_prompt_tokens(messages: Sequence[dict[str, str]]) -> int:
-    """An upper bound on the prompt tokens a gateway will bill.
+def _message_bytes(message: Mapping[str, Any]) -> int:
+    content = message.get("content")
+    if isinstance(content, str) and len(message) <= 2:  # {role, content}: the common case
+        return len(content.encode())
+    # null content, content parts, tool calls and their ids: the JSON covers what is tokenized
+    return len(json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def estimate_prompt_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
+    """An upper bound on the prompt tokens a gateway will bill, for messages of any shape.
 
     Byte-level BPE tokenizers never make more tokens than UTF-8 bytes, so bytes plus a per-message
     overhead bounds the count; the budget reserves against this bound, which keeps the cap hard.
     """
     return MESSAGE_OVERHEAD_TOKENS + sum(
-        len(m["content"].encode()) + MESSAGE_OVERHEAD_TOKENS for m in messages
+        _message_bytes(m) + MESSAGE_OVERHEAD_TOKENS for m in messages
     )
 
 

@@ -14,6 +14,7 @@ from app.engine.context import (
     approx_tokens,
     fair_shares,
     fit_chars,
+    truncate_marked,
     with_dependencies,
 )
 from app.engine.faults import crash_point
@@ -233,11 +234,15 @@ class SubtaskExecutor:
         sub = self.handle.subs.get(cname)
         if sub is None:
             cheapest = self.handle.ctx.prices.cheapest()
+            # its own input fits its window beside its output: cut (visibly) past that
+            target = min(target, cheapest.context_window // 2)
+            head = f"Compress the result of agent {name!r} to at most {target} tokens:\n\n"
+            room = (cheapest.context_window - target - approx_tokens(COMPRESSOR_SYSTEM)
+                    - approx_tokens(head) - CONTEXT_MARGIN_TOKENS)
             sub = new_subtask(
                 self.handle.swarm.id, cname, len(self.handle.subs), SubtaskKind.compressor,
                 cheapest.name, target, depends_on=[name], system_prompt=COMPRESSOR_SYSTEM,
-                prompt=f"Compress the result of agent {name!r} to at most {target} tokens:\n\n"
-                       f"{text}")
+                prompt=head + truncate_marked(text, fit_chars(room)))
             self.handle.add_subtasks([sub])
             await self.handle.commit(new=[sub])
         if sub.status == SubtaskStatus.pending:

@@ -157,6 +157,8 @@ class SubtaskSteps:
             code = "budget_exceeded" if exc.scope == "swarm" else "daily_budget_exceeded"
             # a tenant's own cap says so (SPEC §8); the global one keeps its old shape
             scope = {"scope": "tenant"} if exc.scope == "tenant" else {}
+            if sub.kind is SubtaskKind.compressor:  # optional: its dependent truncates instead
+                return await self.fail(sub, t0, failure(code, str(exc), **scope))
             return self.stop_swarm(sub, failure(code, str(exc), **scope))
         if isinstance(exc, GatewayUnavailable) and exc.deadline_hit:
             return self.stop_swarm(sub, None, self.handle.deadline_error())

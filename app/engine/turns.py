@@ -15,7 +15,9 @@ committed result, and goes on from there (a call in flight at a crash may run tw
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+from collections import Counter
 from typing import Any
 
 from app import tracing
@@ -32,6 +34,7 @@ from app.tools.model import ToolInfo, ToolOutcome
 
 Message = dict[str, Any]
 SEPARATOR = "__"  # <server>__<tool>
+CALL_ID_MAX = 128  # tool_calls.call_id
 
 
 def function_name(tool: ToolInfo) -> str:
@@ -51,6 +54,30 @@ def assistant_message(content: str, calls: tuple[ToolCallRequest, ...]) -> Messa
     return {"role": "assistant", "content": content or None, "tool_calls": [
         {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
         for c in calls]}
+
+
+def ledger_ids(calls: list[ToolCallRequest] | tuple[ToolCallRequest, ...]) -> list[str]:
+    """The tool ledger's call id of each call of one turn: the model's id when it is unique in
+    the turn and fits the column, else one made unique from it and the call's position. The
+    same calls give the same ids (a takeover's rows meet the committed ones); the transcript
+    keeps the model's ids."""
+    ids = [c.id for c in calls]
+    seen = Counter(ids)
+    own = {i for i in ids if seen[i] == 1 and len(i) <= CALL_ID_MAX}
+    taken = set(own)
+    out: list[str] = []
+    for pos, cid in enumerate(ids):
+        if cid in own:
+            out.append(cid)
+            continue
+        for n in itertools.count(pos, len(ids)):  # past an id the model sent that looks alike
+            suffix = f"#{n}"
+            made = cid[:CALL_ID_MAX - len(suffix)] + suffix
+            if made not in taken:
+                break
+        taken.add(made)
+        out.append(made)
+    return out
 
 
 def _calls_of(message: Message) -> list[ToolCallRequest]:
@@ -81,10 +108,12 @@ class TurnLoop:
             last = convo[asked]
             if not last.get("tool_calls"):  # the answer was committed, the success was not
                 return await steps.succeed(sub, t0, last.get("content") or "", [])
-            # only the calls without a committed result run again
-            answered = {m.get("tool_call_id") for m in convo.values() if m["role"] == "tool"}
-            pending = [(asked + 1 + i, c) for i, c in enumerate(_calls_of(last))
-                       if c.id not in answered]
+            # only the calls without a committed result run again: call i's result is the
+            # message after the assistant's i-th (its id may repeat)
+            calls = _calls_of(last)
+            pending = [(asked + 1 + i, c, key) for i, (c, key)
+                       in enumerate(zip(calls, ledger_ids(calls), strict=True))
+                       if asked + 1 + i not in convo]
             await self._end_turn(sub, convo, await self._run_calls(
                 sub, sub.turns, pending, offered, priority), sub.turns)
         while True:
@@ -121,7 +150,8 @@ class TurnLoop:
                     max_tool_calls=limit))
             self.used += len(result.tool_calls)
             handle.commit_soon([sub], ledger=rows, tools=([], rows_t))
-            pending = [(seq + 1 + i, c) for i, c in enumerate(result.tool_calls)]
+            pending = [(seq + 1 + i, c, key) for i, (c, key) in enumerate(
+                zip(result.tool_calls, ledger_ids(result.tool_calls), strict=True))]
             await self._end_turn(sub, convo, await self._run_calls(
                 sub, turn, pending, offered, priority), turn)
             crash_point("between_turns", sub.name)
@@ -142,16 +172,19 @@ class TurnLoop:
             convo[seq] = message
         await self.handle.commit([sub], events=[self._event(sub, turn, [d for *_, d in done])])
 
-    async def _run_calls(self, sub: Subtask, turn: int, pending: list[tuple[int, ToolCallRequest]],
+    async def _run_calls(self, sub: Subtask, turn: int,
+                         pending: list[tuple[int, ToolCallRequest, str]],
                          offered: dict[str, ToolInfo], priority: int,
                          ) -> list[tuple[int, Message, dict[str, str]]]:
-        """Every call in parallel; each result committed (soon) as it comes back."""
+        """Every call in parallel (each with its seq and ledger id); each result committed
+        (soon) as it comes back."""
 
-        async def one(seq: int, call: ToolCallRequest) -> tuple[int, Message, dict[str, str]]:
+        async def one(seq: int, call: ToolCallRequest, key: str
+                      ) -> tuple[int, Message, dict[str, str]]:
             tool = offered.get(call.name)
             server, _, name = call.name.partition(SEPARATOR)
             # the MCP SDK sends this span's traceparent in the request's _meta (SEP-414)
-            with tracing.tool_span(server[:64], name[:128], call.id[:128]):
+            with tracing.tool_span(server[:64], name[:128], key):
                 if tool is None:
                     outcome = ToolOutcome("error", f"error: unknown tool {call.name!r}", 0.0, 0)
                 else:
@@ -162,13 +195,13 @@ class TurnLoop:
             message = {"role": "tool", "tool_call_id": call.id, "content": outcome.text}
             sub.tool_calls += 1
             ledger = {"swarm_id": sub.swarm_id, "subtask_name": sub.name, "turn": turn,
-                      "call_id": call.id[:128], "server": server[:64], "tool": name[:128],
+                      "call_id": key, "server": server[:64], "tool": name[:128],
                       "status": outcome.status, "latency_ms": round(outcome.latency_s * 1000, 3),
                       "result_bytes": outcome.result_bytes, "created_at": utcnow()}
             self.handle.commit_soon([sub], tools=([ledger], [self._row(sub, seq, turn, message)]))
             return seq, message, {"name": call.name, "status": outcome.status}
 
-        return list(await asyncio.gather(*(one(seq, c) for seq, c in pending)))
+        return list(await asyncio.gather(*(one(*p) for p in pending)))
 
     async def _call(self, tool: ToolInfo, arguments: str, priority: int) -> ToolOutcome:
         try:

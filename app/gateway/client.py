@@ -19,7 +19,7 @@ import httpx
 from tenacity import AsyncRetrying, RetryCallState
 
 from app import tracing
-from app.gateway.redact import Redactor
+from app.gateway.redact import MASK, Redactor
 from app.gateway.wire import MAX_ANSWER_BYTES, AiohttpWire, Answer, HttpxWire, Wire, WireError
 from app.text import storable
 
@@ -311,6 +311,7 @@ class _Call:
     deadline_hit: bool = False
     accept: Callable[[Any], _Choice | None] = _choice_of
     request: ChatRequest | None = None  # what `chat` spans describe (None: a forwarded body)
+    secret: str = ""  # the gateway's key: masked in what an answer echoes of it
 
     def retry(self, state: RetryCallState) -> bool:
         return state.outcome is not None and isinstance(state.outcome.exception(), _Retryable)
@@ -342,6 +343,8 @@ class _Call:
         # what no database (nor exporter) can hold is replaced where it enters: here
         content, changed = storable(choice[0]) if choice else ("", False)
         calls, calls_changed = _storable_calls(choice[2]) if choice else ((), False)
+        if self.secret and self.secret in content:  # the hot path: a search, rarely a copy
+            content = content.replace(self.secret, MASK)
         tracing.record_chat(outcome=record.outcome, status_code=record.status_code,
                             input_tokens=record.usage.prompt_tokens,
                             output_tokens=record.usage.completion_tokens,
@@ -397,6 +400,7 @@ class GatewayClient:
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._host = urlsplit(self._url).hostname or ""
         self._redact = Redactor(api_key, base_url)
+        self._secret = api_key.strip()
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -496,7 +500,8 @@ class GatewayClient:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         headers = None if idempotency_key is None else {"Idempotency-Key": idempotency_key}
-        return _Call(body, headers, max_attempts, timeout_s, deadline, before, after)
+        return _Call(body, headers, max_attempts, timeout_s, deadline, before, after,
+                     secret=self._secret)
 
     def retrying(self, call: _Call) -> AsyncRetrying:
         """The retry policy of SPEC §4 for one logical call."""

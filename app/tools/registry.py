@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from app import metrics
+from app.text import storable
 from app.tools.config import ServerConfig, load_config
 from app.tools.limits import PrioritySemaphore, held
 from app.tools.model import ServerUnavailable, ToolInfo, ToolOutcome
@@ -179,6 +180,9 @@ class ToolRegistry:
         latency = time.monotonic() - started
         metrics.tool_calls_total.labels(conn.name, label, status).inc()
         metrics.tool_call_duration.labels(conn.name, label).observe(latency)
+        # the text goes to the transcript: what no database stores (NUL, lone surrogates,
+        # which UTF-8 cannot even encode) is replaced where it enters, as for gateway content
+        text = storable(text)[0]
         size = len(text.encode())
         shown = text if status == "ok" else f"error: {text}"
         return ToolOutcome(status, cut(shown, self.result_max_bytes), latency, size)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -40,6 +42,22 @@ def test_truncation_is_visible_and_fits() -> None:
 def test_prompt_token_bound_is_bytes_plus_overhead() -> None:
     msgs = [{"role": "system", "content": "héllo"}, {"role": "user", "content": "abc"}]
     assert estimate_prompt_tokens(msgs) == 8 + (6 + 8) + (3 + 8)
+
+
+def test_prompt_token_bound_takes_any_message_shape() -> None:
+    """Null content with tool calls, content parts, tool results: each bounded by its JSON
+    bytes (a tool-using conversation sent without tools, its tools gone from the listing)."""
+    calls = [{"id": "c1", "type": "function",
+              "function": {"name": "srv__tool", "arguments": '{"q": "x"}'}}]
+    msgs = [{"role": "user", "content": "go"},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "c1", "content": "result"},
+            {"role": "user", "content": [{"type": "text", "text": "part"}]},
+            {"role": "assistant", "content": "said", "tool_calls": calls}]
+    bound = estimate_prompt_tokens(msgs)
+    for m in msgs[1:]:  # every byte the gateway may tokenize is under the bound
+        assert estimate_prompt_tokens([m]) >= len(json.dumps(m).encode())
+    assert bound == 8 + sum(estimate_prompt_tokens([m]) - 8 for m in msgs)
 
 
 def test_dependencies_follow_the_prompt_under_their_names() -> None:

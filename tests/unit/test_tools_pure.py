@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from app.engine import dag
 from app.engine.context import estimate_request_tokens
 from app.engine.planner import PlanInvalid, parse_plan, tool_allowed
-from app.engine.turns import openai_tools
+from app.engine.turns import CALL_ID_MAX, ledger_ids, openai_tools
+from app.gateway.client import ToolCallRequest
 from app.simulator.tools import arguments, final_answer, tool_calls, turns_done
 from app.tools.config import load_config
 from app.tools.model import ToolInfo
@@ -102,3 +103,18 @@ def test_the_reservation_bound_covers_what_the_simulator_bills(texts: list[str])
     tools = openai_tools([ToolInfo("docs", "lookup", "d", {"type": "object"})])
     billed = math.ceil(sum(len(t) for t in texts) / 4) + 4 * len(texts)  # simulator/responses.py
     assert estimate_request_tokens(messages, tools) >= billed
+
+
+@given(st.lists(st.sampled_from(["dup", "dup#1", "dup#4", "a", "L" * 200 + "x", "L" * 200 + "y",
+                                 "L" * 126 + "#2", "L" * 129]), max_size=12))
+def test_every_call_of_a_turn_gets_its_own_ledger_id(ids: list[str]) -> None:
+    """Repeated ids and ids equal in their first 128 characters: one distinct id each, the
+    same on every run (a takeover meets its committed rows), the model's own when it can."""
+    calls = [ToolCallRequest(i, "s__t", "{}") for i in ids]
+    out = ledger_ids(calls)
+    assert len(set(out)) == len(ids) and all(len(i) <= CALL_ID_MAX for i in out)
+    assert ledger_ids(list(calls)) == out
+    for given_id, stored in zip(ids, out, strict=True):
+        if ids.count(given_id) == 1 and len(given_id) <= CALL_ID_MAX:
+            assert stored == given_id
+    assert ledger_ids([ToolCallRequest("dup", "s__t", "{}")] * 3) == ["dup#0", "dup#1", "dup#2"]
