@@ -136,3 +136,21 @@ async def test_waiters_are_served_by_priority_then_in_arrival_order() -> None:
     sem.release()
     await asyncio.gather(*tasks)
     assert order == ["high1", "high2", "mid", "low1", "low2"]
+
+
+async def test_a_name_no_subtask_can_have_is_404_on_every_backend(harness: Harness) -> None:
+    """Every subtask the swarm lists (planner, workers, compressors, synthesizer) is served;
+    a name none can have (a NUL: PostgreSQL cannot compare it) is 404, not a 500."""
+    done = await harness.run({"task": "t", "synthesis": {"compress": "always"}})
+    assert done["status"] == "succeeded", done["error"]
+    names = [s["name"] for s in done["subtasks"]]
+    assert {"@planner", "@synthesizer"} <= set(names)
+    assert any(n.startswith("@compress.") for n in names), names
+    for name in names:
+        r = await harness.client.get(f"/swarms/{done['id']}/subtasks/{name}")
+        assert r.status_code == 200, (name, r.text)
+    for name in ("%00", "a%00b", "@compress.%00", "@compress.@planner", "@other", "a b",
+                 "x" * 65, "%C3%A9"):
+        r = await harness.client.get(f"/swarms/{done['id']}/subtasks/{name}")
+        assert r.status_code == 404, (name, r.text)
+        assert r.json()["error"]["code"] == "not_found"

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter
 
 from app.api.deps import SessionDep, TenantDep, ToolsDep
 from app.api.errors import error_responses
 from app.api.shared import check_id
 from app.db import queries
+from app.engine.layout import COMPRESSOR_PREFIX, PLANNER, SYNTHESIZER
 from app.errors import SwarmNotFound
-from app.schemas import SubtaskDetail, ToolList, ToolRead
+from app.schemas import NAME_PATTERN, SubtaskDetail, ToolList, ToolRead
 from app.views import subtask_read
 
 router = APIRouter(tags=["tools"])
+AGENT_NAME = re.compile(NAME_PATTERN)
+
+
+def subtask_name(name: str) -> bool:
+    """Whether a subtask can be named so: an agent's name (planned workers' too), the
+    planner's, the synthesizer's, or a compressor's (`@compress.<agent>`). Anything else (a
+    NUL PostgreSQL cannot even compare) is no subtask's, without asking the database."""
+    return name in (PLANNER, SYNTHESIZER) or AGENT_NAME.fullmatch(
+        name.removeprefix(COMPRESSOR_PREFIX)) is not None
 
 
 @router.get("/tools", response_model=ToolList, responses=error_responses(401, 422),
@@ -31,12 +43,15 @@ async def get_subtask(swarm_id: str, name: str, session: SessionDep,
                       tenant: TenantDep) -> SubtaskDetail:
     """The subtask as in the swarm, plus its tools and `transcript` (tool-using subtasks)."""
     check_id(swarm_id)
+    missing = SwarmNotFound(f"no subtask {name!r} in swarm {swarm_id}",
+                            details={"id": swarm_id, "name": name})
+    if not subtask_name(name):
+        raise missing
     async with session.begin():
         swarm = await queries.get_swarm(session, swarm_id, tenant)
         sub = None if swarm is None else await queries.get_subtask(session, swarm_id, name)
         if swarm is None or sub is None:
-            raise SwarmNotFound(f"no subtask {name!r} in swarm {swarm_id}",
-                                details={"id": swarm_id, "name": name})
+            raise missing
         messages = await queries.get_transcript(session, swarm_id, name)
     return SubtaskDetail(**subtask_read(sub, True).model_dump(), tools=list(sub.tools),
                          max_turns=sub.max_turns, transcript=[m.message for m in messages])
