@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
@@ -19,6 +20,10 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
+# a budget as a string: a plain positive decimal, as JSON spells numbers (Decimal would also
+# read "1_000", non-ASCII digits, "Infinity"); `gt`, `max_digits`, `decimal_places` stay the
+# validator's (a pattern cannot say them)
+BUDGET_PATTERN = r"^\s*\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?\s*$"
 METADATA_MAX_DEPTH = 32
 
 
@@ -64,6 +69,19 @@ def _json_number(v: Any) -> Any:
             "number_type", "Input should be a JSON number, not {kind}",
             {"kind": "a boolean" if isinstance(v, bool) else "a string"})
     return v
+
+
+def _budget_schema(schema: dict[str, Any]) -> None:
+    """The string branch of the budget's schema says which strings are read."""
+    for branch in schema.get("anyOf", []):
+        if branch.get("type") == "string":
+            branch["pattern"] = BUDGET_PATTERN
+
+
+def _retry_budget_schema(schema: dict[str, Any]) -> None:
+    """A retry's budget: as any, but never null (None is only its absence)."""
+    _budget_schema(schema)
+    schema["anyOf"] = [b for b in schema["anyOf"] if b.get("type") != "null"]
 
 
 # numbers of a request: JSON numbers only (a budget may also be a decimal string: money)
@@ -138,12 +156,21 @@ class SynthesisOptions(Strict):
 
 class Limits(Strict):
     concurrency: Int = Field(default=8, ge=1, le=1000)
-    budget_usd: Decimal | None = Field(default=None, gt=0, max_digits=20, decimal_places=12)
+    budget_usd: Decimal | None = Field(default=None, gt=0, max_digits=20, decimal_places=12,
+                                       json_schema_extra=_budget_schema)
     failure_tolerance: Number = Field(default=0.0, ge=0, le=1)
     max_attempts: Int = Field(default=3, ge=1, le=10)
     subtask_timeout_s: Number = Field(default=60.0, gt=0, le=3600)
     deadline_s: Number = Field(default=900.0, gt=0, le=86_400)
     max_tool_calls: Int = Field(default=1000, ge=1, le=1_000_000)
+
+    @field_validator("budget_usd", mode="before")
+    @classmethod
+    def _budget_string(cls, v: Any) -> Any:
+        if isinstance(v, str) and re.fullmatch(BUDGET_PATTERN, v) is None:
+            raise PydanticCustomError(
+                "decimal_parsing", 'Input should be a positive decimal number (e.g. 5 or "5.00")')
+        return v
 
 
 class SwarmCreate(Strict):
@@ -177,6 +204,23 @@ class SwarmCreate(Strict):
         return v
 
 
+class RetryLimits(Limits):
+    """A retry's limits; a key left out keeps the old run's value. The budget cannot be
+    dropped (`null`): the new swarm stays within the tenant's `max_budget_usd`."""
+
+    budget_usd: Decimal | None = Field(default=None, gt=0, max_digits=20, decimal_places=12,
+                                       json_schema_extra=_retry_budget_schema)
+
+    @field_validator("budget_usd", mode="before")
+    @classmethod
+    def _budget_not_null(cls, v: Any) -> Any:
+        if v is None:
+            raise PydanticCustomError(
+                "budget_null", "a retry's budget cannot be null: leave budget_usd out to keep "
+                               "the old run's budget")
+        return v
+
+
 class SwarmRetry(Strict):
     """The optional body of `POST /swarms/{id}/retry`: limits for the new run (keys left out
     keep the old run's values)."""
@@ -184,7 +228,7 @@ class SwarmRetry(Strict):
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         "examples": [{"limits": {"budget_usd": 10.0}}]})
 
-    limits: Limits | None = None
+    limits: RetryLimits | None = None
 
 
 # ---- responses -------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 from app.db.tables import TenantDailySpend
 from app.tenants import TenantLimits, TenantTable
 from tests.conftest import Harness, make_settings, start_harness
-from tests.helpers import error_of, until
+from tests.helpers import assert_rejected, error_of, until
 from tests.support import CLI
 
 KEYS = {"a": {"Authorization": "Bearer ka"}, "b": {"Authorization": "Bearer kb"}}
@@ -346,3 +346,19 @@ async def test_a_retry_is_a_new_swarm_within_the_quotas(database_url: str,
         assert error_of(r, 429, "quota_exceeded")["details"]["limit"] == "max_active_swarms"
     finally:
         await close()
+
+
+async def test_a_retry_cannot_drop_the_budget(queued: Harness) -> None:
+    """`budget_usd: null` would run the new swarm with no budget, past `max_budget_usd` and
+    `default_budget_usd`: refused, naming the field; left out, the old run's budget holds."""
+    h = queued
+    old = (await post(h, "a", ONE)).json()["id"]
+    await h.client.post(f"/swarms/{old}/cancel", headers=KEYS["a"])
+    r = await h.client.post(f"/swarms/{old}/retry", json={"limits": {"budget_usd": None}},
+                            headers=KEYS["a"])
+    assert_rejected(r, 422, "validation_error", "limits.budget_usd")
+    assert await count(h, "a") == 1
+    r = await h.client.post(f"/swarms/{old}/retry", json={"limits": {"concurrency": 2}},
+                            headers=KEYS["a"])
+    assert r.status_code == 202, r.text
+    assert Decimal(r.json()["spec"]["limits"]["budget_usd"]) == Decimal("0.001")  # the default
