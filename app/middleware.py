@@ -94,14 +94,18 @@ async def _send_415(send: Send, encoding: bytes, path: str) -> None:
 
 class BodyLimit:
     """Answer 413 for bodies over `limit` bytes, by Content-Length or while streaming, and
-    415 for a body in a content coding (the API reads identity bodies only)."""
+    415 for a body in a content coding (the API reads identity bodies only). Only for the
+    methods whose routes read a body: a GET's or HEAD's is never read (nor refused), so
+    those routes answer neither status (the OpenAPI document says so)."""
+
+    METHODS = frozenset({"POST", "PUT", "PATCH"})
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["method"] not in self.METHODS:
             await self.app(scope, receive, send)
             return
         length, encoding = _declared(scope)

@@ -115,6 +115,7 @@ async def test_unknown_model_lists_priced_models(api: Harness) -> None:
     pytest.param(body_with(max_tokens=100.0, limits={"concurrency": 4.0, "max_attempts": 2.0}),
                  id="integral-floats"),
     pytest.param(body_with(limits={"budget_usd": "0.125"}), id="budget-decimal-string"),
+    pytest.param(body_with(limits={"budget_usd": " +1.5e-2 "}), id="budget-exponent-string"),
 ])
 async def test_valid_edges_are_accepted(small: Harness, body: dict[str, Any]) -> None:
     """The rules reject exactly the invalid side of each bound."""
@@ -384,3 +385,25 @@ async def test_what_postgres_cannot_store_is_4xx_on_every_backend(harness: Harne
     got = (await c.get(r.headers["location"])).json()
     assert got["task"] == task and got["metadata"] == meta
 
+
+
+async def test_only_methods_that_carry_a_body_are_limited(small: Harness) -> None:
+    """413 and 415 answer the methods whose routes read a body, and every such route
+    documents both; a GET's body is ignored (no route reads it), so no GET answers them."""
+    big = b"x" * (MAX_BODY + 10)
+    r = await small.client.request("GET", "/swarms", content=big)
+    assert r.status_code == 200, r.text
+    r = await small.client.request("GET", "/swarms", content=gzip.compress(b"{}"),
+                                   headers={"content-encoding": "gzip"})
+    assert r.status_code == 200, r.text
+    unknown = "00000000-0000-4000-8000-000000000000"
+    error_of(await small.client.post(f"/swarms/{unknown}/cancel", content=big), 413,
+             "payload_too_large")
+    error_of(await small.client.post(f"/swarms/{unknown}/cancel", content=b"{}",
+                                     headers={"content-encoding": "gzip"}), 415)
+    doc = (await small.client.get("/openapi.json")).json()
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            limited = {"413", "415"} & set(op["responses"])
+            assert limited == ({"413", "415"} if method in ("post", "put", "patch")
+                               else set()), (method, path)

@@ -55,6 +55,13 @@ REJECTED: list[tuple[str, Any, int, str, str]] = [
      "limits.budget_usd"),
     ("budget-string", body_with(limits={"budget_usd": "lots"}), 422, "validation_error",
      "limits.budget_usd"),
+    # what Decimal reads but the documented pattern (a plain decimal) does not say
+    ("budget-underscore", body_with(limits={"budget_usd": "1_000"}), 422, "validation_error",
+     "limits.budget_usd"),
+    ("budget-non-ascii-digit", body_with(limits={"budget_usd": "\u0661"}), 422,
+     "validation_error", "limits.budget_usd"),
+    ("budget-empty-string", body_with(limits={"budget_usd": ""}), 422, "validation_error",
+     "limits.budget_usd"),
     ("tolerance-negative", body_with(limits={"failure_tolerance": -0.01}), 422, "validation_error",
      "limits.failure_tolerance"),
     ("tolerance-over-1", body_with(limits={"failure_tolerance": 1.01}), 422, "validation_error",

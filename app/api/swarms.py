@@ -191,7 +191,7 @@ async def get_swarm(
 
 
 @router.post("/{swarm_id}/cancel", status_code=202, response_model=SwarmRead,
-             responses=error_responses(401, 404, 409, 422),
+             responses=error_responses(401, 404, 409, 413, 415, 422),
              summary="Cancel a swarm")
 async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
                        engine: EngineDep, notifier: NotifierDep) -> Response:
