@@ -291,6 +291,47 @@ async def test_documented_parameters_match_the_checks(api: Harness) -> None:
     assert list(metrics_ok["content"]) == ["text/plain"]
 
 
+async def test_the_budget_pattern_says_which_strings_are_read(api: Harness) -> None:
+    """`limits.budget_usd` may be a decimal string: its documented pattern takes what the route
+    reads and refuses what it refuses (above 0 and the digit bounds are the validator's); a
+    retry's budget is never null (it would drop the tenant's budget quotas)."""
+    doc = await _doc(api.client)
+
+    def budget(model: str) -> list[dict[str, Any]]:
+        branches: list[dict[str, Any]] = doc["components"]["schemas"][model]["properties"][
+            "budget_usd"]["anyOf"]
+        return branches
+
+    string = next(b for b in budget("Limits") if b.get("type") == "string")
+    pattern = re.compile(string["pattern"])
+    one = {"task": "t", "agents": [{"name": "a"}], "synthesis": {"strategy": "none"}}
+    for taken in ("5", "0.125", " 2 ", "1e1", ".5", "+3.", "1.5E-2"):
+        assert pattern.search(taken), taken
+        r = await api.post({**one, "limits": {"budget_usd": taken}})
+        assert r.status_code == 202, (taken, r.text)
+    for refused in ("", "abc", "1_0", "\u0661", "-1", "Infinity", "NaN", "1 0", "0x1"):
+        assert not pattern.search(refused), refused
+        r = await api.post({**one, "limits": {"budget_usd": refused}})
+        assert r.status_code == 422, (refused, r.text)
+    assert {"type": "null"} in budget("Limits")
+    assert [b.get("type") for b in budget("RetryLimits")] == ["number", "string"]
+    assert next(b for b in budget("RetryLimits") if b.get("type") == "string") == string
+
+
+async def test_the_bearer_key_is_documented_where_a_route_needs_one(api: Harness) -> None:
+    """`Authorization: Bearer <key>` is a security scheme, required by every route that
+    answers 401 (every one but the probes and the metrics), not a header parameter."""
+    doc = await _doc(api.client)
+    scheme = doc["components"]["securitySchemes"]["bearer"]
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            keyless = path in ("/healthz", "/readyz", "/metrics")
+            assert op.get("security") == (None if keyless else [{"bearer": []}]), (method, path)
+            assert ("401" in op["responses"]) is not keyless, (method, path)
+            assert "authorization" not in {p["name"].lower() for p in op.get("parameters", [])}
+
+
 async def test_docs_page_is_served(api: Harness) -> None:
     r = await api.client.get("/docs")
     assert r.status_code == 200 and "swagger" in r.text.lower()

@@ -6,7 +6,8 @@ import hmac
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.config import Settings
@@ -33,8 +34,16 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
         yield session
 
 
+# the OpenAPI document's security scheme, on every route that resolves the tenant; it never
+# refuses (auto_error=False): tenant_of checks the key and answers 401 in the API's shape
+BEARER = HTTPBearer(scheme_name="bearer", auto_error=False,
+                    description="A key of SWARM_API_KEYS, which names the caller's tenant "
+                                "(needed when SWARM_API_KEYS is set)")
+
+
 async def get_tenant(
     request: Request,
+    _documented: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> str:
     """The caller's tenant from `Authorization: Bearer <key>`; everyone is one tenant when
