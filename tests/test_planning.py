@@ -47,6 +47,18 @@ async def test_task_only_swarm_plans_runs_workers_and_synthesizes(harness: Harne
     assert data["timing"]["critical_path_s"] >= planner["latency_ms"] / 1000
 
 
+@pytest.mark.parametrize("max_subtasks", [1, 2, 3])
+async def test_a_small_planned_swarm_gets_a_plan_it_can_run(harness: Harness,
+                                                            max_subtasks: int) -> None:
+    """The simulator plans within `orchestrator.max_subtasks` and `max_depth` (its default
+    plan has 4 subtasks, 2 deep): a bound of 1-3 is not `plan_invalid`."""
+    data = await harness.run({"task": "Compare two databases",
+                              "orchestrator": {"max_subtasks": max_subtasks, "max_depth": 1}})
+    assert data["status"] == "succeeded", data["error"]
+    workers = [s for s in data["subtasks"] if s["kind"] == "worker"]
+    assert len(workers) == max_subtasks and not any(w["depends_on"] for w in workers)
+
+
 @pytest.mark.parametrize("kind,reason", [
     ("cyclic", "cycle"), ("unknown_dep", "unknown_dependency"), ("truncated", "truncated"),
     ("not_json", "not_json"), ("empty", "empty"), ("too_many", "too_many"),

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from app.engine.planner import PlanInvalid, parse_plan, planner_messages
 from app.simulator import PLAN_HINTS, SimulatorConfig, create_simulator
 
 URL = "/v1/chat/completions"
@@ -300,6 +301,37 @@ async def test_plan_size(client: httpx.AsyncClient) -> None:
     subtasks = json.loads(body["choices"][0]["message"]["content"])["subtasks"]
     check_plan(subtasks)
     assert len(subtasks) == 7
+
+
+async def planner_call(client: httpx.AsyncClient, task: str, max_subtasks: int,
+                       max_depth: int) -> str:
+    """The simulator's answer to the engine's own planning prompt."""
+    messages = planner_messages(task, max_subtasks, max_depth, list(PLAN_HINTS))
+    body = await plan(client, task, messages=messages)
+    content: str = body["choices"][0]["message"]["content"]
+    return content
+
+
+@pytest.mark.parametrize(("max_subtasks", "max_depth"), [(1, 1), (2, 1), (3, 2), (3, 3), (8, 1)])
+async def test_plan_keeps_to_the_prompts_bounds(client: httpx.AsyncClient, max_subtasks: int,
+                                                max_depth: int) -> None:
+    content = await planner_call(client, "Audit the service", max_subtasks, max_depth)
+    plan_ = parse_plan(content, "stop", max_subtasks, max_depth)  # what the engine accepts
+    assert len(plan_) == min(4, max_subtasks)
+
+
+async def test_plan_directives_still_shape_a_bounded_plan(client: httpx.AsyncClient) -> None:
+    """`plan_size` and the flaws still win over the prompt's bounds, whatever they are."""
+    for task, bounds, reason in (("[[sim plan=too_many]]", (2, 2), "too_many"),
+                                 ("[[sim plan=too_many]]", (200, 3), "too_many"),
+                                 ("[[sim plan_size=3]]", (2, 2), "too_many"),
+                                 ("[[sim plan=too_deep]]", (20, 2), "too_deep"),
+                                 ("[[sim plan=too_deep]]", (30, 15), "too_deep"),
+                                 ("[[sim plan=cyclic]]", (3, 3), "cycle")):
+        content = await planner_call(client, task, *bounds)
+        with pytest.raises(PlanInvalid) as exc:
+            parse_plan(content, "stop", *bounds)
+        assert exc.value.reason == reason, (task, bounds)
 
 
 @pytest.mark.parametrize("kind", ["cyclic", "unknown_dep", "empty", "duplicate"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +51,16 @@ def unit(*parts: object) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+# the planner prompt's rules (app/engine/planner.py planner_messages): a plan keeps to them
+_MAX_SUBTASKS = re.compile(r"Rules: at most (\d+) subtasks;")
+_MAX_DEPTH = re.compile(r"the longest dependency chain has at most (\d+) subtasks")
+
+
+def _bound(pattern: re.Pattern[str], texts: list[str]) -> int | None:
+    found = next((m for t in texts if (m := pattern.search(t))), None)
+    return None if found is None else int(found.group(1))
+
+
 _POISON = "\x00 nul \udfff lone surrogate"  # what no database column can store
 
 
@@ -69,17 +80,21 @@ def error(status: int, message: str, headers: dict[str, str] | None = None,
     return Response(body, status_code=status, headers=headers, media_type=JSON)
 
 
-def _plan(task: str, kind: str | None, size: int | None, tools: list[str] | None = None) -> str:
-    """A plan shaped by the task; `kind` names the flaw a planner test wants."""
+def _plan(task: str, kind: str | None, size: int | None, tools: list[str] | None = None,
+          max_subtasks: int | None = None, max_depth: int | None = None) -> str:
+    """A plan shaped by the task, within the prompt's `max_subtasks` and `max_depth` unless
+    `size` says otherwise; `kind` names the flaw a planner test wants."""
     if kind == "not_json":
         return f"Sure! Here is a plan for {task}:\n1. research\n2. write the report"
-    n = size if size is not None else {"too_many": 100, "too_deep": 12}.get(kind or "", 4)
+    most, deepest = max_subtasks or 4, max_depth or 2
+    flawed = {"too_many": max(100, most + 1), "too_deep": max(12, deepest + 1)}
+    n = size if size is not None else flawed.get(kind or "", min(4, most))
     words = ("research", "analysis", "review")
     ids = [f"{words[i % 3]}_{i + 1}" if i < n - 1 or n == 1 else f"report_{n}" for i in range(n)]
     deps: list[list[str]] = [[] for _ in ids]
     if kind == "too_deep":
         deps = [[ids[i - 1]] if i else [] for i in range(n)]
-    elif kind != "too_many" and n > 1:
+    elif kind != "too_many" and n > 1 and deepest > 1:
         deps[-1] = ids[: min(2, n - 1)]
     if kind == "cyclic" and n > 1:
         deps[0] = [ids[-1]]
@@ -152,7 +167,8 @@ def chat_completion(req: ChatRequest, d: Directives, key: str, attempt: int, len
     elif req.json_mode:
         flaw = plan_flaw()
         content = _plan(_task_of(req), flaw, d.plan_size,
-                        sim_tools.offered_to_planner(req.texts))
+                        sim_tools.offered_to_planner(req.texts),
+                        _bound(_MAX_SUBTASKS, req.texts), _bound(_MAX_DEPTH, req.texts))
         if flaw == "truncated":
             content, length = content[: len(content) // 2], True
     else:
