@@ -212,6 +212,44 @@ async def test_retryable_failures_recover_on_a_later_attempt(
     assert all(a.error for a in result.attempts[:2]) and len(waits) == 2
 
 
+def _message(message: dict[str, Any]) -> httpx.Response:
+    return httpx.Response(200, json={"choices": [{"message": message, "finish_reason": "stop"}],
+                                     "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "docs__lookup", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(("message", "content", "calls"), [
+    pytest.param({"role": "assistant", "content": [{"type": "text", "text": "an "},
+                                                   {"type": "text", "text": "answer"}]},
+                 "an answer", 0, id="text-parts"),
+    pytest.param({"role": "assistant", "tool_calls": [CALL]}, "", 1, id="calls-without-content"),
+    pytest.param({"role": "assistant", "content": None, "tool_calls": [CALL]}, "", 1,
+                 id="calls-with-null-content"),
+])
+async def test_answer_shapes_gateways_send_are_read(
+    make_client: Callable[..., GatewayClient], message: dict[str, Any], content: str,
+    calls: int,
+) -> None:
+    result = await make_client(Gateway(_message(message))).complete(REQUEST)
+    assert (result.content, len(result.tool_calls)) == (content, calls)
+    assert [a.outcome for a in result.attempts] == ["ok"]
+
+
+@pytest.mark.parametrize("message", [
+    pytest.param({"role": "assistant"}, id="no-content-no-calls"),
+    pytest.param({"role": "assistant", "content": [{"type": "image_url"}]}, id="not-text-parts"),
+    pytest.param({"role": "assistant", "content": 5}, id="a-number"),
+])
+async def test_answers_without_text_or_calls_are_invalid(
+    make_client: Callable[..., GatewayClient], waits: list[float], message: dict[str, Any],
+) -> None:
+    gateway = Gateway(_message(message), ok_response())
+    result = await make_client(gateway).complete(REQUEST)
+    assert [a.outcome for a in result.attempts] == ["invalid_response", "ok"]
+
+
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 422, 418])
 async def test_non_retryable_statuses_are_rejected_after_one_attempt(
     make_client: Callable[..., GatewayClient], waits: list[float], status: int

@@ -120,13 +120,23 @@ def _item(raw: Any, index: int, allowed: Sequence[str] = ()) -> PlannedSubtask:
                           _tools(raw.get("tools"), sid, allowed))
 
 
+_FENCE = re.compile(r"\A\s*```[A-Za-z0-9_-]*[ \t]*\n(.*)\n[ \t]*```\s*\Z", re.DOTALL)
+
+
+def _unfenced(content: str) -> str:
+    """The JSON inside a Markdown code fence (```json ... ```), which models write even when
+    asked for a JSON object; anything else as it is."""
+    match = _FENCE.match(content)
+    return match.group(1) if match else content
+
+
 def parse_plan(content: str, finish_reason: str, max_subtasks: int,
                max_depth: int, tools: Sequence[str] = ()) -> list[PlannedSubtask]:
     """The plan in `content`, or PlanInvalid naming exactly what is wrong."""
     if finish_reason == "length":
         raise PlanInvalid("truncated", "the plan was cut off (finish_reason: length)")
     try:
-        doc = json.loads(content)
+        doc = json.loads(_unfenced(content))
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to decode
         reason = exc.args[0] if isinstance(exc, ValueError) else "nested too deeply"
         raise PlanInvalid("not_json", f"the answer is not JSON ({reason})") from exc

@@ -221,16 +221,28 @@ def _choice_of(body: Any) -> _Choice | None:
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return None
     message = choices[0].get("message")
-    if not isinstance(message, dict) or "content" not in message:
-        return None
-    content = message["content"]
-    if content is not None and not isinstance(content, str):
+    if not isinstance(message, dict):
         return None
     calls = _tool_calls_of(message.get("tool_calls"))
-    if calls is None:
+    if calls is None or ("content" not in message and not calls):  # no answer at all
+        return None
+    content = _text_of(message.get("content"))
+    if content is None:
         return None
     finish = choices[0].get("finish_reason")
-    return content or "", finish if isinstance(finish, str) else "", calls
+    return content, finish if isinstance(finish, str) else "", calls
+
+
+def _text_of(content: object) -> str | None:
+    """A message's text: a string, null (a tool-calling answer; some gateways leave the key
+    out), or a list of text parts (as some gateways answer); None for anything else."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content):
+        return "".join(p["text"] for p in content)
+    return None
 
 
 def _storable_calls(calls: tuple[ToolCallRequest, ...]

@@ -25,9 +25,20 @@ def test_a_valid_plan_is_parsed() -> None:
     assert got[2].model_hint is None  # a non-string hint is ignored
 
 
+@pytest.mark.parametrize("fenced", [
+    "```json\n{doc}\n```", "```\n{doc}\n```", "  ```JSON \n{doc}\n  ```\n",
+])
+def test_a_plan_in_a_code_fence_is_read(fenced: str) -> None:
+    """Models fence their JSON even when asked for an object: read what is inside."""
+    got = parse_plan(fenced.replace("{doc}", plan(item("a"), item("b", "a"))), "stop", 5, 3)
+    assert [p.id for p in got] == ["a", "b"]
+
+
 @pytest.mark.parametrize(("content", "finish", "reason"), [
     (plan(item("a")), "length", "truncated"),
     ("not json", "stop", "not_json"),
+    ("```json\n" + plan(item("a")), "stop", "not_json"),  # a fence never closed
+    ("Here is the plan:\n```json\n" + plan(item("a")) + "\n```", "stop", "not_json"),
     ("[1, 2]", "stop", "wrong_shape"),
     (json.dumps({"subtasks": "x"}), "stop", "wrong_shape"),
     (plan(), "stop", "empty"),
