@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
+from typing import cast
 
 import httpx
 from httpx_sse import EventSource, ServerSentEvent, SSEError
@@ -200,7 +201,7 @@ async def _attempt(gateway: GatewayClient, call: _Call) -> _Opened:
                                                    response.headers, raw,
                                                    time.perf_counter() - started)
                 else:
-                    events = EventSource(response).aiter_sse()
+                    events = EventSource(_capped(response)).aiter_sse()
                     first = await anext(events)
                     handed = True
                     return _Opened(number, response, events, first, started)
@@ -238,6 +239,33 @@ def _failed(number: int, response: httpx.Response | None, outcome: Outcome, erro
     status = response.status_code if response is not None else None
     return AttemptRecord(number, status, outcome, Usage(), time.perf_counter() - started,
                          error, None)
+
+
+# the longest line a stream may send: an event is a few hundred bytes; an endless line would
+# be held whole by the SSE decoder, and take the process's memory with it
+MAX_LINE_CHARS = 8 * 1024 * 1024
+
+
+class _CappedText:
+    """A streamed response as EventSource reads it (its headers, its text), refusing a line
+    longer than MAX_LINE_CHARS (SSEError: the attempt's, or the stream's, failure)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.headers = response.headers
+        self._response = response
+
+    async def aiter_text(self) -> AsyncIterator[str]:
+        run = 0  # characters since the last line break
+        async for text in self._response.aiter_text():
+            cut = max(text.rfind("\n"), text.rfind("\r"))
+            run = len(text) - cut - 1 if cut >= 0 else run + len(text)
+            if run > MAX_LINE_CHARS:
+                raise SSEError(f"a stream line over {MAX_LINE_CHARS} characters")
+            yield text
+
+
+def _capped(response: httpx.Response) -> httpx.Response:
+    return cast(httpx.Response, _CappedText(response))
 
 
 def _text_bytes(delta: object) -> int:

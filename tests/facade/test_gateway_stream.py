@@ -159,6 +159,25 @@ async def test_a_stream_closed_before_done_raises_and_is_billed() -> None:
     assert rec.outcome == "invalid_response" and rec.usage.completion_tokens == 5
 
 
+async def test_a_line_past_the_cap_fails_the_attempt_or_the_stream(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An endless line would be held whole by the SSE decoder: past the cap it is refused —
+    before the first event a failed attempt (retried), after it a broken stream."""
+    monkeypatch.setattr(streaming, "MAX_LINE_CHARS", 200)
+    long = chunk("x" * 300)
+    pieces = [long[i:i + 50] for i in range(0, len(long), 50)]  # as a network delivers it
+    gw = Gateway([ok(pieces), ok()])
+    async with gw.stream() as stream:
+        assert [d async for d in stream][-1] == "[DONE]"
+    assert [r.outcome for r in gw.records] == ["invalid_response", "ok"]
+    gw = Gateway([ok([chunk("Hel"), *pieces, event(b"[DONE]")])])
+    with pytest.raises(GatewayUnavailable, match="over 200 characters"):
+        async with gw.stream() as stream:
+            async for _ in stream:
+                pass
+    assert [r.outcome for r in gw.records] == ["connection_error"]
+
+
 async def test_a_stream_that_breaks_midway_raises_and_is_recorded_once() -> None:
     gw = Gateway([ok(fail_after=2)])
     seen: list[str] = []
