@@ -18,6 +18,7 @@ from app.api import errors, openai, ops, retry, swarms, usage
 from app.api import tools as tools_api
 from app.api.admission import StreamSlots
 from app.api.openai_errors import openai_responses
+from app.api.sse import shutting_down
 from app.config import Settings
 from app.gateway.client import GatewayClient
 from app.middleware import BodyLimit, HeadAsGet, HttpMetrics, LoopbackOnly
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
             app.state.db_engine = runtime.db
             app.state.sessions = runtime.sessions
             app.state.notifier = runtime.notifier
+            runtime.notifier.stopping = shutting_down
             app.state.engine = runtime.engine
             app.state.gateway = runtime.gateway  # the facade's passthrough calls use both
             app.state.daily = runtime.daily

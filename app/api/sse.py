@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import re
+import signal
 from typing import Any
+
+from sse_starlette.sse import AppStatus
 
 from app.errors import ApiError
 
@@ -17,6 +20,17 @@ LAST_EVENT_ID_DOC = (f"the `id` of the last event seen, an integer from 0 to {MA
 # SPEC §3 and §9 event names; a schema-aware client checks each event against these
 EVENT_NAMES = ("swarm.status", "subtask.started", "subtask.succeeded", "subtask.failed",
                "subtask.skipped", "subtask.turn", "swarm.completed")
+
+
+def shutting_down() -> bool:
+    """uvicorn was told to exit (SIGTERM, SIGINT): what ends the event streams at once
+    (sse-starlette's flag, set by its hook of uvicorn's handler, or the server's own when that
+    hook did not take), so a `?wait=` ends too, answered before uvicorn's hard cut (a
+    plain-text 500 otherwise)."""
+    if AppStatus.should_exit:
+        return True
+    server = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+    return getattr(server, "should_exit", False) is True
 
 
 def json_event_schema(data: dict[str, Any], *, done_marker: str | None = None) -> dict[str, Any]:

@@ -58,6 +58,9 @@ class SwarmNotifier:
         # whether this process's engine runs the swarm (its Scheduler says): that runner offers
         # its rows (`ended`) in the turn its writer says the end is committed
         self.runs_here: Callable[[str], bool] = lambda _swarm_id: False
+        # whether the server is shutting down (the API layer says): a wait then ends at its
+        # next wake-up with the state as it is, answered before the server's hard cut
+        self.stopping: Callable[[], bool] = lambda: False
 
     def notify(self, swarm_id: str, status: str | None = None) -> None:
         """The swarm changed; `status` is its status after the change, when known."""
@@ -121,7 +124,7 @@ class SwarmNotifier:
         try:
             status = await read_status()
             while (status is not None and not status.terminal
-                   and (left := deadline - time.monotonic()) > 0):
+                   and (left := deadline - time.monotonic()) > 0 and not self.stopping()):
                 fired = await woken(armed, min(left, fallback_s))
                 ended, unsaid = armed.take()
                 # an end heard first from another connection (LISTEN: PostgreSQL tells every
