@@ -173,6 +173,12 @@ def parse(model: type[M], response: httpx.Response) -> M:
                             status_code=response.status_code) from exc
 
 
+def is_event(sse: ServerSentEvent) -> bool:
+    """Whether an SSE message is an event: a comment-only block (the service's keep-alive
+    `: ping`) reaches the decoder as a message without data that repeats the last id."""
+    return bool(sse.data)
+
+
 def to_event(sse: ServerSentEvent) -> SwarmEvent:
     """An SSE message of the events route as the service's `SwarmEvent`."""
     try:

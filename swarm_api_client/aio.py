@@ -160,7 +160,8 @@ class AsyncSwarmClient:
                 await response.aread()
                 b.check(response)
             async for sse in EventSource(response).aiter_sse():
-                yield b.to_event(sse)
+                if b.is_event(sse):
+                    yield b.to_event(sse)
 
     async def _call(self, call: b.Call, model: type[M]) -> M:
         try:

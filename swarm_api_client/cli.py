@@ -13,7 +13,9 @@ import argparse
 import itertools
 import json
 import os
+import queue
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +35,7 @@ from swarm_api_client.errors import (
 if TYPE_CHECKING:  # rich loads when a command prints, not when the parser is built
     from rich.console import Console
 
-    from app.schemas import SwarmRead
+    from app.schemas import SwarmEvent, SwarmRead
 
 OK, NOT_SUCCEEDED, REFUSED, UNREACHABLE, KEY_REFUSED, INTERRUPTED = 0, 1, 2, 3, 4, 130
 COMMANDS = ("submit", "get", "ls", "watch", "cancel", "retry", "usage")
@@ -99,13 +101,23 @@ def run(args: argparse.Namespace) -> int:
         return _fail(REFUSED, f"error: {exc}{details}")
     except _BadInput as exc:
         return _fail(REFUSED, f"error: {exc}")
-    except KeyboardInterrupt:  # only the client stops: a swarm goes on running on the service
-        return _fail(INTERRUPTED, "interrupted (a submitted swarm keeps running: "
-                     "`swarm-api watch ID` follows it again, `swarm-api cancel ID` stops it)")
+    except KeyboardInterrupt as exc:  # only the client stops: a swarm goes on running
+        swarm_id = exc.swarm_id if isinstance(exc, _Interrupted) else "ID"
+        what = f"swarm {swarm_id}" if isinstance(exc, _Interrupted) else "a submitted swarm"
+        return _fail(INTERRUPTED, f"interrupted ({what} keeps running: `swarm-api watch "
+                     f"{swarm_id}` follows it again, `swarm-api cancel {swarm_id}` stops it)")
 
 
 class _BadInput(Exception):
     pass
+
+
+class _Interrupted(KeyboardInterrupt):
+    """Ctrl-C while following a swarm this command created: its id is in the message."""
+
+    def __init__(self, swarm_id: str) -> None:
+        super().__init__(swarm_id)
+        self.swarm_id = swarm_id
 
 
 def _fail(status: int, message: str) -> int:
@@ -159,13 +171,24 @@ def follow(client: SwarmClient, swarm_id: str, console: Console,
         return view.snapshot
     deadline = None if timeout is None else time.monotonic() + timeout
     read_at = time.monotonic()
+    events = _events_in_background(client, swarm_id)
     with Live(view, console=console, refresh_per_second=4, transient=True):
-        for event in client.events(swarm_id, last_event_id=None):
-            view.apply(event)
+        while True:
+            # the stream may say nothing for long (a slow call): the timeout and the
+            # refresh are the clock's, not the next event's
+            wait = REFRESH_S if deadline is None else min(REFRESH_S, deadline - time.monotonic())
+            try:
+                event = events.get(timeout=max(wait, 0.0))
+            except queue.Empty:
+                event = None
+            if isinstance(event, BaseException):
+                raise event
+            if event is not None:
+                view.apply(event)
+                if event.event == "swarm.completed":
+                    break
             now = time.monotonic()
-            if event.event == "swarm.completed":
-                break
-            if deadline is not None and now > deadline:
+            if deadline is not None and now >= deadline:
                 raise WaitTimeout(f"swarm {swarm_id} is still {view.status} after {timeout}s",
                                   code="wait_timeout")
             if view.stale or now - read_at >= REFRESH_S:
@@ -173,6 +196,23 @@ def follow(client: SwarmClient, swarm_id: str, console: Console,
                 read_at = now
     # the stream ends with the terminal status committed: one read for the final figures
     return client.get(swarm_id)
+
+
+def _events_in_background(client: SwarmClient, swarm_id: str
+                          ) -> queue.Queue[SwarmEvent | BaseException]:
+    """The swarm's events, read by a daemon thread into a queue (an error, last, as itself):
+    the reader may block on a quiet stream while the live view keeps time."""
+    out: queue.Queue[SwarmEvent | BaseException] = queue.Queue()
+
+    def read() -> None:
+        try:
+            for event in client.events(swarm_id, last_event_id=None):
+                out.put(event)
+        except BaseException as exc:  # handed to the view's thread, which raises it
+            out.put(exc)
+
+    threading.Thread(target=read, name=f"events-{swarm_id}", daemon=True).start()
+    return out
 
 
 def _finish(client: SwarmClient, swarm: SwarmRead, args: argparse.Namespace) -> int:
@@ -184,12 +224,15 @@ def _finish(client: SwarmClient, swarm: SwarmRead, args: argparse.Namespace) -> 
             print(f"{swarm.id} {swarm.status}")
         return OK
     timeout = getattr(args, "timeout", None)
-    if args.json:
-        final = client.wait(swarm.id, timeout=timeout)
-        _print_json(final.model_dump(mode="json"))
-        return _outcome(final)
-    console = _console()
-    final = follow(client, swarm.id, console, timeout)
+    try:
+        if args.json:
+            final = client.wait(swarm.id, timeout=timeout)
+            _print_json(final.model_dump(mode="json"))
+            return _outcome(final)
+        console = _console()
+        final = follow(client, swarm.id, console, timeout)
+    except KeyboardInterrupt:  # the swarm was created: say which one goes on running
+        raise _Interrupted(swarm.id) from None
     from swarm_api_client.view import print_summary
 
     print_summary(console, final)

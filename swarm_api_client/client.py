@@ -155,7 +155,8 @@ class SwarmClient:
                 response.read()
                 b.check(response)
             for sse in EventSource(response).iter_sse():
-                yield b.to_event(sse)
+                if b.is_event(sse):
+                    yield b.to_event(sse)
 
     def _call(self, call: b.Call, model: type[M]) -> M:
         try:
