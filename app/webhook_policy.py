@@ -9,6 +9,8 @@ import hmac
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
+import httpx
+
 from app.config import Settings
 from app.errors import Refused
 from app.outbound import resolve_public
@@ -34,6 +36,17 @@ def webhook_secret(settings: Settings, tenant: str,
     return own or settings.webhook_secret.get_secret_value()
 
 
+def send_refusal(url: str, settings: Settings, secret: str) -> str | None:
+    """Why a delivery must not be sent now (None: it may), beside the address check made as
+    it connects: the policy in force at the send, not only at creation — a secret removed
+    since (a delivery signed with an empty key anyone can forge), http no longer allowed."""
+    if not secret:
+        return "no webhook secret is configured (SWARM_WEBHOOK_SECRET or the tenant's): not sent"
+    if urlsplit(url).scheme != "https" and not settings.webhook_allow_http:
+        return "http webhooks are not allowed (SWARM_WEBHOOK_ALLOW_HTTP): not sent"
+    return None
+
+
 def _invalid(message: str, url: str) -> Refused:
     return Refused(message, code="invalid_webhook_url",
                    details={"field": "webhook_url", "url": url})
@@ -49,7 +62,10 @@ async def check_webhook_url(url: str, settings: Settings, tenant: str = "",
     try:
         parts = urlsplit(url)
         hostname, port = parts.hostname, parts.port
-    except ValueError:  # a bad port or IPv6 literal
+        # what the sender parses: it refuses some of what urlsplit passes (a control
+        # character, a malformed IPv6 literal), which would then never be sent
+        httpx.URL(url)
+    except (ValueError, httpx.InvalidURL):  # a bad port or IPv6 literal
         raise _invalid("webhook_url is not a valid URL", url) from None
     allowed = {"https", "http"} if settings.webhook_allow_http else {"https"}
     if parts.scheme not in allowed or not hostname:

@@ -22,7 +22,7 @@ from app.db.session import SessionFactory
 from app.db.tables import Webhook
 from app.outbound import PinnedTransport
 from app.views import swarm_json
-from app.webhook_policy import SIGNATURE_HEADER, sign, webhook_secret
+from app.webhook_policy import SIGNATURE_HEADER, send_refusal, sign, webhook_secret
 
 log = logging.getLogger(__name__)
 GIVE_UP_AFTER_S = 3600.0  # SPEC: non-2xx answers are retried for up to an hour
@@ -107,7 +107,8 @@ class WebhookDispatcher:
         body = swarm_json(swarm, subs, with_outputs=False, with_result=True)
         secret = webhook_secret(self.settings, swarm.tenant, self._secrets)
         t0 = time.perf_counter()
-        status, error = await self._post(hook, body, secret)
+        refusal = send_refusal(hook.url, self.settings, secret)
+        status, error = (None, refusal) if refusal else await self._post(hook, body, secret)
         latency_ms = round((time.perf_counter() - t0) * 1000, 1)
         base = self.settings.webhook_retry_base_s
         delay = min(base * 2 ** hook.attempts, 600.0) * (0.8 + 0.4 * random.random())
@@ -131,7 +132,7 @@ class WebhookDispatcher:
                     await _read_capped(r, MAX_ANSWER_BYTES)
         except (TimeoutError, httpx.TimeoutException):
             return None, f"no complete answer within {self.deadline_s:g} s"
-        except httpx.HTTPError as exc:
+        except Exception as exc:  # httpx's errors, and a URL it or IDNA cannot encode
             return None, f"{type(exc).__name__}: {exc}"[:500]
         return r.status_code, None if r.is_success else f"HTTP {r.status_code}"
 

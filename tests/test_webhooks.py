@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from sqlalchemy import select
 
 from app.db.tables import Webhook, WebhookAttempt
@@ -118,6 +119,9 @@ def test_signature_is_hmac_sha256_of_timestamp_dot_body() -> None:
     ("https://user:pw@hooks.example/x", "invalid_webhook_url"),
     ("ftp://hooks.example/x", "invalid_webhook_url"),
     ("not a url", "invalid_webhook_url"),
+    # what urlsplit passes and the sender's parser refuses: it would never be sent
+    ("https://8.8.8.8/a\x7fb", "invalid_webhook_url"),
+    ("https://8.8.8.8/a\tb", "invalid_webhook_url"),
 ])
 async def test_unsafe_webhook_urls_are_rejected(sqlite_url: str, url: str, code: str) -> None:
     h, close = await start_harness(make_settings(sqlite_url, webhook_secret=SECRET))
@@ -407,3 +411,66 @@ def test_the_tenants_file_names_a_tenant_secret(tmp_path: Any) -> None:
     # a tenant secret alone is enough for that tenant's webhooks
     assert webhook_secret(make_settings("sqlite+aiosqlite://", tenants_file=str(path)),
                           "t1") == "s-file"
+
+
+@pytest.mark.parametrize(("changed", "why"), [
+    pytest.param({"webhook_secret": ""}, "no webhook secret", id="secret-removed"),
+    pytest.param({"webhook_allow_http": False}, "http webhooks are not allowed",
+                 id="http-no-longer-allowed"),
+    # a URL only the sender refuses (checked at creation since)
+    pytest.param({}, "InvalidURL", id="unparseable-url"),
+])
+async def test_a_delivery_the_policy_now_forbids_is_recorded_not_sent(
+        sqlite_url: str, changed: dict[str, Any], why: str) -> None:
+    """The policy in force at the send holds, not only the one at creation: a secret removed
+    since (a signature over an empty key, which anyone can forge), http no longer allowed, a
+    URL the sender cannot parse — each attempt recorded, so the hour's give-up applies."""
+    created = make_settings(sqlite_url, webhook_secret=SECRET, webhook_allow_http=True,
+                            webhook_allow_private=True)
+    h, close = await start_harness(created, run_engine=False)  # no dispatcher of its own
+    receiver = Receiver([])
+    url = "http://hooks.example/x"
+    now = created.model_copy(update={k: (SecretStr(v) if k == "webhook_secret" else v)
+                                     for k, v in changed.items()})
+    hooks = WebhookDispatcher(now, h.app.state.sessions,
+                              transport=httpx.MockTransport(receiver.handler))
+    try:
+        r = await h.post({"task": "t", "webhook_url": url})
+        swarm_id = r.json()["id"]
+        assert (await h.client.post(f"/swarms/{swarm_id}/cancel")).status_code == 202
+        if not changed:  # as a swarm created before the creation check existed
+            async with h.app.state.sessions() as s, s.begin():
+                hook = (await s.execute(select(Webhook))).scalar_one()
+                hook.url = "http://hooks.example/a\x7fb"
+        hooks.start()
+        [attempt] = await _attempts(h, swarm_id, 1)
+    finally:
+        await hooks.stop()
+        await close()
+    assert receiver.requests == []
+    assert attempt.status_code is None and why in (attempt.error or ""), attempt.error
+
+
+async def test_a_retry_holds_the_webhook_policy_in_force(sqlite_url: str) -> None:
+    """A retry makes a new swarm: its webhook must pass today's policy, as POST /swarms'."""
+    then = make_settings(sqlite_url, webhook_secret=SECRET, webhook_allow_http=True,
+                         webhook_allow_private=True)
+    h, close = await start_harness(then, run_engine=False)
+    try:
+        r = await h.post({"task": "t", "webhook_url": "http://hooks.example/x"})
+        swarm_id = r.json()["id"]
+        assert (await h.client.post(f"/swarms/{swarm_id}/cancel")).status_code == 202
+    finally:
+        await close()
+    for now, code in ((make_settings(sqlite_url, webhook_secret=SECRET), "invalid_webhook_url"),
+                      (make_settings(sqlite_url, webhook_allow_http=True,
+                                     webhook_allow_private=True), "webhooks_not_configured")):
+        h, close = await start_harness(now, run_engine=False)
+        try:
+            r = await h.client.post(f"/swarms/{swarm_id}/retry")
+            assert r.status_code == 422, r.text
+            assert r.json()["error"]["code"] == code
+            assert r.json()["error"]["details"]["field"] == "webhook_url"
+            assert len((await h.client.get("/swarms")).json()["items"]) == 1  # none made
+        finally:
+            await close()

@@ -25,6 +25,7 @@ from app.engine.specs import check_model, retry_digest, retry_row
 from app.errors import NotRetryable
 from app.schemas import SwarmRead, SwarmRetry
 from app.states import SwarmStatus
+from app.webhook_policy import check_webhook_url
 
 router = APIRouter(prefix="/swarms", tags=["swarms"])
 RETRYABLE = (SwarmStatus.failed, SwarmStatus.cancelled)
@@ -47,6 +48,10 @@ async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, te
     limits = (body.limits.model_dump(mode="json", exclude_unset=True)
               if body is not None and body.limits is not None else {})
     admission.check_budget(limits.get("budget_usd"))  # a new swarm: the tenant's quotas hold
+    async with session.begin():
+        url = (await swarm_or_404(session, swarm_id, tenant)).spec.get("webhook_url")
+    if isinstance(url, str):  # the webhook policy in force now holds, as for a new swarm
+        await check_webhook_url(url, settings, tenant)
     digest = retry_digest(swarm_id, limits)
     created: list[str] = []
     reused: list[retry_copy.Reused] = []
