@@ -14,8 +14,6 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from swarm_api_client import cli as client_cli
-
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
@@ -167,6 +165,11 @@ async def _worker(settings: Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:  # the client's imports take ~0.5 s: a Ctrl-C then is an interrupt, not a traceback
+        from swarm_api_client import cli as client_cli
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     parser = argparse.ArgumentParser(prog="swarm-api")
     sub = parser.add_subparsers(dest="command", required=True)
     p_serve = sub.add_parser("serve", help="the HTTP API (and, by default, the engine)")

@@ -90,6 +90,8 @@ def test_failing_swarm_exits_non_zero_with_its_error_code(api_url: str, tmp_path
 
 def test_json_output_parses(api_url: str, tmp_path: Path) -> None:
     path = body_file(tmp_path, five_agents("cli json"))
+    # two swarms of its own for `ls --limit 2`, whichever tests of the module ran before
+    assert cli(api_url, "submit", path).returncode == 0
     waited = cli(api_url, "submit", path, "--wait", "--json")
     assert waited.returncode == 0, waited.stderr
     final = json.loads(waited.stdout)
