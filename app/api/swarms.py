@@ -159,9 +159,11 @@ async def list_swarms(
         ids = [s.id for s in rows]
         subs = await queries.subtask_views(session, ids, outputs=False)
         retried_by = await retry_copy.retried_by(session, ids)
+        positions = await queries.queue_positions(session, rows, contiguous=retry_of is None)
     return _answer(to_json({  # SwarmList's fields
         "items": [swarm_fields(s, subs[s.id], with_outputs=False,
-                               retried_by=retried_by.get(s.id)) for s in rows],
+                               retried_by=retried_by.get(s.id),
+                               queue_position=positions.get(s.id)) for s in rows],
         "next_cursor": next_cursor}))
 
 

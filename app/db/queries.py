@@ -165,6 +165,22 @@ async def queue_position(session: AsyncSession, swarm: Swarm) -> int:
     return count + 1
 
 
+async def queue_positions(session: AsyncSession, page: Sequence[Swarm],
+                          contiguous: bool) -> dict[str, int]:
+    """`queue_position` of each queued swarm of one tenant's list page. `contiguous`: the page
+    holds every swarm of the tenant between its oldest and newest (keyset paging by creation,
+    no filter but the status) — one count then places them all; otherwise one each."""
+    queued = sorted((s for s in page if s.status == SwarmStatus.queued),
+                    key=lambda s: s.created_at)
+    if not queued:
+        return {}
+    if not contiguous:
+        return {s.id: await queue_position(session, s) for s in queued}
+    before: int = (await session.execute(_queued_before(queued[0]))).scalar_one()
+    return {s.id: before + 1 + sum(o.created_at < s.created_at for o in queued)
+            for s in queued}
+
+
 def encode_cursor(swarm: Swarm) -> str:
     raw = f"{swarm.created_at.isoformat()}|{swarm.id}"
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
