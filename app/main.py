@@ -9,6 +9,7 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -115,7 +116,28 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     if not settings.auth_enabled and not settings.allow_open:
         app.add_middleware(LoopbackOnly)  # the CLI refuses the bind; other servers get this
     app.add_middleware(HttpMetrics)
+    if not settings.auth_enabled:
+        _documented_open(app)
     return app
+
+
+def _documented_open(app: FastAPI) -> None:
+    """Without SWARM_API_KEYS no route needs a key: the document drops the bearer scheme its
+    routes declare (a generated client would send one; a conformance check, schemathesis'
+    ignored_auth, expects a 401 without it)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()  # FastAPI's, cached on the app: changed in place, once
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    if isinstance(operation, dict):
+                        operation.pop("security", None)
+            schema.get("components", {}).pop("securitySchemes", None)
+        return app.openapi_schema or generate()
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def serve_app() -> FastAPI:

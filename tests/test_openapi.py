@@ -318,10 +318,15 @@ async def test_the_budget_pattern_says_which_strings_are_read(api: Harness) -> N
     assert next(b for b in budget("RetryLimits") if b.get("type") == "string") == string
 
 
-async def test_the_bearer_key_is_documented_where_a_route_needs_one(api: Harness) -> None:
-    """`Authorization: Bearer <key>` is a security scheme, required by every route that
-    answers 401 (every one but the probes and the metrics), not a header parameter."""
-    doc = await _doc(api.client)
+async def test_the_bearer_key_is_documented_where_a_route_needs_one(sqlite_url: str) -> None:
+    """With SWARM_API_KEYS, `Authorization: Bearer <key>` is a security scheme, required by
+    every route that answers 401 (every one but the probes and the metrics), not a header
+    parameter."""
+    h, close = await start_harness(make_settings(sqlite_url, api_keys="t1:k1"))
+    try:
+        doc = await _doc(h.client)
+    finally:
+        await close()
     scheme = doc["components"]["securitySchemes"]["bearer"]
     assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
     for path, ops in doc["paths"].items():
@@ -330,6 +335,15 @@ async def test_the_bearer_key_is_documented_where_a_route_needs_one(api: Harness
             assert op.get("security") == (None if keyless else [{"bearer": []}]), (method, path)
             assert ("401" in op["responses"]) is not keyless, (method, path)
             assert "authorization" not in {p["name"].lower() for p in op.get("parameters", [])}
+
+
+async def test_an_open_api_documents_no_key(api: Harness) -> None:
+    """Without SWARM_API_KEYS no route needs a key, and the document says none (a generated
+    client would send one; a conformance check would expect a 401 without it)."""
+    doc = await _doc(api.client)
+    assert "securitySchemes" not in doc.get("components", {})
+    assert not [(m, p) for p, ops in doc["paths"].items() for m, op in ops.items()
+                if "security" in op]
 
 
 async def test_docs_page_is_served(api: Harness) -> None:
