@@ -78,12 +78,15 @@ class SubtaskExecutor:
         meter = steps.meter(sub, messages, 1)
         try:
             async with steps.slots(sub, ahead=meter):
+                if self.handle.stopping:  # stopped while it waited: never sent (no cost)
+                    return Outcome.swarm_stopping
                 t0 = steps.begin(sub)
                 crash_point("before_call", sub.name)
                 try:
                     result, rows = await steps.gateway(sub, messages, 1, meter=meter)
                 except CALL_FAILURES as exc:
                     failed: Exception | None = exc
+                    steps.failing(sub, exc)  # before the slot is given back
                 else:
                     failed = None
         except CALL_FAILURES as exc:  # its write-ahead failed: it starts only to fail

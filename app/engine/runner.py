@@ -428,16 +428,34 @@ class SwarmRunner:
     def _on_failure(self, name: str) -> None:
         if self.subs[name].kind != SubtaskKind.worker:
             return
-        workers = [self.subs[n] for n in self.worker_names()]
-        failed = [s.name for s in workers if s.status == SubtaskStatus.failed]
-        tolerance = float(self.limits["failure_tolerance"])
-        if len(failed) / len(workers) > tolerance:
-            self.stop_with(SwarmStatus.failed, failure(
-                "failure_tolerance_exceeded",
-                f"{len(failed)} of {len(workers)} subtasks failed (tolerance {tolerance})",
-                failed=failed))
-        else:
+        if not self._past_tolerance():
             self._skip_dependents(name)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def failing(self, name: str) -> None:
+        """A worker's call failed for good, its slot still held: when its failure passes the
+        tolerance the swarm stops now, so that a subtask waiting for that slot is not sent
+        (`_on_failure`, after the failure's commit, came a turn too late)."""
+        if self.subs[name].kind == SubtaskKind.worker:
+            self._past_tolerance(failing=name)
+
+    def _past_tolerance(self, failing: str | None = None) -> bool:
+        """Whether the failed workers (and `failing`) exceed the tolerance: then the swarm
+        stops, failed `failure_tolerance_exceeded`."""
+        workers = [self.subs[n] for n in self.worker_names()]
+        failed = [s.name for s in workers
+                  if s.status == SubtaskStatus.failed or s.name == failing]
+        tolerance = float(self.limits["failure_tolerance"])
+        if len(failed) / len(workers) <= tolerance:
+            return False
+        self.stop_with(SwarmStatus.failed, failure(
+            "failure_tolerance_exceeded",
+            f"{len(failed)} of {len(workers)} subtasks failed (tolerance {tolerance})",
+            failed=failed))
+        return True
 
     def _skip_dependents(self, name: str) -> None:
         below = dag.descendants(self.deps, [name])

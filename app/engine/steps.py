@@ -149,6 +149,17 @@ class SubtaskSteps:
         metrics.child(metrics.finish_reasons, label, finish).inc()
         return result, meter.ok_rows
 
+    def failing(self, sub: Subtask, exc: Exception) -> None:
+        """A call failed, its slot still held: a failure that fails the subtask alone (not a
+        budget, the deadline, our credentials: those stop the swarm in `call_failed`) is
+        counted against the failure tolerance now, before the slot goes to a waiter."""
+        if isinstance(exc, GatewayRejected) and exc.status_code in (401, 403):
+            return
+        if isinstance(exc, GatewayUnavailable) and exc.deadline_hit:
+            return
+        if isinstance(exc, GatewayRejected | GatewayUnavailable | WriteRejected):
+            self.handle.failing(sub.name)
+
     async def call_failed(self, sub: Subtask, t0: float, exc: Exception) -> Outcome:
         """Map a call's failure onto the subtask and, where it must, the swarm."""
         if isinstance(exc, BudgetExceeded):

@@ -1,0 +1,28 @@
+"""A failure that passes the failure tolerance stops launching at once (SPEC §4): the
+subtask waiting for the failed call's slot is not sent — it was, then cancelled and billed
+at its worst case — and what is recorded is only what was sent (both backends)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from tests.conftest import Harness
+from tests.helpers import by_name
+
+
+async def test_the_slot_a_failure_frees_goes_to_no_one_once_the_swarm_stops(
+        harness: Harness) -> None:
+    body = {"task": "t", "synthesis": {"strategy": "none"},
+            "limits": {"concurrency": 2, "failure_tolerance": 0},
+            "agents": [{"name": "x", "prompt": "[[sim fail=400 latency_ms=100]]"},
+                       {"name": "y", "prompt": "[[sim latency_ms=2000]]"},
+                       {"name": "z"}, {"name": "w", "depends_on": ["z"]}]}
+    done = await harness.run(body)
+    assert (done["status"], done["error"]["code"]) == ("failed", "failure_tolerance_exceeded")
+    subs = by_name(done)
+    assert subs["z"]["status"] == "skipped" and subs["z"]["started_at"] is None, subs["z"]
+    assert Decimal(subs["z"]["usage"]["cost_usd"]) == 0
+    stream = (await harness.client.get(f"/swarms/{done['id']}/events")).text
+    started = [block for block in stream.replace("\r\n", "\n").split("\n\n")
+               if "event: subtask.started" in block and '"name": "z"' in block]
+    assert started == [], started  # never begun: nothing sent for it
