@@ -42,9 +42,13 @@ def send_refusal(url: str, settings: Settings, secret: str) -> str | None:
     since (a delivery signed with an empty key anyone can forge), http no longer allowed."""
     if not secret:
         return "no webhook secret is configured (SWARM_WEBHOOK_SECRET or the tenant's): not sent"
-    if urlsplit(url).scheme != "https" and not settings.webhook_allow_http:
+    if urlsplit(url).scheme not in _schemes(settings):
         return "http webhooks are not allowed (SWARM_WEBHOOK_ALLOW_HTTP): not sent"
     return None
+
+
+def _schemes(settings: Settings) -> set[str]:
+    return {"https", "http"} if settings.webhook_allow_http else {"https"}
 
 
 def _invalid(message: str, url: str) -> Refused:
@@ -67,7 +71,7 @@ async def check_webhook_url(url: str, settings: Settings, tenant: str = "",
         httpx.URL(url)
     except (ValueError, httpx.InvalidURL):  # a bad port or IPv6 literal
         raise _invalid("webhook_url is not a valid URL", url) from None
-    allowed = {"https", "http"} if settings.webhook_allow_http else {"https"}
+    allowed = _schemes(settings)
     if parts.scheme not in allowed or not hostname:
         raise _invalid(f"webhook_url must be an absolute {' or '.join(sorted(allowed))} URL", url)
     if parts.username or parts.password:

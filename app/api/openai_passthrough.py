@@ -29,10 +29,10 @@ MAX_CHOICES = 128  # OpenAI's bound on `n`
 
 
 def _dumps(value: Any, *, finite: bool = False) -> bytes:
-    """`value` as JSON bytes, whatever it holds: a lone surrogate (which UTF-8 cannot encode)
-    travels as its `\\uXXXX` escape, as the client or the gateway sent it. `finite`: a NaN or
-    Infinity (which JSON has not, and Python's parser takes) becomes null — for what the caller
-    receives, whose parser may refuse them."""
+    """`value` as JSON bytes, whatever it holds: a lone surrogate (which UTF-8 cannot
+    encode) travels as its JSON escape (`\\ud800`), as the client or the gateway sent it.
+    `finite`: a NaN or Infinity (which JSON has not, and Python's parser takes) becomes null —
+    for what the caller receives, whose parser may refuse them."""
     try:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"),
                           allow_nan=not finite).encode()

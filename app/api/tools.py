@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 from fastapi import APIRouter
 
 from app.api.deps import SessionDep, TenantDep, ToolsDep
@@ -11,19 +9,19 @@ from app.api.errors import error_responses
 from app.api.shared import check_id
 from app.db import queries
 from app.engine.layout import COMPRESSOR_PREFIX, PLANNER, SYNTHESIZER
+from app.engine.planner import ID_PATTERN
 from app.errors import SwarmNotFound
-from app.schemas import NAME_PATTERN, SubtaskDetail, ToolList, ToolRead
+from app.schemas import SubtaskDetail, ToolList, ToolRead
 from app.views import subtask_read
 
 router = APIRouter(tags=["tools"])
-AGENT_NAME = re.compile(NAME_PATTERN)
 
 
 def subtask_name(name: str) -> bool:
     """Whether a subtask can be named so: an agent's name (planned workers' too), the
     planner's, the synthesizer's, or a compressor's (`@compress.<agent>`). Anything else (a
     NUL PostgreSQL cannot even compare) is no subtask's, without asking the database."""
-    return name in (PLANNER, SYNTHESIZER) or AGENT_NAME.fullmatch(
+    return name in (PLANNER, SYNTHESIZER) or ID_PATTERN.fullmatch(
         name.removeprefix(COMPRESSOR_PREFIX)) is not None
 
 
