@@ -7,6 +7,7 @@ import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,19 @@ class Harness:
             data: dict[str, Any] = r.json()
             if data["status"] in ("succeeded", "failed", "cancelled"):
                 return data
+
+
+@asynccontextmanager
+async def app_on(settings: Settings, gateway: GatewayClient) -> AsyncIterator[httpx.AsyncClient]:
+    """The app (engine in-process) on a gateway a test scripts, its lifespan run; a client to
+    it. The gateway is closed after."""
+    app = create_app(settings, gateway=gateway)
+    try:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+            yield client
+    finally:
+        await gateway.aclose()
 
 
 async def start_harness(settings: Settings, sim_config: SimulatorConfig | None = None,

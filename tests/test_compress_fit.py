@@ -14,9 +14,8 @@ import httpx
 from app.config import Settings
 from app.engine.execute import COMPRESSOR_SYSTEM
 from app.gateway.client import GatewayClient
-from app.main import create_app
 from app.pricing import PriceTable
-from tests.conftest import make_settings
+from tests.conftest import app_on, make_settings
 
 BIG = "B" * 5_000_000
 GIST = "the gist of B"
@@ -55,23 +54,15 @@ class Gateway:
 
 async def run(settings: Settings, gateway: Gateway, body: dict[str, Any]) -> dict[str, Any]:
     client = GatewayClient("http://gw/v1", transport=httpx.MockTransport(gateway.handle))
-    app = create_app(settings, gateway=client)
-    ctx = app.router.lifespan_context(app)
-    await ctx.__aenter__()
-    try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://api") as c:
-            r = await c.post("/swarms", json=body)
-            assert r.status_code == 202, r.text
-            for _ in range(6):
-                data: dict[str, Any] = (await c.get(f"/swarms/{r.json()['id']}",
-                                                    params={"wait": 10})).json()
-                if data["status"] in ("succeeded", "failed", "cancelled"):
-                    return data
-            raise AssertionError("not terminal")
-    finally:
-        await ctx.__aexit__(None, None, None)
-        await client.aclose()
+    async with app_on(settings, client) as c:
+        r = await c.post("/swarms", json=body)
+        assert r.status_code == 202, r.text
+        for _ in range(6):
+            data: dict[str, Any] = (await c.get(f"/swarms/{r.json()['id']}",
+                                                params={"wait": 10})).json()
+            if data["status"] in ("succeeded", "failed", "cancelled"):
+                return data
+        raise AssertionError("not terminal")
 
 
 def swarm(budget: float, model: str | None = None) -> dict[str, Any]:

@@ -11,8 +11,7 @@ import pytest
 
 from app.gateway.client import ChatRequest, GatewayClient, GatewayRejected
 from app.gateway.redact import Redactor
-from app.main import create_app
-from tests.conftest import make_settings
+from tests.conftest import app_on, make_settings
 
 KEY = "gw-3f9a8b7c6d5e4f30a1b2"
 BASE = "https://llm.corp.example:8443/v1"
@@ -77,19 +76,11 @@ async def test_the_client_raises_redacted_errors() -> None:
 async def test_stored_subtask_and_swarm_errors_are_redacted(sqlite_url: str) -> None:
     leak = " | ".join(LEAKS)
     gateway = GatewayClient(BASE, KEY, transport=_gateway(leak))
-    app = create_app(make_settings(sqlite_url), gateway=gateway)
-    ctx = app.router.lifespan_context(app)
-    await ctx.__aenter__()
-    try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://api") as c:
-            r = await c.post("/swarms", json={"task": "t", "agents": [{"name": "a"}]})
-            data: dict[str, Any] = (await c.get(f"/swarms/{r.json()['id']}",
-                                                params={"wait": 20})).json()
-            events = (await c.get(f"/swarms/{data['id']}/events")).text
-    finally:
-        await ctx.__aexit__(None, None, None)
-        await gateway.aclose()
+    async with app_on(make_settings(sqlite_url), gateway) as c:
+        r = await c.post("/swarms", json={"task": "t", "agents": [{"name": "a"}]})
+        data: dict[str, Any] = (await c.get(f"/swarms/{r.json()['id']}",
+                                            params={"wait": 20})).json()
+        events = (await c.get(f"/swarms/{data['id']}/events")).text
     assert data["status"] == "failed" and data["error"]["code"] == "gateway_rejected"
     assert "revoked" in data["subtasks"][0]["error"]["message"]  # the reason stays readable
     frames = [json.loads(line[5:]) for line in events.splitlines() if line.startswith("data:")]

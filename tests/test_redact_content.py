@@ -9,8 +9,7 @@ import httpx
 
 from app.gateway.client import ChatRequest, GatewayClient
 from app.gateway.redact import MASK
-from app.main import create_app
-from tests.conftest import make_settings
+from tests.conftest import app_on, make_settings
 
 KEY = "gw-3f9a8b7c6d5e4f30a1b2"  # a gateway key and its base URL, as tests/test_redact.py's
 BASE = "https://llm.corp.example:8443/v1"
@@ -46,21 +45,13 @@ async def test_a_keyless_client_leaves_content_alone() -> None:
 
 async def test_stored_outputs_and_results_hold_no_echoed_key(sqlite_url: str) -> None:
     gateway = GatewayClient(BASE, KEY, transport=_echoing(ECHO))
-    app = create_app(make_settings(sqlite_url), gateway=gateway)
-    ctx = app.router.lifespan_context(app)
-    await ctx.__aenter__()
-    try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://api") as c:
-            r = await c.post("/swarms", json={"task": "t", "agents": [{"name": "a"}],
-                                              "synthesis": {"strategy": "concatenate"}})
-            data: dict[str, Any] = (await c.get(f"/swarms/{r.json()['id']}",
-                                                params={"wait": 20})).json()
-            detail = (await c.get(f"/swarms/{data['id']}/subtasks/a")).text
-            events = (await c.get(f"/swarms/{data['id']}/events")).text
-    finally:
-        await ctx.__aexit__(None, None, None)
-        await gateway.aclose()
+    async with app_on(make_settings(sqlite_url), gateway) as c:
+        r = await c.post("/swarms", json={"task": "t", "agents": [{"name": "a"}],
+                                          "synthesis": {"strategy": "concatenate"}})
+        data: dict[str, Any] = (await c.get(f"/swarms/{r.json()['id']}",
+                                            params={"wait": 20})).json()
+        detail = (await c.get(f"/swarms/{data['id']}/subtasks/a")).text
+        events = (await c.get(f"/swarms/{data['id']}/events")).text
     assert data["status"] == "succeeded", data["error"]
     assert MASK in data["subtasks"][0]["output"] and MASK in data["result"]
     for text in (str(data), detail, events):
