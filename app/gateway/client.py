@@ -20,7 +20,7 @@ from tenacity import AsyncRetrying, RetryCallState
 
 from app import tracing
 from app.gateway.redact import MASK, Redactor
-from app.gateway.wire import MAX_ANSWER_BYTES, AiohttpWire, Answer, HttpxWire, Wire, WireError
+from app.gateway.wire import AiohttpWire, Answer, HttpxWire, Wire, WireError
 from app.text import storable
 
 Outcome = Literal[
@@ -571,7 +571,6 @@ class GatewayClient:
                     AttemptRecord(number, None, "timeout", _NO_USAGE, 0.0, error, None)
                 )
         started = time.perf_counter()
-        usage, reported = _NO_USAGE, True  # a failure without an answer bills nothing
         try:
             # httpx's timeouts are per read (and ASGITransport ignores them): one for the attempt
             async with asyncio.timeout(timeout):
@@ -582,16 +581,15 @@ class GatewayClient:
         except WireError as exc:
             if exc.undecodable:  # a body whose Content-Encoding does not decode
                 outcome, error = "invalid_response", "undecodable body"
-            elif exc.too_large:  # generated (and billed) but unread: billed on its bound
+            elif exc.too_large:  # unread: a failure, billed as one (nothing it reports)
                 outcome, error = "invalid_response", str(exc)
-                usage, reported = Usage(len(call.body), MAX_ANSWER_BYTES), False
             else:
                 outcome, error = "connection_error", self._scrub(str(exc))
         else:
             return await self._classified(call, number, answer, time.perf_counter() - started)
         latency = time.perf_counter() - started
         return await call.finish(
-            AttemptRecord(number, None, outcome, usage, latency, error, None, reported)
+            AttemptRecord(number, None, outcome, _NO_USAGE, latency, error, None)
         )
 
     async def _classified(
@@ -600,16 +598,19 @@ class GatewayClient:
         status = answer.status
         body = _loads(answer.content)
         if 200 <= status < 300:
-            usage, reported = billed_usage(body, call.body, len(answer.content))
             if isinstance(body, dict) and isinstance(body.get("model"), str):
                 tracing.attribute("gen_ai.response.model", body["model"])
             choice = call.accept(body)
             if choice is not None:
+                usage, reported = billed_usage(body, call.body, len(answer.content))
                 return await call.finish(AttemptRecord(
                     number, status, "ok", usage, latency, None, None, reported), choice, body)
+            # an answer not used is billed as a failure: what it reports (a bound would be
+            # spend no ledger row marks unresolved)
             error = "unparseable or truncated body" if body is None else "unexpected body shape"
             return await call.finish(AttemptRecord(
-                number, status, "invalid_response", usage, latency, error, None, reported))
+                number, status, "invalid_response", _usage_of(body) or _NO_USAGE, latency,
+                error, None))
         return await call.finish(
             self.failed_record(number, status, answer.headers, answer.content, latency))
 
