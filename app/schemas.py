@@ -265,8 +265,10 @@ class SubtaskUsage(BaseModel):
 class SwarmUsage(SubtaskUsage):
     gateway_calls: int
     unresolved_usd: str = Field(
-        default="0", description="the part of cost_usd recorded at reservations: attempts "
-        "whose answer a crash lost (what the gateway billed for them is at most this)")
+        default="0", description="the part of cost_usd recorded at an upper bound, not a "
+        "usage the gateway reported: attempts whose answer a crash or a cancel lost (billed "
+        "at their reservation), answers used that reported no usable usage (billed at their "
+        "request's bounds); what the gateway billed for them is at most this")
 
 
 class SubtaskRead(BaseModel):
@@ -364,8 +366,9 @@ class UsageFigures(BaseModel):
                           examples=["0.0020872"])
     settled_usd: str = Field(description="the part of cost_usd the gateway's answers reported",
                              examples=["0.0020872"])
-    unresolved_usd: str = Field(description="the part of cost_usd recorded at reservations: "
-                                "attempts whose answer a crash lost (an upper bound)",
+    unresolved_usd: str = Field(description="the part of cost_usd recorded at an upper "
+                                "bound: attempts whose answer was lost, answers that "
+                                "reported no usable usage",
                                 examples=["0"])
     gateway_calls: int = Field(description="ledger rows: every attempt, retries included")
 

@@ -36,4 +36,4 @@ SUBTASK_STATE_COLUMNS = (
 )
 # what an answer settles of an attempt written ahead
 LEDGER_SETTLED = ("http_status", "outcome", "prompt_tokens", "completion_tokens",
-                   "cached_tokens", "cost_usd", "latency_ms")
+                   "cached_tokens", "cost_usd", "at_bound", "latency_ms")

@@ -30,5 +30,5 @@ async def settle_stale(session: AsyncSession, before: datetime) -> int:
         update(GatewayCall)
         .where(GatewayCall.swarm_id.is_(None), GatewayCall.outcome == "in_flight",
                GatewayCall.created_at < before)
-        .values(outcome="unknown", cost_usd=GatewayCall.reserved_usd))
+        .values(outcome="unknown", cost_usd=GatewayCall.reserved_usd, at_bound=True))
     return int(getattr(result, "rowcount", 0) or 0)

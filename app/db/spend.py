@@ -174,7 +174,7 @@ async def settle_lost_attempts(session: AsyncSession, swarm_id: str, epoch: int,
         await session.execute(
             update(GatewayCall)
             .where(GatewayCall.swarm_id == swarm_id, GatewayCall.outcome == "in_flight")
-            .values(outcome="unknown", cost_usd=GatewayCall.reserved_usd))
+            .values(outcome="unknown", cost_usd=GatewayCall.reserved_usd, at_bound=True))
         total = sum((a.cost_usd for a in lost), Decimal(0))
         await session.execute(update(Swarm).where(Swarm.id == swarm_id).values(
             spent_usd=Swarm.spent_usd + total, unresolved_usd=Swarm.unresolved_usd + total,
@@ -229,7 +229,7 @@ class UsageRow:
     cached_tokens: int
     cost_usd: Decimal
     gateway_calls: int
-    unresolved_usd: Decimal = Decimal(0)  # the part of cost_usd billed at reservations
+    unresolved_usd: Decimal = Decimal(0)  # the part of cost_usd billed at an upper bound
 
 
 # rows that are no gateway call (yet): written ahead and not settled, or never sent
@@ -252,8 +252,8 @@ async def usage(session: AsyncSession, tenant: str, start: datetime | None,
     """Tokens and exact spend of a tenant's ledger rows in [start, end), grouped and sorted."""
     key = _group_key(session, group_by)
     # SUM over Money stays Money: integer pico-dollars on SQLite, NUMERIC on Postgres, both exact
-    unresolved = type_coerce(func.sum(case((GatewayCall.outcome == "unknown",
-                                            GatewayCall.cost_usd))), Money)
+    unresolved = type_coerce(func.sum(case((GatewayCall.at_bound, GatewayCall.cost_usd))),
+                             Money)
     q = (select(key, func.sum(GatewayCall.prompt_tokens), func.sum(GatewayCall.completion_tokens),
                 func.sum(GatewayCall.cached_tokens), func.sum(GatewayCall.cost_usd), func.count(),
                 unresolved)

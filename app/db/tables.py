@@ -273,7 +273,9 @@ class GatewayCall(Base):
 
     Written ahead: the row exists (outcome `in_flight`, `reserved_usd` its worst case, tokens
     the worst case's) before the attempt is sent, and its answer settles it. A takeover settles
-    a dead owner's `in_flight` rows as `unknown`, billed at `reserved_usd`."""
+    a dead owner's `in_flight` rows as `unknown`, billed at `reserved_usd`. `at_bound`: the
+    row's cost is an upper bound, not a usage the gateway reported — an `unknown` attempt, or
+    an answer used without a usable usage, billed at its request's bounds."""
 
     __tablename__ = "gateway_calls"
 
@@ -291,6 +293,7 @@ class GatewayCall(Base):
     cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cost_usd: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
     reserved_usd: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
+    at_bound: Mapped[bool] = mapped_column(Boolean, default=False)
     latency_ms: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

@@ -87,7 +87,7 @@ class CallMeter:
         self._held.append(reservation)
         self.sub.attempts += 1
         row = self._row(IN_FLIGHT, None, Usage(self.prompt_bound, self.sub.max_tokens),
-                        Decimal(0), 0.0)
+                        Decimal(0), 0.0, at_bound=True)
         try:
             await self.handle.commit(ledger=[row])  # durable before a byte is sent
         except BaseException:
@@ -100,6 +100,7 @@ class CallMeter:
         u = billable_usage(rec, self.prompt_bound, self.sub.max_tokens, self.label)
         cost = self.handle.ctx.prices[self.sub.model].cost(u.prompt_tokens, u.completion_tokens,
                                                            u.cached_tokens)
+        at_bound = rec.outcome == "ok" and not rec.usage_reported  # used, billed its bounds
         self._open = False
         if self._daily is not None and self._held_daily:
             # the awaited write comes first: once the swarm's totals include this cost, no
@@ -111,9 +112,9 @@ class CallMeter:
                 # cancelled while the (shielded) settlement runs on: the answer was billed, so
                 # its row is written anyway, or the daily table would hold money no row has
                 self.handle.commit_soon([self.sub], ledger=[
-                    self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s)])
+                    self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s, at_bound)])
                 raise
-        row = self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s)
+        row = self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s, at_bound)
         self._last_outcome = rec.outcome
         if rec.outcome == "ok":
             self.ok_rows.append(row)
@@ -139,7 +140,7 @@ class CallMeter:
             if cut_off:
                 self.handle.commit_soon([self.sub], ledger=[self._bill(
                     UNKNOWN, None, Usage(self.prompt_bound, self.sub.max_tokens), self.worst,
-                    0.0)])
+                    0.0, at_bound=True)])
             for r in self._held:
                 self.handle.budget.settle(r, Decimal(0))
             self._held.clear()
@@ -150,7 +151,7 @@ class CallMeter:
         self.handle.commit_soon(ledger=[self._row(CANCELLED, None, Usage(), Decimal(0), 0.0)])
 
     def _row(self, outcome: str, status: int | None, u: Usage, cost: Decimal,
-             latency_s: float) -> LedgerRow:
+             latency_s: float, at_bound: bool = False) -> LedgerRow:
         swarm, sub = self.handle.swarm, self.sub
         return {  # attempts of one subtask are sequential: sub.attempts numbers the open one
             "swarm_id": swarm.id, "tenant": swarm.tenant, "subtask_name": sub.name,
@@ -158,16 +159,17 @@ class CallMeter:
             "http_status": status, "outcome": outcome,
             "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "cached_tokens": u.cached_tokens, "cost_usd": cost, "reserved_usd": self.worst,
-            "latency_ms": round(latency_s * 1000, 3), "created_at": utcnow(),
+            "at_bound": at_bound, "latency_ms": round(latency_s * 1000, 3),
+            "created_at": utcnow(),
         }
 
     def _bill(self, outcome: str, status: int | None, u: Usage, cost: Decimal,
-              latency_s: float) -> LedgerRow:
+              latency_s: float, at_bound: bool) -> LedgerRow:
         """Settle the swarm budget, add to subtask and swarm totals, and make the settled
         ledger row (synchronous: nothing can commit between the totals and the row's
-        queueing)."""
+        queueing). `at_bound`: the cost is an upper bound (`unresolved_usd`)."""
         handle, sub = self.handle, self.sub
-        row = self._row(outcome, status, u, cost, latency_s)
+        row = self._row(outcome, status, u, cost, latency_s, at_bound)
         if self._held:
             handle.budget.settle(self._held.pop(), cost)
         else:
@@ -179,10 +181,10 @@ class CallMeter:
         swarm.prompt_tokens += u.prompt_tokens
         swarm.completion_tokens += u.completion_tokens
         swarm.gateway_calls += 1
-        if outcome == UNKNOWN:
+        if at_bound:
             swarm.unresolved_usd += cost
             metrics.child(metrics.spend_unresolved, self.label).inc(float(cost))
-        else:  # an unknown attempt has no latency to speak of
+        if outcome != UNKNOWN:  # an unknown attempt has no latency to speak of
             metrics.child(metrics.gateway_duration, self.label, outcome).observe(latency_s)
         metrics.child(metrics.gateway_requests, self.label, outcome).inc()
         metrics.child(metrics.tokens_total, self.label, "prompt").inc(u.prompt_tokens)

@@ -95,7 +95,8 @@ class PassthroughMeter:
                 held.append((cap, await cap.reserve(self.worst)))
             self._held = held
             await self._write(self._row(attempt, IN_FLIGHT, None, Usage(
-                self.prompt_bound, self.max_tokens), Decimal(0), 0.0))  # durable, then sent
+                self.prompt_bound, self.max_tokens), Decimal(0), 0.0,
+                at_bound=True))  # durable, then sent
         except BaseException:
             self._held = []
             await run_to_end(_settle_all(held, Decimal(0)))
@@ -108,8 +109,11 @@ class PassthroughMeter:
         held, self._held, self._open = self._held, [], None
         await run_to_end(_settle_all(held, cost))
         self._last_outcome = rec.outcome
+        at_bound = rec.outcome == "ok" and not rec.usage_reported  # used, billed its bounds
         await self._write(self._row(rec.attempt, rec.outcome, rec.status_code, u, cost,
-                                    rec.latency_s))
+                                    rec.latency_s, at_bound))
+        if at_bound:
+            metrics.child(metrics.spend_unresolved, self.label).inc(float(cost))
         metrics.child(metrics.gateway_requests, self.label, rec.outcome).inc()
         metrics.child(metrics.gateway_duration, self.label, rec.outcome).observe(rec.latency_s)
         metrics.child(metrics.tokens_total, self.label, "prompt").inc(u.prompt_tokens)
@@ -129,19 +133,21 @@ class PassthroughMeter:
             attempt, self._open = self._open, None
             lost = self.worst
             await self._write(self._row(attempt, UNKNOWN, None, Usage(
-                self.prompt_bound, self.max_tokens), lost, 0.0))
+                self.prompt_bound, self.max_tokens), lost, 0.0, at_bound=True))
             metrics.child(metrics.spend_total, self.label).inc(float(lost))
+            metrics.child(metrics.spend_unresolved, self.label).inc(float(lost))
         await run_to_end(_settle_all(held, lost))
 
     def _row(self, attempt: int, outcome: str, status: int | None, u: Usage, cost: Decimal,
-             latency_s: float) -> dict[str, Any]:
+             latency_s: float, at_bound: bool = False) -> dict[str, Any]:
         return {
             "swarm_id": None, "tenant": self.tenant, "subtask_name": None,
             "model": self.price.name, "idempotency_key": self.key, "attempt": attempt,
             "http_status": status, "outcome": outcome,
             "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "cached_tokens": u.cached_tokens, "cost_usd": cost, "reserved_usd": self.worst,
-            "latency_ms": round(latency_s * 1000, 3), "created_at": utcnow(),
+            "at_bound": at_bound, "latency_ms": round(latency_s * 1000, 3),
+            "created_at": utcnow(),
         }
 
     async def _write(self, row: dict[str, Any]) -> None:

@@ -69,10 +69,13 @@ async def test_a_usage_over_the_bounds_settles_at_the_bounds(sessions: SessionFa
     await m.before(1)
     await m.after(AttemptRecord(1, 200, "ok", Usage(10**6, 10**6, 10**6), 0.1, None, None))
     assert await rows(sessions) == [("ok", WORST, 100, 50, None)]
+    assert await billed(sessions) == (WORST, 0, 1)  # reported (if not believed): settled
     await m.before(2)
     await m.after(AttemptRecord(2, 200, "ok", Usage(70, 900), 0.1, None, None,
                                 usage_reported=False))
     assert (await rows(sessions))[1] == ("ok", PRICE.cost(70, 50), 70, 50, None)
+    # used with no usage it reported: its cost is an upper bound, counted unresolved
+    assert await billed(sessions) == (WORST + PRICE.cost(70, 50), PRICE.cost(70, 50), 2)
 
 
 def test_the_prompt_bound_covers_the_whole_body() -> None:
