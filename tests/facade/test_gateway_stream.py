@@ -163,7 +163,7 @@ async def test_a_line_past_the_cap_fails_the_attempt_or_the_stream(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """An endless line would be held whole by the SSE decoder: past the cap it is refused —
     before the first event a failed attempt (retried), after it a broken stream."""
-    monkeypatch.setattr(streaming, "MAX_LINE_CHARS", 200)
+    monkeypatch.setattr(streaming, "MAX_EVENT_CHARS", 200)
     long = chunk("x" * 300)
     pieces = [long[i:i + 50] for i in range(0, len(long), 50)]  # as a network delivers it
     gw = Gateway([ok(pieces), ok()])
@@ -176,6 +176,31 @@ async def test_a_line_past_the_cap_fails_the_attempt_or_the_stream(
             async for _ in stream:
                 pass
     assert [r.outcome for r in gw.records] == ["connection_error"]
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+async def test_an_event_of_endless_lines_is_capped_whole_events_are_not(
+        monkeypatch: pytest.MonkeyPatch, newline: str) -> None:
+    """The decoder holds every `data:` line of an event until its blank line: an event of
+    short lines past the cap is refused as one long line is; a stream of many events, each
+    under it, is read however long it is and wherever the network splits its blank lines."""
+    monkeypatch.setattr(streaming, "MAX_EVENT_CHARS", 200)
+
+    def split(raw: str) -> list[bytes]:
+        data = raw.replace("\n", newline).encode()
+        return [data[i:i + 7] for i in range(0, len(data), 7)]  # breaks land inside pairs
+
+    endless = "".join(f"data: {i:04}\n" for i in range(40))  # 440 characters, no blank line
+    gw = Gateway([ok([*split(chunk("Hel").decode()), *split(endless)])])
+    with pytest.raises(GatewayUnavailable, match="event over 200 characters"):
+        async with gw.stream() as stream:
+            async for _ in stream:
+                pass
+    many = "".join(chunk(f"{i:03}").decode() for i in range(30))  # ~100 characters each
+    gw = Gateway([ok(split(many + event(b"[DONE]").decode()))])
+    async with gw.stream() as stream:
+        got = [d async for d in stream]
+    assert len(got) == 31 and got[-1] == "[DONE]"
 
 
 async def test_a_stream_that_breaks_midway_raises_and_is_recorded_once() -> None:
