@@ -68,9 +68,10 @@ class LoopbackOnly:
         await self.app(scope, receive, send)
 
 
-def _declared(scope: Scope) -> tuple[int, bytes]:
-    """The request's Content-Length (0 when absent or unreadable) and Content-Encoding."""
-    length, encoding = 0, b""
+def _declared(scope: Scope) -> tuple[int, bytes, bytes | None]:
+    """The request's Content-Length (0 when absent or unreadable), Content-Encoding and
+    Content-Type (None when absent)."""
+    length, encoding, media = 0, b"", None
     for name, value in scope["headers"]:
         if name == b"content-length":
             try:
@@ -79,7 +80,16 @@ def _declared(scope: Scope) -> tuple[int, bytes]:
                 length = 0
         elif name == b"content-encoding":
             encoding = value.strip().lower()
-    return length, encoding
+        elif name == b"content-type":
+            media = value
+    return length, encoding, media
+
+
+def is_json_type(content_type: str) -> bool:
+    """application/json or application/*+json, parameters aside (what FastAPI reads as JSON)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json"))
 
 
 async def _send_415(send: Send, encoding: bytes, path: str) -> None:
@@ -92,11 +102,23 @@ async def _send_415(send: Send, encoding: bytes, path: str) -> None:
                       path=path, headers=((b"accept-encoding", b"identity"),))
 
 
+async def _send_415_type(send: Send, media: bytes | None, path: str) -> None:
+    # a body of another type (a form, text, none named: curl -d sends a form) was validated
+    # as bytes and refused as "not a valid dictionary": say what is wrong instead
+    named = None if media is None else media.decode("latin-1")
+    await _send_error(send, 415, "unsupported_media_type",
+                      f"request bodies must be JSON: send Content-Type: application/json "
+                      f"(got {'none' if named is None else repr(named)})",
+                      {"content_type": named}, path=path,
+                      headers=((b"accept-post", b"application/json"),))
+
+
 class BodyLimit:
     """Answer 413 for bodies over `limit` bytes, by Content-Length or while streaming, and
-    415 for a body in a content coding (the API reads identity bodies only). Only for the
-    methods whose routes read a body: a GET's or HEAD's is never read (nor refused), so
-    those routes answer neither status (the OpenAPI document says so)."""
+    415 for a body in a content coding (the API reads identity bodies only) or of a type
+    that is not JSON. Only for the methods whose routes read a body: a GET's or HEAD's is
+    never read (nor refused), so those routes answer neither status (the OpenAPI document
+    says so). An empty body is not refused for its type (a cancel sends none)."""
 
     METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -108,7 +130,7 @@ class BodyLimit:
         if scope["type"] != "http" or scope["method"] not in self.METHODS:
             await self.app(scope, receive, send)
             return
-        length, encoding = _declared(scope)
+        length, encoding, media = _declared(scope)
         if length > self.limit:
             await _send_413(send, self.limit, scope["path"])
             return
@@ -130,6 +152,9 @@ class BodyLimit:
                 break
         if seen and encoding not in (b"", b"identity"):
             await _send_415(send, encoding, scope["path"])
+            return
+        if seen and (media is None or not is_json_type(media.decode("latin-1"))):
+            await _send_415_type(send, media, scope["path"])
             return
         replayed = False
 

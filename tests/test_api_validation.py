@@ -181,6 +181,39 @@ async def test_compressed_body_is_415_naming_the_coding(small: Harness, coding: 
     assert await swarm_count(small.client) == 0
 
 
+@pytest.mark.parametrize("media", [None, "text/plain", "application/x-www-form-urlencoded",
+                                   "multipart/form-data; boundary=x", "json",
+                                   "application/json-seq"])
+async def test_a_body_that_is_not_json_is_415_naming_its_type(small: Harness,
+                                                             media: str | None) -> None:
+    """A body of another type (`curl -d` sends a form) is refused for what it is, on every
+    route that reads one, in the route's own error shape; JSON by any of its names is read."""
+    raw = json.dumps({"task": "t", "agents": A}).encode()
+    headers = {} if media is None else {"content-type": media}
+    unknown = "00000000-0000-4000-8000-000000000000"
+    for path in ("/swarms", f"/swarms/{unknown}/retry", f"/swarms/{unknown}/cancel"):
+        r = await small.client.post(path, content=raw, headers=headers)
+        err = error_of(r, 415, "unsupported_media_type")
+        assert err["details"] == {"content_type": media}, path
+        assert "application/json" in err["message"] and r.headers["accept-post"] == \
+            "application/json"
+    r = await small.client.post("/v1/chat/completions", content=raw, headers=headers)
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+    assert await swarm_count(small.client) == 0
+
+
+async def test_json_by_any_of_its_names_is_read(small: Harness) -> None:
+    raw = json.dumps({"task": "t", "agents": A}).encode()
+    for media in ("application/json", "application/json; charset=utf-8", "Application/JSON",
+                  " application/vnd.swarm+json ;v=1"):
+        r = await small.client.post("/swarms", content=raw, headers={"content-type": media})
+        assert r.status_code == 202, (media, r.text)
+    unknown = "00000000-0000-4000-8000-000000000000"  # a body-less POST of any type is read
+    r = await small.client.post(f"/swarms/{unknown}/cancel", headers={
+        "content-type": "text/plain"})
+    error_of(r, 404, "not_found")
+
+
 async def test_identity_coding_and_bodiless_requests_are_read(small: Harness) -> None:
     body = json.dumps({"task": "t", "agents": A}).encode()
     r = await small.client.post("/swarms", content=body, headers={

@@ -17,6 +17,7 @@ from fastapi.routing import APIRoute
 
 from app.api import errors
 from app.api.swarms import create_swarm
+from app.middleware import BodyLimit
 from tests.conftest import make_settings, start_harness
 from tests.validation_cases import REJECTED
 
@@ -66,6 +67,8 @@ async def pair(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Pair]:
         run_engine=False)
     twin = FastAPI()
     errors.install(twin)
+    # the app's own body checks in front of both (a body that is not JSON: 415 there)
+    twin.add_middleware(BodyLimit, limit=h.app.state.settings.max_body_bytes)
     twin.state = h.app.state
     twin.router.routes.append(APIRoute("/swarms", create_swarm, methods=["POST"],
                                        status_code=202))

@@ -10,7 +10,6 @@ included (tests/test_hand_parsed.py sends every case to both).
 
 from __future__ import annotations
 
-import email.message
 import json
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, cast
@@ -22,6 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
 from app.api.errors import BODY_UNPARSED
+from app.middleware import is_json_type
 
 Parse = Callable[[Request], Awaitable[dict[str, Any]]]
 T = TypeVar("T")
@@ -42,15 +42,6 @@ def hand_parsed(parse: Parse) -> type[APIRoute]:
     return HandParsedRoute
 
 
-def _is_json(content_type: str) -> bool:
-    # as FastAPI decides it (strict content type): application/json or application/*+json
-    message = email.message.Message()
-    message["content-type"] = content_type
-    subtype = message.get_content_subtype()
-    return message.get_content_maintype() == "application" and (
-        subtype == "json" or subtype.endswith("+json"))
-
-
 def _located(exc: ValidationError, *prefix: str | int) -> list[dict[str, Any]]:
     return [{**e, "loc": (*prefix, *e["loc"])} for e in exc.errors(include_url=False)]
 
@@ -66,7 +57,7 @@ async def json_body(request: Request, adapter: TypeAdapter[T],
         return None
     value: Any = raw  # not declared JSON: validated as bytes, i.e. refused
     content_type = request.headers.get("content-type")
-    if content_type and _is_json(content_type):
+    if content_type and is_json_type(content_type):  # else refused first (BodyLimit: 415)
         try:
             value = json.loads(raw)
         except json.JSONDecodeError as exc:
