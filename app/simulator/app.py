@@ -188,5 +188,7 @@ def create_simulator(config: SimulatorConfig | None = None) -> Starlette:
 
 def run_simulator(host: str, port: int, config: SimulatorConfig | None = None) -> None:
     """Serve the simulator with uvicorn (its own process, for benchmarks and demos)."""
+    # idle connections kept 75 s, as gateways behind a load balancer keep them (uvicorn's 5 s
+    # raced clients that reuse a pooled connection the server is closing: httpx.ReadError)
     uvicorn.run(create_simulator(config or SimulatorConfig.from_env()), host=host, port=port,
-                access_log=False, log_level="warning")
+                access_log=False, log_level="warning", timeout_keep_alive=75)
