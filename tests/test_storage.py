@@ -50,7 +50,10 @@ async def grows(h: Harness, url: str, task: str) -> tuple[int, int]:
 
 
 async def test_a_long_task_is_stored_once(db_url: str) -> None:
-    h, close = await start_harness(make_settings(db_url))
+    # a lease long enough for a loaded machine: 1,000 calls of 0.2 MB bodies built and parsed
+    # in this one process held its loop past the suite's 5 s lease under xdist, and the rescue
+    # (unknown rows, re-sent attempts, their events) was what grew the database, not the task
+    h, close = await start_harness(make_settings(db_url, lease_seconds=30.0))
     try:
         short = "review the migration"  # 20 bytes
         # 0.2 MB that no compression shrinks: the bound must hold for the bytes themselves
@@ -63,7 +66,9 @@ async def test_a_long_task_is_stored_once(db_url: str) -> None:
         long_live, long_raw = await grows(h, db_url, long)
         print(f"\nstorage of a {AGENTS}-agent swarm: 20-byte task +{short_live} B live "
               f"(+{short_raw} B raw), 0.2 MB task +{long_live} B live (+{long_raw} B raw)")
-        assert long_live - short_live <= 2 * len(long)
+        outcomes = await Db(db_url).fetch(
+            "SELECT outcome, count(*) FROM gateway_calls GROUP BY outcome")
+        assert long_live - short_live <= 2 * len(long), outcomes  # more than one per call?
         # reads that show no prompt do not load one
         async with h.app.state.sessions() as s:
             swarm_id = (await s.execute(text("SELECT id FROM swarms LIMIT 1"))).scalar_one()
