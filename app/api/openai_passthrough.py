@@ -17,7 +17,7 @@ from app import metrics
 from app.api.openai_errors import openai_error, seconds_to_midnight
 from app.config import Settings
 from app.engine.budget import BudgetExceeded, SharedCap
-from app.engine.passthrough import PassthroughMeter, prompt_bound
+from app.engine.passthrough import MAX_STREAM_S, PassthroughMeter, prompt_bound
 from app.errors import RequestInvalid
 from app.gateway import streaming
 from app.gateway.client import GatewayClient, GatewayError, GatewayRejected
@@ -156,7 +156,8 @@ class Passthrough:
             stream = await stack.enter_async_context(streaming.stream(
                 self.gateway, _dumps(self.body), idempotency_key=self.meter.key,
                 max_attempts=MAX_ATTEMPTS, timeout_s=self.timeout_s,
-                before_attempt=self.meter.before, after_attempt=self.meter.after))
+                before_attempt=self.meter.before, after_attempt=self.meter.after,
+                max_s=MAX_STREAM_S))
         except BudgetExceeded as exc:
             await self.meter.release()
             return over_budget(exc)

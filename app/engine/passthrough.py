@@ -25,9 +25,13 @@ from app.engine.context import MESSAGE_OVERHEAD_TOKENS, TOOLS_OVERHEAD_TOKENS
 from app.gateway.client import AttemptRecord, Usage
 from app.pricing import ModelPrice
 
-# a row still `in_flight` this long after it was written lost its process (an attempt is
-# bounded by SWARM_FACADE_TIMEOUT_S, a stream by that much between events)
-STALE_AFTER_S = 3600.0
+# the longest a streamed attempt may last, events or not: with SWARM_FACADE_TIMEOUT_S between
+# events alone, a gateway that kept sending would hold its row and reservation for ever
+MAX_STREAM_S = 3600.0
+# a row still `in_flight` this long after it was written lost its process: longer than any
+# live attempt lasts (a plain one is bounded by SWARM_FACADE_TIMEOUT_S, at most 3,600 s; a
+# stream by MAX_STREAM_S), so another process's start never settles a call still answering
+STALE_AFTER_S = 2 * MAX_STREAM_S
 
 
 def prompt_bound(body: Mapping[str, Any], context_window: int) -> int:

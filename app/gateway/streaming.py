@@ -58,6 +58,7 @@ class GatewayStream:
     _gateway: GatewayClient
     _call: _Call
     _opened: _Opened
+    max_s: float | None = None  # the whole attempt's bound, events or not (None: unbounded)
     usage: Usage | None = None
     finish_reason: str = ""
     content_bytes: int = 0
@@ -86,13 +87,18 @@ class GatewayStream:
                                  deadline_hit=False)
 
     async def _next(self) -> ServerSentEvent | None:
+        idle = self._call.timeout_s  # between events
+        left = idle if self.max_s is None else (
+            self._opened.started + self.max_s - time.perf_counter())
         try:
-            async with asyncio.timeout(self._call.timeout_s):  # idle time between events
+            async with asyncio.timeout(min(idle, left)):
                 return await anext(self._opened.events)
         except StopAsyncIteration:
             return None
         except (httpx.TimeoutException, TimeoutError):
-            self._outcome, self._error = "timeout", "stream stalled"
+            self._outcome = "timeout"
+            self._error = (f"stream longer than {self.max_s:g} s" if left < idle
+                           else "stream stalled")
         except (httpx.RequestError, SSEError) as exc:
             self._outcome = "connection_error"
             self._error = self._gateway.scrub(f"{type(exc).__name__}: {exc}")
@@ -158,19 +164,22 @@ def stream(
     timeout_s: float = 60.0,
     before_attempt: BeforeAttempt | None = None,
     after_attempt: AfterAttempt | None = None,
+    max_s: float | None = None,
 ) -> AbstractAsyncContextManager[GatewayStream]:
     """A streamed completion through `gateway` (`body` asks for `"stream": true`): attempts
-    are retried until one delivers its first event, then its events are read as they come."""
+    are retried until one delivers its first event, then its events are read as they come;
+    `timeout_s` bounds the wait for each event, `max_s` the attempt whole (from its send)."""
     call = gateway.new_call(body, idempotency_key, max_attempts, timeout_s, None,
                             before_attempt, after_attempt)
-    return open_stream(gateway, call)
+    return open_stream(gateway, call, max_s)
 
 
 @asynccontextmanager
-async def open_stream(gateway: GatewayClient, call: _Call) -> AsyncIterator[GatewayStream]:
+async def open_stream(gateway: GatewayClient, call: _Call,
+                      max_s: float | None = None) -> AsyncIterator[GatewayStream]:
     """Attempts until one delivers its first event (or the retries give up: GatewayError)."""
     opened: _Opened = await gateway.retrying(call)(_attempt, gateway, call)
-    stream = GatewayStream(gateway, call, opened)
+    stream = GatewayStream(gateway, call, opened, max_s)
     try:
         yield stream
     finally:

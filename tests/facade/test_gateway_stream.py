@@ -203,6 +203,29 @@ async def test_an_event_of_endless_lines_is_capped_whole_events_are_not(
     assert len(got) == 31 and got[-1] == "[DONE]"
 
 
+async def test_a_stream_is_bounded_whole_not_only_between_events() -> None:
+    """A gateway that never stops sending (each event well within the idle timeout) would
+    hold the call's row and reservation for ever: past `max_s` the stream ends, a timeout
+    billed for what it carried; one that ends in time is read whole."""
+    async def endless() -> AsyncIterator[bytes]:
+        while True:
+            yield chunk("x")
+            await asyncio.sleep(0.02)
+
+    gw = Gateway([lambda: httpx.Response(200, headers=SSE, content=endless())])
+    seen = 0
+    with pytest.raises(GatewayUnavailable, match=r"stream longer than 0\.3 s"):
+        async with gw.stream(timeout_s=5, max_s=0.3) as stream:
+            async for _ in stream:
+                seen += 1
+    assert seen > 3 and [r.outcome for r in gw.records] == ["timeout"]
+    assert gw.records[0].usage.completion_tokens == seen  # a byte a token, upper bound
+    assert gw.all_closed()
+    gw = Gateway([ok()])
+    async with gw.stream(timeout_s=5, max_s=30) as stream:
+        assert [d async for d in stream][-1] == "[DONE]"
+
+
 async def test_a_stream_that_breaks_midway_raises_and_is_recorded_once() -> None:
     gw = Gateway([ok(fail_after=2)])
     seen: list[str] = []
