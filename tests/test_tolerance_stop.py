@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from sqlalchemy import select
+
+from app.db.tables import GatewayCall
 from tests.conftest import Harness
 from tests.helpers import by_name
 
@@ -26,3 +29,23 @@ async def test_the_slot_a_failure_frees_goes_to_no_one_once_the_swarm_stops(
     started = [block for block in stream.replace("\r\n", "\n").split("\n\n")
                if "event: subtask.started" in block and '"name": "z"' in block]
     assert started == [], started  # never begun: nothing sent for it
+
+
+async def test_a_subtask_written_ahead_and_never_sent_counts_no_attempt(
+        harness: Harness) -> None:
+    """`b`'s first attempt is written ahead while `a` holds the one slot; `a`'s failure stops
+    the swarm before `b` is sent: its row is `cancelled`, and `attempts` (the view's, read
+    back after the end as well) counts what was sent — none."""
+    body = {"task": "t", "synthesis": {"strategy": "none"},
+            "limits": {"concurrency": 1, "failure_tolerance": 0},
+            "agents": [{"name": "a", "prompt": "[[sim fail=400 latency_ms=300]]"},
+                       {"name": "b"}, {"name": "c"}]}
+    done = await harness.run(body)
+    again = (await harness.client.get(f"/swarms/{done['id']}")).json()
+    for view in (done, again):
+        assert {n: (s["status"], s["attempts"]) for n, s in by_name(view).items()} == {
+            "a": ("failed", 1), "b": ("skipped", 0), "c": ("skipped", 0)}
+    async with harness.app.state.sessions() as s:
+        rows = (await s.execute(select(GatewayCall.subtask_name, GatewayCall.outcome)
+                                .where(GatewayCall.swarm_id == done["id"]))).all()
+    assert sorted(rows) == [("a", "client_error"), ("b", "cancelled")]  # b was written ahead

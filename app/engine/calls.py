@@ -147,8 +147,11 @@ class CallMeter:
 
     def _cancel_ahead(self) -> None:
         """Settle the row written ahead for an attempt never sent: `cancelled`, no cost and
-        no gateway call in any count."""
+        no gateway call in any count — nor in the subtask's `attempts` (no attempt follows
+        in this process: the call is abandoned; a takeover numbers from the ledger, where
+        the row keeps its number)."""
         self.handle.commit_soon(ledger=[self._row(CANCELLED, None, Usage(), Decimal(0), 0.0)])
+        self.sub.attempts -= 1
 
     def _row(self, outcome: str, status: int | None, u: Usage, cost: Decimal,
              latency_s: float, at_bound: bool = False) -> LedgerRow:
