@@ -77,6 +77,10 @@ async def cancel(session: AsyncSession, swarm: Swarm) -> bool:
     unowned = swarm.lease_owner is None or (
         swarm.lease_expires_at is not None and swarm.lease_expires_at < now)
     if swarm.status is SwarmStatus.queued and unowned:
+        # fence a lapsed owner out: paused, it would resume, renew the lease it still names
+        # and run a swarm ended here (its writes passing the fence, a second end stored)
+        swarm.lease_epoch += 1
+        swarm.lease_owner = swarm.lease_expires_at = None
         subs = (await queries.get_subtasks(session, [swarm.id], outputs=False))[swarm.id]
         end = end_swarm(swarm, subs, SwarmStatus.cancelled, None, now)
         await session.execute(insert(EventTable), end.events)
