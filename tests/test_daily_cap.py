@@ -255,3 +255,39 @@ async def test_two_worker_processes_share_the_cap(pg_template: str, tmp_path: Pa
     assert_capped(runs, ledger, daily)
     assert len(owners) == 2, owners  # both processes drove swarms
     assert left == 0
+
+
+async def test_a_refusal_by_the_global_cap_tells_no_tenant_what_the_others_spent(
+        database_url: str) -> None:
+    """The global cap is every tenant's: a refusal by it (a swarm's error, the facade's 429)
+    names what the call needs, never what is left — 0.05 minus tenant a's spend, to the
+    pico-dollar, which b would read a's activity from (found by a probe session)."""
+    a, b = {"Authorization": "Bearer ka"}, {"Authorization": "Bearer kb"}
+    h, close = await start_harness(make_settings(database_url, api_keys="a:ka,b:kb",
+                                                 daily_budget_usd=Decimal("0.05")))
+
+    async def run(body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        r = await h.post(body, headers=headers)
+        assert r.status_code == 202, r.text
+        got = await h.client.get(f"/swarms/{r.json()['id']}", params={"wait": 30},
+                                 headers=headers)
+        data: dict[str, Any] = got.json()
+        return data
+
+    try:
+        spent = await run({"task": "a's work", "max_tokens": 300,
+                           "agents": [{"name": "x"}, {"name": "y"}]}, a)
+        assert spent["status"] == "succeeded", spent["error"]
+        left = str(Decimal("0.05") - Decimal(spent["usage"]["cost_usd"]))
+        big = {"model": "claude-sonnet-4.5", "max_tokens": 100000}
+        refused = await run({**big, "task": "b's work", "agents": [{"name": "z"}]}, b)
+        assert (refused["status"], refused["error"]["code"]) == (
+            "failed", "daily_budget_exceeded")
+        seen = repr(refused["error"]) + repr([s["error"] for s in refused["subtasks"]])
+        r = await h.client.post("/v1/chat/completions", headers=b, json={
+            **big, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 429, r.text
+        assert "needs up to" in seen and "needs up to" in r.text
+        assert left not in seen and left not in r.text and "left" not in seen, (seen, r.text)
+    finally:
+        await close()

@@ -52,8 +52,9 @@ def _finite(value: Any) -> Any:
 
 def over_budget(exc: BudgetExceeded) -> JSONResponse:
     metrics.budget_denials.labels("daily").inc()
+    left = f", {exc.left} USD are left today" if exc.scope == "tenant" else ""  # see BudgetExceeded
     return openai_error(429, f"the daily budget cannot cover this call: it needs up to "
-                             f"{exc.needed} USD, {exc.left} USD are left today",
+                             f"{exc.needed} USD{left}",
                         "quota_exceeded", headers={"Retry-After": str(seconds_to_midnight())})
 
 

@@ -52,7 +52,11 @@ class BudgetExceeded(Exception):
     """A call's worst case does not fit and no call in flight can free anything."""
 
     def __init__(self, scope: str, needed: Decimal, left: Decimal) -> None:
-        super().__init__(f"{scope} budget: call needs up to {needed} USD, {left} USD left")
+        # the global daily cap is every tenant's: what is left of it tells one tenant what
+        # the others spent today, so a refusal by it names only what the call needs
+        super().__init__(f"{scope} budget: call needs up to {needed} USD, {left} USD left"
+                         if scope != "daily" else f"the service's daily budget cannot cover "
+                         f"this call (it needs up to {needed} USD)")
         self.scope = scope
         self.needed = needed
         self.left = left
