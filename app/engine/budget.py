@@ -32,7 +32,10 @@ def billable_usage(rec: AttemptRecord, prompt_bound: int, max_tokens: int, model
     request's max_tokens). A conforming gateway cannot bill more; one that says it did (a bug,
     a hostile answer, counts no column holds) would take a swarm past its budget and a tenant
     past its daily cap — so the cap stays hard, and the operator is told."""
-    usage = rec.usage.within(prompt_bound, max_tokens)
+    usage = rec.usage
+    if rec.cut_short and not rec.usage_reported:
+        usage = Usage(usage.prompt_tokens, max_tokens, usage.cached_tokens)
+    usage = usage.within(prompt_bound, max_tokens)
     kind = "unreported" if not rec.usage_reported else "over" if usage != rec.usage else ""
     if kind and (model, kind) not in _warned:
         _warned.add((model, kind))

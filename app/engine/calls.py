@@ -100,7 +100,7 @@ class CallMeter:
         u = billable_usage(rec, self.prompt_bound, self.sub.max_tokens, self.label)
         cost = self.handle.ctx.prices[self.sub.model].cost(u.prompt_tokens, u.completion_tokens,
                                                            u.cached_tokens)
-        at_bound = rec.outcome == "ok" and not rec.usage_reported  # used, billed its bounds
+        at_bound = not rec.usage_reported  # billed its bounds, not a usage reported
         self._open = False
         if self._daily is not None and self._held_daily:
             # the awaited write comes first: once the swarm's totals include this cost, no

@@ -113,7 +113,7 @@ class PassthroughMeter:
         held, self._held, self._open = self._held, [], None
         await run_to_end(_settle_all(held, cost))
         self._last_outcome = rec.outcome
-        at_bound = rec.outcome == "ok" and not rec.usage_reported  # used, billed its bounds
+        at_bound = not rec.usage_reported  # billed its bounds (a stream cut short too)
         await self._write(self._row(rec.attempt, rec.outcome, rec.status_code, u, cost,
                                     rec.latency_s, at_bound))
         if at_bound:

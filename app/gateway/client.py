@@ -90,6 +90,9 @@ class AttemptRecord:
     # False when a 2xx answer (or a stream) reported no usable usage: `usage` is then an upper
     # bound from the bytes sent and received, which the caller's bounds tighten
     usage_reported: bool = True
+    # a stream left before its end: the completion it was billed is not bounded by the text
+    # seen (the gateway generates on until it notices), only by the request's max_tokens
+    cut_short: bool = False
 
 
 @dataclass(frozen=True, slots=True)

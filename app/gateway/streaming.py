@@ -52,7 +52,8 @@ class GatewayStream:
 
     `usage` is what the stream reported (its last usable `usage` object); when it reported
     none, the attempt is billed on an upper bound: the request's bytes for the prompt and the
-    bytes of the text it streamed for the completion (a token is at least one byte).
+    bytes of the text it streamed for the completion (a token is at least one byte) — or, for
+    a stream left before its end, the request's max_tokens (`cut_short`).
     """
 
     _gateway: GatewayClient
@@ -133,9 +134,11 @@ class GatewayStream:
         if usage is None:
             usage = Usage(len(call.body), self.content_bytes)
         status = opened.response.status_code
+        # a stream left mid-way (its reader gone, a stall, a broken connection) may go on
+        # generating until the gateway notices: the text seen does not bound it
         record = AttemptRecord(opened.number, status, self._outcome, usage,
                                time.perf_counter() - opened.started, self._error, None,
-                               usage_reported=reported)
+                               usage_reported=reported, cut_short=not self._done)
         call.attempts.append(record)
         if call.after is not None:
             await call.after(record)
