@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.deps import tenant_of
 from app.api.errors import (
     UNPARSED_MESSAGE,
     _field,
@@ -109,13 +110,16 @@ def _api_error(exc: ApiError) -> JSONResponse:
 
 
 class OpenAIRoute(APIRoute):
-    """A route whose errors, validation included, are rendered in OpenAI's shape."""
+    """A route whose errors, validation included, are rendered in OpenAI's shape; its key
+    is checked first: FastAPI reads the body before it resolves dependencies, so a caller
+    without a key would otherwise learn of a malformed body (400) before of its key (401)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
             try:
+                tenant_of(request.app.state.settings, request.headers.get("authorization"))
                 return await handler(request)
             except RequestValidationError as exc:
                 return _validation(exc)

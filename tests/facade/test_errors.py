@@ -47,6 +47,19 @@ async def test_wrong_key_is_the_sdks_authentication_error(facade_sqlite: Facade)
     assert error_of(r)["code"] == "unauthorized"
 
 
+@pytest.mark.parametrize("auth", [{}, {"Authorization": "Bearer nope"}])
+async def test_the_key_is_checked_before_the_body(facade_sqlite: Facade,
+                                                  auth: dict[str, str]) -> None:
+    """FastAPI reads a body before it resolves dependencies: without a key first, a caller
+    with no (or a wrong) key was told its body was malformed (400) or invalid (422)."""
+    for body in (b"{not json", b'{"model": 7}'):
+        r = await facade_sqlite.http.post("/v1/chat/completions", content=body, headers={
+            **auth, "Content-Type": "application/json", "Authorization": auth.get(
+                "Authorization", "")})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", r.text
+        assert error_of(r)["code"] == "unauthorized"
+
+
 async def test_the_routers_own_errors_on_v1_are_in_openais_shape(facade_sqlite: Facade) -> None:
     """A path or method /v1 does not serve is answered by the router, not a route: in
     OpenAI's shape too (it was the SPEC's), its 405 naming the methods served."""
