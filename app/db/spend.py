@@ -149,6 +149,25 @@ class Takeover:
     attempts: dict[str, int]  # subtask -> the highest attempt number in its ledger rows
 
 
+async def count_lost_on_days(session: AsyncSession,
+                             lost: Sequence[tuple[str, datetime, Decimal]]) -> None:
+    """Add attempts settled `unknown` (tenant, written at, reservation) to the daily caps —
+    the global one and their tenant's — on the day each was reserved: their reservations
+    expired with the process that held them, so no cap counts them otherwise. (A day's row
+    exists while its cap is on; without one, nothing to add to.)"""
+    per_day: dict[tuple[str, date], Decimal] = {}
+    for tenant, created, reserved in lost:
+        key = (tenant, created.astimezone(UTC).date())
+        per_day[key] = per_day.get(key, Decimal(0)) + reserved
+    for (tenant, day), amount in per_day.items():
+        await session.execute(update(DailySpend).where(DailySpend.day == day)
+                              .values(spent_usd=DailySpend.spent_usd + amount))
+        await session.execute(
+            update(TenantDailySpend)
+            .where(TenantDailySpend.tenant == tenant, TenantDailySpend.day == day)
+            .values(spent_usd=TenantDailySpend.spent_usd + amount))
+
+
 async def settle_lost_attempts(session: AsyncSession, swarm_id: str, epoch: int, owner: str,
                                lease_s: float | None = None) -> Takeover | None:
     """At a takeover: settle the dead epochs' `in_flight` rows of the swarm as `unknown`,
@@ -191,21 +210,10 @@ async def settle_lost_attempts(session: AsyncSession, swarm_id: str, epoch: int,
                 prompt_tokens=Subtask.prompt_tokens + sum(a.prompt_tokens for a in items),
                 completion_tokens=Subtask.completion_tokens
                 + sum(a.completion_tokens for a in items)))
-        # the daily cap counts it on the day it was reserved (its row exists while a cap is on)
-        per_day: dict[date, Decimal] = {}
-        for (*_, reserved, created) in rows:
-            day = created.astimezone(UTC).date()
-            per_day[day] = per_day.get(day, Decimal(0)) + reserved
         tenant = (await session.execute(select(Swarm.tenant).where(Swarm.id == swarm_id))
                   ).scalar_one()
-        for day, amount in per_day.items():
-            await session.execute(update(DailySpend).where(DailySpend.day == day)
-                                  .values(spent_usd=DailySpend.spent_usd + amount))
-            # the tenant's own cap too (its row exists while that cap is on)
-            await session.execute(
-                update(TenantDailySpend)
-                .where(TenantDailySpend.tenant == tenant, TenantDailySpend.day == day)
-                .values(spent_usd=TenantDailySpend.spent_usd + amount))
+        await count_lost_on_days(session, [(tenant, created, reserved)
+                                           for (*_, reserved, created) in rows])
     if attempts:  # written-ahead attempts were counted only in the dead owner's memory
         subs = table_of(Subtask)
         conn = await session.connection()

@@ -4,17 +4,20 @@ lost — cut off by a cancelled request, or left by a process that died."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import select
 
 from app.db import spend
 from app.db.session import SessionFactory, make_db_engine, make_session_factory
-from app.db.tables import GatewayCall
+from app.db.tables import DailySpend, GatewayCall
+from app.engine.budget import BudgetExceeded, DailyCap
 from app.engine.context import TOOLS_OVERHEAD_TOKENS
 from app.engine.passthrough import PassthroughMeter, prompt_bound, settle_stale
 from app.gateway.client import AttemptRecord, Usage
@@ -22,6 +25,9 @@ from app.pricing import BUILTIN_MODELS
 
 PRICE = BUILTIN_MODELS["deepseek-v3.2"]
 WORST = PRICE.worst_case(100, 50)
+METRICS = [("swarm_gateway_requests_total", {"model": PRICE.name, "outcome": "unknown"}),
+           ("swarm_spend_usd_total", {"model": PRICE.name}),
+           ("swarm_spend_unresolved_usd_total", {"model": PRICE.name})]
 
 
 @pytest.fixture
@@ -108,3 +114,31 @@ async def test_rows_a_dead_process_left_in_flight_are_settled_later(
     assert await settle_stale(sessions, horizon_s=0) == 1
     assert await rows(sessions) == [("unknown", WORST, 100, 50, None)]
     assert await billed(sessions) == (WORST, WORST, 1)
+
+
+async def test_a_dead_processs_attempt_settled_stale_is_counted_by_the_daily_cap(
+        sessions: SessionFactory) -> None:
+    """Its daily reservation expired with the process: settled `unknown`, it is spend of the
+    day it was reserved on — the cap does not hand that money out again — and the metrics
+    count it as `release` counts an attempt cut off (found by a probe session)."""
+    limit = WORST * 2
+    dead_cap = DailyCap(sessions, limit, "dead:1", lease_s=0.3)
+    dead = PassthroughMeter(sessions, PRICE, [dead_cap], "t1", WORST, prompt_bound=100,
+                            max_tokens=50)
+    await dead.before(1)  # written ahead, reserved, sent ... and the process dies here
+    await dead_cap.close()  # its refresher dies with it
+    await asyncio.sleep(0.5)  # the reservation expires
+    before = [REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in METRICS]
+    assert await settle_stale(sessions, horizon_s=0) == 1
+    async with sessions() as s:
+        assert (await s.execute(select(DailySpend.spent_usd))).scalar_one() == WORST
+    after = [REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in METRICS]
+    assert [b - a for a, b in zip(before, after, strict=True)] == pytest.approx(
+        [1, float(WORST), float(WORST)], abs=1e-12)
+    alive = DailyCap(sessions, limit, "alive:1")
+    try:
+        with pytest.raises(BudgetExceeded):  # the day holds WORST: 2 x WORST does not fit
+            await alive.reserve(limit)
+    finally:
+        await alive.close()
+    assert await settle_stale(sessions, horizon_s=0) == 0  # settled once
