@@ -2,12 +2,13 @@
 
 - `RateLimitDep`: one token of the tenant's bucket (shared by every replica through the
   database) and a tenant whose daily cap is spent is refused; for routes that call the gateway
-  without creating a swarm (the facade's passthrough).
-- `AdmissionDep`: the same plus `max_active_swarms`, for routes that create a swarm; its
-  `swarm(body)` then applies the body's quotas (`max_agents`, `max_budget_usd`,
-  `default_budget_usd`).
-- `AdmissionInInsertDep`: the same checks, run by the route inside its insert's transaction
-  (`check_in`): `POST /swarms` is one transaction.
+  (the facade: a passthrough call, or `agent_swarm`, whose insert then counts
+  `max_active_swarms` through `counting_in()`).
+- `AdmissionInInsertDep`: the same plus `max_active_swarms`, run by the route inside its
+  insert's transaction (`check_in`, a per-tenant lock held to the commit so concurrent
+  creations cannot all count before any inserts): `POST /swarms` and
+  `POST /swarms/{id}/retry` are one transaction each. Its `swarm(body)` then applies the
+  body's quotas (`max_agents`, `max_budget_usd`, `default_budget_usd`).
 - `WaitSlotDep` / `StreamSlotDep`: a `max_streams` slot for `?wait=` and SSE readers.
 
 They run before the route stores anything, in one transaction of their own (or, with
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Annotated
 
@@ -28,8 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
 from app.api.deps import SessionDep, SettingsDep, TenantDep
-from app.config import Settings
-from app.db import create, quotas
+from app.db import quotas
 from app.errors import RequestInvalid, TooManyRequests
 from app.schemas import SwarmCreate
 from app.tenants import TenantLimits
@@ -54,27 +54,35 @@ class Admission:
     limits: TenantLimits
     max_agents: int  # SWARM_MAX_AGENTS
     checked: bool = True  # the dependency took the token (else the route's `check_in` does)
+    count_only: bool = False  # `check_in` counts the active swarms only (the token is taken)
 
-    async def check_active(self, session: AsyncSession) -> None:
-        """`max_active_swarms`, for a route admitted by RateLimitDep that turns out to create
-        a swarm (the facade's `agent_swarm`)."""
-        if self.limits.max_active_swarms is None:
-            return
-        async with session.begin():
-            _refuse_active(await quotas.active_swarms(session, self.tenant), self.limits)
+    def counting_in(self) -> Admission:
+        """This admission (RateLimitDep's: the bucket and the daily cap checked) for a route
+        that turns out to create a swarm (the facade's `agent_swarm`): its `check_in` counts
+        `max_active_swarms` in the insert's transaction, and takes no second token."""
+        return replace(self, checked=False, count_only=True)
 
     @property
     def checks_in(self) -> bool:
         """Whether `check_in` has anything to check (else the insert needs no transaction
         around it)."""
-        return not self.checked and not _nothing_to_check(self.limits, count_swarms=True)
+        if self.checked:
+            return False
+        if self.count_only:
+            return self.limits.max_active_swarms is not None
+        return not _nothing_to_check(self.limits, count_swarms=True)
 
     async def check_in(self, session: AsyncSession, inserted: int = 1) -> None:
         """The bucket, `max_active_swarms` and the daily cap inside the caller's transaction,
         after it inserted `inserted` swarms: a refusal rolls the insert back with the token,
-        and the bucket's row lock is held only from here to the commit. Nothing when the
-        dependency already admitted the request (the facade's `agent_swarm`)."""
-        if self.checks_in:
+        and the bucket's row lock (or the tenant's count lock) is held only from here to the
+        commit. Only the count for a `counting_in()` admission; nothing when the dependency
+        already admitted the request."""
+        if not self.checks_in:
+            return
+        if self.count_only:
+            await _count_in(session, self.tenant, self.limits, own=inserted)
+        else:
             await _checks(session, self.tenant, self.limits, count_swarms=True, own=inserted)
 
     def check_budget(self, budget: Decimal | str | None) -> None:
@@ -143,7 +151,9 @@ async def _checks(session: AsyncSession, tenant: str, limits: TenantLimits,
     cap = limits.daily_budget_usd
     if not (count or cap is not None):
         return
-    # after the token: the bucket's row lock makes this read see the swarms its last holder
+    if count and (size is None or rate is None):  # no bucket row locked: the count's own lock
+        await quotas.lock_active(session, tenant, bucket=False)
+    # after the token (or the lock): it makes this read see the swarms its last holder
     # inserted (a read in the token's statement would have the snapshot before the wait)
     state = await quotas.tenant_now(session, tenant, count=count, spent=cap is not None)
     if count:
@@ -154,6 +164,16 @@ async def _checks(session: AsyncSession, tenant: str, limits: TenantLimits,
                       spent=str(state.spent))
 
 
+async def _count_in(session: AsyncSession, tenant: str, limits: TenantLimits,
+                    own: int) -> None:
+    """`max_active_swarms` alone in the caller's transaction, after it inserted `own` swarms,
+    for a request whose token was taken in a transaction of its own: the lock `_checks` holds
+    for the count (the bucket's row when the tenant has a bucket) is taken here."""
+    await quotas.lock_active(session, tenant, bucket=limits.requests_per_minute is not None)
+    state = await quotas.tenant_now(session, tenant, count=True, spent=False)
+    _refuse_active(state.active - own, limits)
+
+
 async def _admit(session: AsyncSession, tenant: str, limits: TenantLimits,
                  count_swarms: bool) -> None:
     if _nothing_to_check(limits, count_swarms):
@@ -162,33 +182,11 @@ async def _admit(session: AsyncSession, tenant: str, limits: TenantLimits,
         await _checks(session, tenant, limits, count_swarms)
 
 
-async def _replayed(request: Request, session: AsyncSession, tenant: str,
-                    settings: Settings) -> bool:
-    """A request whose Idempotency-Key names a live swarm is a replay: it creates nothing, so
-    it is answered (with that swarm) whatever the quotas say now."""
-    key = request.headers.get("idempotency-key")
-    if not key or len(key) > 255 or "\x00" in key:
-        return False
-    async with session.begin():
-        found = await create.find_by_idempotency_key(session, tenant, key,
-                                                      settings.idempotency_ttl_s)
-    return found is not None
-
-
 async def rate_limit(session: SessionDep, tenant: TenantDep,
                      settings: SettingsDep) -> Admission:
     """The bucket and the daily cap (429); nothing else."""
     limits = settings.tenant_limits(tenant)
     await _admit(session, tenant, limits, count_swarms=False)
-    return Admission(tenant, limits, settings.max_agents)
-
-
-async def admit(request: Request, session: SessionDep, tenant: TenantDep,
-                settings: SettingsDep) -> Admission:
-    """The bucket, the tenant's active swarms and its daily cap (429)."""
-    limits = settings.tenant_limits(tenant)
-    if not await _replayed(request, session, tenant, settings):
-        await _admit(session, tenant, limits, count_swarms=True)
     return Admission(tenant, limits, settings.max_agents)
 
 
@@ -281,7 +279,6 @@ async def admit_in_insert(tenant: TenantDep, settings: SettingsDep) -> Admission
                      checked=False)
 
 
-AdmissionDep = Annotated[Admission, Depends(admit)]
 AdmissionInInsertDep = Annotated[Admission, Depends(admit_in_insert)]
 RateLimitDep = Annotated[Admission, Depends(rate_limit)]
 WaitSlotDep = Annotated[None, Depends(wait_slot)]

@@ -154,11 +154,11 @@ class SwarmCall:
         local adoption); returns its id."""
         body = swarm_request(self.req)
         try:
-            async with self.sessions() as session:
-                await admission.check_active(session)  # SPEC §8: it creates a swarm
+            # SPEC §8: it creates a swarm: `max_active_swarms` is counted in the insert's
+            # transaction (RateLimitDep took the token: no second one)
             answer = await swarms.create_swarm(
                 body=body, request=request, response=Response(), tenant=self.tenant,
-                admission=admission, idempotency_key=idempotency_key,
+                admission=admission.counting_in(), idempotency_key=idempotency_key,
                 traceparent=request.headers.get("traceparent"))
         except (ApiError, Refused) as exc:  # name the request's field, not the swarm's
             if isinstance(exc.details, dict) and isinstance(exc.details.get("field"), str):

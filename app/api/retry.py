@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
+from fastapi.routing import APIRoute
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics, tracing
-from app.api.admission import AdmissionDep
-from app.api.deps import EngineDep, SessionDep, SettingsDep, TenantDep
+from app.api.admission import AdmissionInInsertDep
+from app.api.deps import EngineDep, SessionDep, SettingsDep, TenantDep, tenant_of
 from app.api.errors import error_responses
 from app.api.shared import (
     IdempotencyKey,
@@ -27,7 +30,22 @@ from app.schemas import SwarmRead, SwarmRetry
 from app.states import SwarmStatus
 from app.webhook_policy import check_webhook_url
 
-router = APIRouter(prefix="/swarms", tags=["swarms"])
+
+class KeyFirstRoute(APIRoute):
+    """A route that checks the caller's key before FastAPI parses the body: a request without
+    a valid key is a 401 whatever its body (as `POST /swarms` answers), never a 400 or 422."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            tenant_of(request.app.state.settings, request.headers.get("authorization"))
+            return await handler(request)
+
+        return route
+
+
+router = APIRouter(prefix="/swarms", tags=["swarms"], route_class=KeyFirstRoute)
 RETRYABLE = (SwarmStatus.failed, SwarmStatus.cancelled)
 
 
@@ -37,13 +55,16 @@ RETRYABLE = (SwarmStatus.failed, SwarmStatus.cancelled)
     summary="Retry a failed or cancelled swarm",
 )
 async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, tenant: TenantDep,
-                      settings: SettingsDep, engine: EngineDep, admission: AdmissionDep,
+                      settings: SettingsDep, engine: EngineDep,
+                      admission: AdmissionInInsertDep,
                       body: SwarmRetry | None = None,
                       idempotency_key: IdempotencyKey = None,
                       traceparent: TraceParent = None) -> Response:
     """A new swarm (`retry_of` = this one): subtasks that succeeded here are copied with their
     outputs (`reused`, no call, no cost); the others and the synthesis run again. `limits`
-    override the old run's limits key by key. The old swarm is not changed."""
+    override the old run's limits key by key. The old swarm is not changed. The tenant's
+    quotas are checked in the insert's transaction (SPEC §8), after a replayed
+    Idempotency-Key is answered."""
     check_id(swarm_id)
     limits = (body.limits.model_dump(mode="json", exclude_unset=True)
               if body is not None and body.limits is not None else {})
@@ -68,6 +89,7 @@ async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, te
         for model in await retry_copy.rerun_models(s, old.id):
             check_model(settings, model, "model")  # the price table may have changed since
         reused[:] = await retry_copy.copy_swarm(s, old.id, new)
+        await admission.check_in(s)  # a refusal rolls the copy back with the token
         created[:] = [new.id]
 
     if seen := await insert_once(session, response, tenant, idempotency_key, digest,

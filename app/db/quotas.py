@@ -105,6 +105,28 @@ async def active_swarms(session: AsyncSession, tenant: str) -> int:
     return int((await session.execute(select(_active_count(tenant)))).scalar_one())
 
 
+# The lock a count of a tenant's active swarms holds to its transaction's end (PostgreSQL),
+# so the next count sees the swarms this one's transaction inserted: the tenant's bucket row
+# (what `take_token` locks: POST /swarms of a tenant with a bucket holds it already), else a
+# transaction advisory lock of the tenant's own.
+_LOCK_BUCKET = (select(TenantBucket.tenant).where(TenantBucket.tenant == bindparam("tenant"))
+                .with_for_update())
+_LOCK_ACTIVE = text("SELECT pg_advisory_xact_lock(hashtext('swarm-active:' || :tenant))")
+
+
+async def lock_active(session: AsyncSession, tenant: str, *, bucket: bool) -> None:
+    """Serialise the tenant's active-swarm counts until the caller's transaction ends: its
+    bucket's row (`bucket`: the tenant has one; the lock `take_token` takes, so counts with
+    and without a token wait for each other), else (or with no row yet) the tenant's advisory
+    lock. Nothing on SQLite: BEGIN IMMEDIATE already serialises every writer."""
+    if not is_postgres(session):
+        return
+    params = {"tenant": tenant}
+    if bucket and (await session.execute(_LOCK_BUCKET, params)).first() is not None:
+        return
+    await session.execute(_LOCK_ACTIVE, params)
+
+
 @dataclass(frozen=True, slots=True)
 class TenantNow:
     """What admission checks after the tenant's token, read in one statement."""
