@@ -380,6 +380,12 @@ async def _exercise(h: Harness) -> list[tuple[str, str, httpx.Response]]:
     add("post", "/swarms", await c.post("/swarms", json=BODY))
     quota = {"Authorization": "Bearer k2"}  # tenant t2: one request a minute, no streams
     t2 = add("post", "/swarms", await c.post("/swarms", json=BODY, headers=quota)).json()["id"]
+    # retryable once cancelled; its retry then finds the minute's one request spent (429)
+    add("post", "/swarms/{swarm_id}/cancel", await c.post(f"/swarms/{t2}/cancel", headers=quota))
+    for _ in range(200):
+        if (await c.get(f"/swarms/{t2}", headers=quota)).json()["status"] == "cancelled":
+            break
+        await asyncio.sleep(0.05)
     add("post", "/swarms/{swarm_id}/retry", await c.post(f"/swarms/{t2}/retry", headers=quota))
     add("post", "/swarms", await c.post("/swarms", json=BODY, headers=quota))
     add("get", "/swarms/{swarm_id}", await c.get(f"/swarms/{t2}", params={"wait": 1},
