@@ -16,7 +16,14 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import leases, quotas
-from app.db.tables import DailySpend, GatewayCall, Subtask, Swarm, TenantDailySpend
+from app.db.tables import (
+    DailyReservation,
+    DailySpend,
+    GatewayCall,
+    Subtask,
+    Swarm,
+    TenantDailySpend,
+)
 from app.db.types import utcnow
 from app.gateway.client import ChatRequest, GatewayClient
 from app.pricing import PriceTable
@@ -91,6 +98,10 @@ async def test_takeover_bills_a_dead_owners_attempt_at_its_reservation(database_
             reserved_usd=reserved, latency_ms=0.0, created_at=now))
         await s.execute(insert(DailySpend).values(day=now.astimezone(UTC).date(),
                                                   spent_usd=Decimal(0)))
+        # its daily reservation, which outlives it (expired, it still holds its day's money)
+        await s.execute(insert(DailyReservation).values(
+            id="d" * 32, day=now.astimezone(UTC).date(), owner="dead:1", amount=reserved,
+            expires_at=now - timedelta(seconds=1)))
     await h.release_db()
     before = (unknown_count(), unresolved_metric())
     h2, close2 = await start_harness(settings)
@@ -100,6 +111,7 @@ async def test_takeover_bills_a_dead_owners_attempt_at_its_reservation(database_
         ledger = await rows(h2, swarm_id)
         async with h2.app.state.sessions() as s:
             daily = (await s.execute(select(DailySpend.spent_usd))).scalar_one()
+            holding = (await s.execute(select(DailyReservation.amount))).scalars().all()
     finally:
         await close2()
     assert data["status"] == "succeeded", data["error"]
@@ -116,7 +128,8 @@ async def test_takeover_bills_a_dead_owners_attempt_at_its_reservation(database_
     assert [Decimal(usage[k]) for k in ("cost_usd", "unresolved_usd", "settled_usd")] == [
         reserved + answered, reserved, answered]
     assert usage["gateway_calls"] == 2
-    assert daily == reserved + answered  # the daily cap counts it too
+    # the daily cap counts both: the answered one spent, the lost one held by its reservation
+    assert (daily, holding) == (answered, [reserved])
     assert unknown_count() == before[0] + 1
     # a float counter: exact to the last bit only by luck
     assert unresolved_metric() - before[1] == pytest.approx(float(reserved), abs=1e-12)

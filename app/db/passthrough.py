@@ -15,16 +15,13 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.spend import count_lost_on_days
 from app.db.tables import GatewayCall
 from app.db.writes import settling_insert
 
 
 @dataclass(frozen=True)
 class StaleAttempt:
-    tenant: str
     model: str
-    created_at: datetime
     reserved_usd: Decimal
     prompt_tokens: int
     completion_tokens: int
@@ -38,17 +35,14 @@ async def write_call(session: AsyncSession, row: Mapping[str, Any]) -> None:
 
 async def settle_stale(session: AsyncSession, before: datetime) -> list[StaleAttempt]:
     """Passthrough attempts written ahead before `before` whose answer never came (their
-    process died): `unknown`, billed at their reservation, and counted by the daily caps on
-    the day they were reserved. Returns them."""
+    process died): `unknown`, billed at their reservation (which the daily caps still hold:
+    a reservation outlives its dead owner). Returns them."""
     stale = (GatewayCall.swarm_id.is_(None), GatewayCall.outcome == "in_flight",
              GatewayCall.created_at < before)
     rows = [StaleAttempt(*r) for r in (await session.execute(
-        select(GatewayCall.tenant, GatewayCall.model, GatewayCall.created_at,
-               GatewayCall.reserved_usd, GatewayCall.prompt_tokens,
+        select(GatewayCall.model, GatewayCall.reserved_usd, GatewayCall.prompt_tokens,
                GatewayCall.completion_tokens).where(*stale).with_for_update())).all()]
     if rows:
         await session.execute(update(GatewayCall).where(*stale).values(
             outcome="unknown", cost_usd=GatewayCall.reserved_usd, at_bound=True))
-        await count_lost_on_days(session, [(r.tenant, r.created_at, r.reserved_usd)
-                                           for r in rows])
     return rows

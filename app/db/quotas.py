@@ -25,6 +25,7 @@ from sqlalchemy import (
     ScalarSelect,
     Select,
     bindparam,
+    case,
     cast,
     delete,
     func,
@@ -183,12 +184,15 @@ async def tenant_spent(session: AsyncSession, tenant: str, day: date) -> Decimal
 
 async def _left(session: AsyncSession, tenant: str, cap: Decimal, day: date,
                 now: datetime) -> tuple[Decimal, int]:
+    """Left of the tenant's cap, and its live reservations: an expired one holds its amount
+    too, as the global cap's do (spend._left_today)."""
     spent = await tenant_spent(session, tenant, day)
     held, live = (await session.execute(
-        select(func.sum(TenantDailyReservation.amount), func.count())
-        .where(TenantDailyReservation.tenant == tenant, TenantDailyReservation.day == day,
-               TenantDailyReservation.expires_at > now))).one()
-    return cap - spent - (held or Decimal(0)), int(live)
+        select(func.sum(TenantDailyReservation.amount),
+               func.count(case((TenantDailyReservation.expires_at > now, 1))))
+        .where(TenantDailyReservation.tenant == tenant, TenantDailyReservation.day == day))
+    ).one()
+    return cap - spent - (held or Decimal(0)), int(live or 0)
 
 
 async def today(session: AsyncSession) -> tuple[datetime, date]:
@@ -230,10 +234,10 @@ async def apply_tenant_ops(session: AsyncSession, tenant: str, cap: Decimal,
             TenantDailyReservation.id.in_([op.reservation_id for op in settles])))
     if not reserves:
         return []
-    # expired rows belong to crashed processes: they no longer hold anything
+    # a dead process's reservations hold their day's money (_left), that day only
     await session.execute(delete(TenantDailyReservation).where(
-        TenantDailyReservation.tenant == tenant, TenantDailyReservation.day == day,
-        TenantDailyReservation.expires_at <= now))
+        TenantDailyReservation.tenant == tenant,
+        TenantDailyReservation.day < day - timedelta(days=1)))
     left, live = await _left(session, tenant, cap, day, now)
     return await _grant(session, tenant, reserves, left, live, day, now, owner, lease_s)
 
@@ -256,16 +260,17 @@ up AS (
   RETURNING spent_usd, day)
 SELECT up.spent_usd, clock.now, up.day FROM up, clock
 """)
-# The settled and expired reservations go, and what the live ones hold is read: one
-# statement (its query does not see its own DELETE, hence the exclusions).
+# The settled reservations (and the tenant's two days old) go, and what the day's others
+# hold — expired ones too: a dead process's hold its money (_left) — is read, with how many
+# are live: one statement (its query does not see its own DELETE, hence the exclusion).
 _DROP_AND_HELD = text("""
 WITH gone AS (
   DELETE FROM tenant_daily_reservations
   WHERE id = ANY(CAST(:settled AS varchar[]))
-     OR (tenant = :tenant AND day = :day AND expires_at <= CAST(:now AS timestamptz)))
-SELECT coalesce(sum(amount), 0), count(*) FROM tenant_daily_reservations
-WHERE tenant = :tenant AND day = :day AND expires_at > CAST(:now AS timestamptz)
-  AND NOT (id = ANY(CAST(:settled AS varchar[])))
+     OR (tenant = :tenant AND day < CAST(:day AS date) - 1))
+SELECT coalesce(sum(amount), 0), count(*) FILTER (WHERE expires_at > CAST(:now AS timestamptz))
+FROM tenant_daily_reservations
+WHERE tenant = :tenant AND day = :day AND NOT (id = ANY(CAST(:settled AS varchar[])))
 """)
 
 

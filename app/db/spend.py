@@ -35,7 +35,6 @@ from app.db.tables import (
     GatewayCall,
     Subtask,
     Swarm,
-    TenantDailySpend,
     table_of,
 )
 from app.db.types import Money
@@ -57,12 +56,18 @@ class DailyCheck:
 
 async def _left_today(session: AsyncSession, cap: Decimal, day: date,
                       now: datetime) -> tuple[Decimal, int]:
+    """What is left of the day's cap, and how many reservations are live. Every reservation
+    of the day holds its amount, an expired one too: its process died (or stalled) with the
+    call it covered possibly sent and billed; only its owner's settlement frees it. (Freed at
+    its expiry, it let another process spend the whole cap before a takeover counted the
+    dead call: real spend past the cap.) Only live ones may free money soon."""
     spent = (await session.execute(
         select(DailySpend.spent_usd).where(DailySpend.day == day))).scalar_one_or_none()
     held, live = (await session.execute(
-        select(func.sum(DailyReservation.amount), func.count())
-        .where(DailyReservation.day == day, DailyReservation.expires_at > now))).one()
-    return cap - (spent or Decimal(0)) - (held or Decimal(0)), int(live)
+        select(func.sum(DailyReservation.amount),
+               func.count(case((DailyReservation.expires_at > now, 1))))
+        .where(DailyReservation.day == day))).one()
+    return cap - (spent or Decimal(0)) - (held or Decimal(0)), int(live or 0)
 
 
 async def peek_daily(session: AsyncSession, cap: Decimal) -> DailyCheck:
@@ -93,10 +98,11 @@ async def try_reserve_daily(session: AsyncSession, cap: Decimal, amount: Decimal
     if is_postgres(session):
         await session.execute(select(DailySpend.day).where(DailySpend.day == day)
                               .with_for_update())
-    # expired rows belong to crashed processes: they no longer hold anything (same day only,
-    # so two days' transactions around midnight never lock each other's rows)
+    # a dead process's reservations hold their day's money (_left_today) for that day only:
+    # rows two days old hold nothing any more (not yesterday's: two days' transactions
+    # around midnight never lock each other's rows)
     await session.execute(delete(DailyReservation).where(
-        DailyReservation.day == day, DailyReservation.expires_at <= now))
+        DailyReservation.day < day - timedelta(days=1)))
     left, live = await _left_today(session, cap, day, now)
     if amount > left:
         return DailyCheck(day, None, left, live)
@@ -149,30 +155,12 @@ class Takeover:
     attempts: dict[str, int]  # subtask -> the highest attempt number in its ledger rows
 
 
-async def count_lost_on_days(session: AsyncSession,
-                             lost: Sequence[tuple[str, datetime, Decimal]]) -> None:
-    """Add attempts settled `unknown` (tenant, written at, reservation) to the daily caps —
-    the global one and their tenant's — on the day each was reserved: their reservations
-    expired with the process that held them, so no cap counts them otherwise. (A day's row
-    exists while its cap is on; without one, nothing to add to.)"""
-    per_day: dict[tuple[str, date], Decimal] = {}
-    for tenant, created, reserved in lost:
-        key = (tenant, created.astimezone(UTC).date())
-        per_day[key] = per_day.get(key, Decimal(0)) + reserved
-    for (tenant, day), amount in per_day.items():
-        await session.execute(update(DailySpend).where(DailySpend.day == day)
-                              .values(spent_usd=DailySpend.spent_usd + amount))
-        await session.execute(
-            update(TenantDailySpend)
-            .where(TenantDailySpend.tenant == tenant, TenantDailySpend.day == day)
-            .values(spent_usd=TenantDailySpend.spent_usd + amount))
-
-
 async def settle_lost_attempts(session: AsyncSession, swarm_id: str, epoch: int, owner: str,
                                lease_s: float | None = None) -> Takeover | None:
     """At a takeover: settle the dead epochs' `in_flight` rows of the swarm as `unknown`,
-    each at its reservation, and add them to the swarm's and subtasks' totals and to the daily
-    cap's day of the attempt, in one transaction with the lease checked (None: fenced out).
+    each at its reservation, and add them to the swarm's and subtasks' totals, in one
+    transaction with the lease checked (None: fenced out). The daily caps hold them already:
+    each attempt's reservation outlives its dead owner (`_left_today`).
 
     A gateway may have billed those attempts, so recorded spend stays an upper bound on real
     spend and every cap holds in real money. Also returns each subtask's highest attempt
@@ -182,13 +170,13 @@ async def settle_lost_attempts(session: AsyncSession, swarm_id: str, epoch: int,
         return None
     rows = (await session.execute(
         select(GatewayCall.subtask_name, GatewayCall.model, GatewayCall.prompt_tokens,
-               GatewayCall.completion_tokens, GatewayCall.reserved_usd, GatewayCall.created_at)
+               GatewayCall.completion_tokens, GatewayCall.reserved_usd)
         .where(GatewayCall.swarm_id == swarm_id, GatewayCall.outcome == "in_flight"))).all()
     attempts = {str(name): int(n) for name, n in (await session.execute(
         select(GatewayCall.subtask_name, func.max(GatewayCall.attempt))
         .where(GatewayCall.swarm_id == swarm_id).group_by(GatewayCall.subtask_name))).all()}
     lost = [LostAttempt(str(name), model, p, c, reserved)
-            for name, model, p, c, reserved, _ in rows]
+            for name, model, p, c, reserved in rows]
     if lost:
         await session.execute(
             update(GatewayCall)
@@ -210,10 +198,6 @@ async def settle_lost_attempts(session: AsyncSession, swarm_id: str, epoch: int,
                 prompt_tokens=Subtask.prompt_tokens + sum(a.prompt_tokens for a in items),
                 completion_tokens=Subtask.completion_tokens
                 + sum(a.completion_tokens for a in items)))
-        tenant = (await session.execute(select(Swarm.tenant).where(Swarm.id == swarm_id))
-                  ).scalar_one()
-        await count_lost_on_days(session, [(tenant, created, reserved)
-                                           for (*_, reserved, created) in rows])
     if attempts:  # written-ahead attempts were counted only in the dead owner's memory
         subs = table_of(Subtask)
         conn = await session.connection()

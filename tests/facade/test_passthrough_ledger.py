@@ -116,11 +116,11 @@ async def test_rows_a_dead_process_left_in_flight_are_settled_later(
     assert await billed(sessions) == (WORST, WORST, 1)
 
 
-async def test_a_dead_processs_attempt_settled_stale_is_counted_by_the_daily_cap(
+async def test_a_dead_processs_attempt_is_held_by_the_daily_cap_and_counted_when_stale(
         sessions: SessionFactory) -> None:
-    """Its daily reservation expired with the process: settled `unknown`, it is spend of the
-    day it was reserved on — the cap does not hand that money out again — and the metrics
-    count it as `release` counts an attempt cut off (found by a probe session)."""
+    """Its daily reservation outlives the process (the call may have been billed): the cap
+    does not hand that money out again; settled `unknown` later, the metrics count it as
+    `release` counts an attempt cut off (found by a probe session)."""
     limit = WORST * 2
     dead_cap = DailyCap(sessions, limit, "dead:1", lease_s=0.3)
     dead = PassthroughMeter(sessions, PRICE, [dead_cap], "t1", WORST, prompt_bound=100,
@@ -128,17 +128,19 @@ async def test_a_dead_processs_attempt_settled_stale_is_counted_by_the_daily_cap
     await dead.before(1)  # written ahead, reserved, sent ... and the process dies here
     await dead_cap.close()  # its refresher dies with it
     await asyncio.sleep(0.5)  # the reservation expires
-    before = [REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in METRICS]
-    assert await settle_stale(sessions, horizon_s=0) == 1
-    async with sessions() as s:
-        assert (await s.execute(select(DailySpend.spent_usd))).scalar_one() == WORST
-    after = [REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in METRICS]
-    assert [b - a for a, b in zip(before, after, strict=True)] == pytest.approx(
-        [1, float(WORST), float(WORST)], abs=1e-12)
     alive = DailyCap(sessions, limit, "alive:1")
     try:
         with pytest.raises(BudgetExceeded):  # the day holds WORST: 2 x WORST does not fit
             await alive.reserve(limit)
+        before = [REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in METRICS]
+        assert await settle_stale(sessions, horizon_s=0) == 1
+        after = [REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in METRICS]
+        assert [b - a for a, b in zip(before, after, strict=True)] == pytest.approx(
+            [1, float(WORST), float(WORST)], abs=1e-12)
+        with pytest.raises(BudgetExceeded):  # still held: settling it stale frees nothing
+            await alive.reserve(limit)
+        async with sessions() as s:  # and adds nothing to the day's spend twice
+            assert (await s.execute(select(DailySpend.spent_usd))).scalar_one() == 0
     finally:
         await alive.close()
     assert await settle_stale(sessions, horizon_s=0) == 0  # settled once
