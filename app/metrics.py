@@ -154,6 +154,16 @@ def child(metric: M, *values: str) -> M:
     return found  # type: ignore[return-value]
 
 
+def count_unknown(label: str, cost: float, prompt_tokens: int, completion_tokens: int) -> None:
+    """An attempt whose answer was lost, billed `unknown` at its reservation: a request, its
+    spend (all of it unresolved) and its worst-case tokens."""
+    child(gateway_requests, label, "unknown").inc()
+    child(spend_total, label).inc(cost)
+    child(spend_unresolved, label).inc(cost)
+    child(tokens_total, label, "prompt").inc(prompt_tokens)
+    child(tokens_total, label, "completion").inc(completion_tokens)
+
+
 def finish_label(reason: str | None) -> str:
     return reason if reason in ("stop", "length", "content_filter") else "other"
 

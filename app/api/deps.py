@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import AsyncIterator
-from typing import Annotated
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Annotated, Any
 
-from fastapi import Depends, Header, Request, Security
+from fastapi import Depends, Header, Request, Response, Security
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -62,6 +63,21 @@ def tenant_of(settings: Settings, authorization: str | None) -> str:
         if hmac.compare_digest(key.encode(), token.strip().encode()):
             return tenant
     raise Unauthorized("invalid API key")
+
+
+class KeyFirstRoute(APIRoute):
+    """A route that checks the caller's key before FastAPI parses the body (which it does
+    before resolving any dependency): a request without a valid key is a 401 whatever its
+    body (as `POST /swarms`, hand-parsed, answers), never a 400 or 422."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            tenant_of(request.app.state.settings, request.headers.get("authorization"))
+            return await handler(request)
+
+        return route
 
 
 async def get_engine(request: Request) -> Scheduler | None:

@@ -17,10 +17,9 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.deps import tenant_of
+from app.api.deps import KeyFirstRoute
 from app.api.errors import (
     UNPARSED_MESSAGE,
     _field,
@@ -109,17 +108,15 @@ def _api_error(exc: ApiError) -> JSONResponse:
                         headers=headers)
 
 
-class OpenAIRoute(APIRoute):
-    """A route whose errors, validation included, are rendered in OpenAI's shape; its key
-    is checked first: FastAPI reads the body before it resolves dependencies, so a caller
-    without a key would otherwise learn of a malformed body (400) before of its key (401)."""
+class OpenAIRoute(KeyFirstRoute):
+    """A route whose errors, validation included (and the key's, checked first), are
+    rendered in OpenAI's shape."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
             try:
-                tenant_of(request.app.state.settings, request.headers.get("authorization"))
                 return await handler(request)
             except RequestValidationError as exc:
                 return _validation(exc)

@@ -52,7 +52,8 @@ def _finite(value: Any) -> Any:
 
 def over_budget(exc: BudgetExceeded) -> JSONResponse:
     metrics.budget_denials.labels("daily").inc()
-    left = f", {exc.left} USD are left today" if exc.scope == "tenant" else ""  # see BudgetExceeded
+    shown = exc.disclosed_left
+    left = "" if shown is None else f", {shown} USD are left today"
     return openai_error(429, f"the daily budget cannot cover this call: it needs up to "
                              f"{exc.needed} USD{left}",
                         "quota_exceeded", headers={"Retry-After": str(seconds_to_midnight())})

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Coroutine
-from typing import Any
 
-from fastapi import APIRouter, Request, Response
-from fastapi.routing import APIRoute
+from fastapi import APIRouter, Response
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics, tracing
 from app.api.admission import AdmissionInInsertDep
-from app.api.deps import EngineDep, SessionDep, SettingsDep, TenantDep, tenant_of
+from app.api.deps import EngineDep, KeyFirstRoute, SessionDep, SettingsDep, TenantDep
 from app.api.errors import error_responses
 from app.api.shared import (
     IdempotencyKey,
@@ -29,21 +26,6 @@ from app.errors import NotRetryable
 from app.schemas import SwarmRead, SwarmRetry
 from app.states import SwarmStatus
 from app.webhook_policy import check_webhook_url
-
-
-class KeyFirstRoute(APIRoute):
-    """A route that checks the caller's key before FastAPI parses the body: a request without
-    a valid key is a 401 whatever its body (as `POST /swarms` answers), never a 400 or 422."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def route(request: Request) -> Response:
-            tenant_of(request.app.state.settings, request.headers.get("authorization"))
-            return await handler(request)
-
-        return route
-
 
 router = APIRouter(prefix="/swarms", tags=["swarms"], route_class=KeyFirstRoute)
 RETRYABLE = (SwarmStatus.failed, SwarmStatus.cancelled)

@@ -55,14 +55,18 @@ class BudgetExceeded(Exception):
     """A call's worst case does not fit and no call in flight can free anything."""
 
     def __init__(self, scope: str, needed: Decimal, left: Decimal) -> None:
-        # the global daily cap is every tenant's: what is left of it tells one tenant what
-        # the others spent today, so a refusal by it names only what the call needs
-        super().__init__(f"{scope} budget: call needs up to {needed} USD, {left} USD left"
-                         if scope != "daily" else f"the service's daily budget cannot cover "
-                         f"this call (it needs up to {needed} USD)")
         self.scope = scope
         self.needed = needed
         self.left = left
+        super().__init__(f"{scope} budget: call needs up to {needed} USD, {left} USD left"
+                         if self.disclosed_left is not None else f"the service's daily budget "
+                         f"cannot cover this call (it needs up to {needed} USD)")
+
+    @property
+    def disclosed_left(self) -> Decimal | None:
+        """What is left, as a refusal may say it: not for the global daily cap, which is
+        every tenant's (its remainder would tell one tenant what the others spent today)."""
+        return None if self.scope == "daily" else self.left
 
 
 @dataclass(eq=False)

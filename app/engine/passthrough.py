@@ -138,7 +138,7 @@ class PassthroughMeter:
             lost = self.worst
             await self._write(self._row(attempt, UNKNOWN, None, Usage(
                 self.prompt_bound, self.max_tokens), lost, 0.0, at_bound=True))
-            _count_unknown(self.label, lost, self.prompt_bound, self.max_tokens)
+            metrics.count_unknown(self.label, float(lost), self.prompt_bound, self.max_tokens)
         await run_to_end(_settle_all(held, lost))
 
     def _row(self, attempt: int, outcome: str, status: int | None, u: Usage, cost: Decimal,
@@ -168,18 +168,12 @@ async def _settle_all(held: Sequence[tuple[SharedCap, Reservation]], actual: Dec
 async def settle_stale(sessions: SessionFactory, horizon_s: float = STALE_AFTER_S) -> int:
     """Settle `unknown` the passthrough attempts written ahead more than `horizon_s` ago that
     no process settled (it died): they count at their reservation from then on, in the
-    ledger, the daily caps and the metrics (as `release` counts one cut off). How many."""
+    ledger and the metrics (as `release` counts one cut off; the daily caps hold them
+    already: a reservation outlives its dead owner). How many."""
     before = utcnow() - timedelta(seconds=horizon_s)
     stale = await in_transaction(sessions, lambda s: ledger.settle_stale(s, before),
                                  retry_for_s=15.0)
     for a in stale:  # the row's model is the meter's label (its price's name)
-        _count_unknown(a.model, a.reserved_usd, a.prompt_tokens, a.completion_tokens)
+        metrics.count_unknown(a.model, float(a.reserved_usd), a.prompt_tokens,
+                              a.completion_tokens)
     return len(stale)
-
-
-def _count_unknown(label: str, cost: Decimal, prompt: int, completion: int) -> None:
-    metrics.child(metrics.gateway_requests, label, UNKNOWN).inc()
-    metrics.child(metrics.spend_total, label).inc(float(cost))
-    metrics.child(metrics.spend_unresolved, label).inc(float(cost))
-    metrics.child(metrics.tokens_total, label, "prompt").inc(prompt)
-    metrics.child(metrics.tokens_total, label, "completion").inc(completion)

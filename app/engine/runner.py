@@ -224,12 +224,8 @@ class SwarmRunner:
                 sub.cost_usd += a.cost_usd
                 sub.prompt_tokens += a.prompt_tokens
                 sub.completion_tokens += a.completion_tokens
-            label = metric_model_label(a.model, self.ctx.prices)
-            metrics.child(metrics.gateway_requests, label, "unknown").inc()
-            metrics.child(metrics.spend_total, label).inc(float(a.cost_usd))
-            metrics.child(metrics.spend_unresolved, label).inc(float(a.cost_usd))
-            metrics.child(metrics.tokens_total, label, "prompt").inc(a.prompt_tokens)
-            metrics.child(metrics.tokens_total, label, "completion").inc(a.completion_tokens)
+            metrics.count_unknown(metric_model_label(a.model, self.ctx.prices),
+                                  float(a.cost_usd), a.prompt_tokens, a.completion_tokens)
         for name, n in took.attempts.items():
             if name in self.subs:
                 self.subs[name].attempts = max(self.subs[name].attempts, n)
