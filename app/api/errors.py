@@ -160,7 +160,35 @@ def install(app: FastAPI) -> None:
     app.add_middleware(CatchAll, render=unhandled)
 
 
+# one answer each status may give, as the API writes it (the OpenAPI document's examples)
+_EXAMPLES: dict[int, tuple[str, str, Any]] = {
+    400: ("invalid_json", "the request body is not valid JSON",
+          [{"field": "body", "message": "JSON decode error"}]),
+    401: ("unauthorized", "missing bearer token", None),
+    403: ("forbidden", "this API has no SWARM_API_KEYS: it serves loopback clients only (set "
+          "SWARM_API_KEYS, or SWARM_ALLOW_OPEN=1)", None),
+    404: ("not_found", "no swarm 0b6f1c2e-8d1a-4a57-9c3e-2f7d9e6b1a44",
+          {"id": "0b6f1c2e-8d1a-4a57-9c3e-2f7d9e6b1a44"}),
+    409: ("already_terminal", "swarm is already succeeded", {"status": "succeeded"}),
+    413: ("payload_too_large", "request body over 10485760 bytes", {"limit": 10485760}),
+    415: ("unsupported_media_type", "request bodies must be JSON: send Content-Type: "
+          "application/json (got 'application/x-www-form-urlencoded')",
+          {"content_type": "application/x-www-form-urlencoded"}),
+    422: ("validation_error", "limits.concurrency: Input should be greater than or equal to 1",
+          [{"field": "limits.concurrency", "type": "greater_than_equal", "input": 0,
+            "message": "Input should be greater than or equal to 1"}]),
+    429: ("quota_exceeded", "2 swarms active; the limit is 2",
+          {"limit": "max_active_swarms", "max": 2, "count": 2}),
+    503: ("unavailable", "the database is unavailable; retry shortly", None),
+}
+
+
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses=` entries documenting the error shape for these statuses."""
-    return {s: {"model": ErrorResponse, "description": _HTTP_CODES.get(s, "error")}
-            for s in statuses}
+    """OpenAPI `responses=` entries documenting the error shape for these statuses, each with
+    an example answer."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for s in statuses:
+        out[s] = {"model": ErrorResponse, "description": _HTTP_CODES.get(s, "error")}
+        if s in _EXAMPLES:
+            out[s]["content"] = {"application/json": {"example": error_body(*_EXAMPLES[s])}}
+    return out

@@ -39,7 +39,7 @@ DESCRIPTIONS = {
     403: "a client off loopback while the API has no keys (SWARM_API_KEYS)",
     409: "the swarm was cancelled",
     413: "request body too large",
-    415: "a compressed body (Content-Encoding): send it uncompressed",
+    415: "a compressed body (Content-Encoding) or one that is not JSON (Content-Type)",
     422: "a value is invalid (type, range, a model without a price)",
     429: "a quota, the daily cap, or the gateway's rate limit (see Retry-After)",
     502: "the swarm failed, the gateway refused our credentials, or its answer could not be "
@@ -61,10 +61,34 @@ def openai_error(status: int, message: str, code: str | None = None, param: str 
     return JSONResponse(answer, status_code=status, headers=out)
 
 
+# one answer each status may give, as the facade writes it (the document's examples)
+_EXAMPLES: dict[int, tuple[str, str | None, str | None]] = {  # message, code, param
+    400: ("the request body is not valid JSON", "invalid_json", None),
+    401: ("invalid API key", "unauthorized", None),
+    403: ("this API has no SWARM_API_KEYS: it serves loopback clients only", "forbidden", None),
+    409: ("swarm 0b6f1c2e-8d1a-4a57-9c3e-2f7d9e6b1a44 cancelled", "swarm_cancelled", None),
+    413: ("request body over 10485760 bytes", "payload_too_large", None),
+    415: ("request bodies must be JSON: send Content-Type: application/json (got 'text/plain')",
+          "unsupported_media_type", None),
+    422: ("messages: Field required", "validation_error", "messages"),
+    429: ("the daily budget cannot cover this call: it needs up to 1.5 USD", "quota_exceeded",
+          None),
+    502: ("swarm 0b6f1c2e-8d1a-4a57-9c3e-2f7d9e6b1a44 failed: 3 of 4 subtasks failed",
+          "failure_tolerance_exceeded", None),
+    503: ("the gateway is unavailable", "gateway_unavailable", None),
+}
+
+
 def openai_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses=` entries documenting OpenAI's error shape for these statuses."""
-    return {s: {"model": OpenAIError, "description": DESCRIPTIONS.get(s, "error")}
-            for s in statuses}
+    """OpenAPI `responses=` entries documenting OpenAI's error shape for these statuses, each
+    with an example answer."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for s in statuses:
+        out[s] = {"model": OpenAIError, "description": DESCRIPTIONS.get(s, "error")}
+        if s in _EXAMPLES:
+            out[s]["content"] = {"application/json": {"example": openai_error_body(
+                s, *_EXAMPLES[s])}}
+    return out
 
 
 def seconds_to_midnight() -> int:
