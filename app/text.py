@@ -12,5 +12,7 @@ REPLACEMENT = "\ufffd"
 
 def storable(text: str) -> tuple[str, bool]:
     """`text` with NUL and lone surrogates replaced by U+FFFD, and whether anything was."""
+    if text.isascii() and "\x00" not in text:  # no surrogate can be ASCII; both checks
+        return text, False  # are C-speed (a regex scan of a 1 KB output was ~5 us)
     cleaned, n = _UNSTORABLE.subn(REPLACEMENT, text)
     return cleaned, n > 0

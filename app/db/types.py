@@ -81,6 +81,8 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime; use datetime.now(UTC)")
+        if value.tzinfo is UTC and dialect.name != "sqlite":  # utcnow()'s: nothing to convert
+            return value
         return value.astimezone(UTC) if dialect.name != "sqlite" else (
             value.astimezone(UTC).replace(tzinfo=None)
         )
