@@ -67,8 +67,10 @@ class Batch:
     """The rows of one group commit, merged as one statement needs them."""
 
     def __init__(self, writes: Sequence[SwarmWrite]) -> None:
-        self.swarms: dict[str, dict[str, Any]] = {}  # id -> epoch and latest state
-        self.updates: dict[tuple[str, str], dict[str, Any]] = {}  # (swarm, name) -> state
+        # id -> the swarm's last write (its epoch and latest state: earlier ones are not read)
+        self.swarms: dict[str, SwarmWrite] = {}
+        # (swarm, name) -> the subtask's latest state row (name_, position_ and its columns)
+        self.updates: dict[tuple[str, str], dict[str, Any]] = {}
         # rows only inserted (ignoring duplicates), by table; new subtasks apart, merged by key
         self.inserts: dict[str, list[dict[str, Any]]] = {
             name: [] for name in _INSERTS if name != "subtasks"}
@@ -78,7 +80,7 @@ class Batch:
             self._add(w)
 
     def _add(self, w: SwarmWrite) -> None:
-        self.swarms[w.swarm_id] = {"id": w.swarm_id, "epoch": w.epoch, **w.swarm}
+        self.swarms[w.swarm_id] = w
         for row in w.new_subtasks:
             self.new_subtasks[(row["swarm_id"], row["name"])] = dict(row)
         for row in w.subtasks:
@@ -87,7 +89,7 @@ class Batch:
                 self.new_subtasks[key].update(
                     {k: v for k, v in row.items() if not k.endswith("_")})
             else:
-                self.updates[key] = {k: v for k, v in row.items() if k != "name_"}
+                self.updates[key] = row
         for row in w.ledger:
             self.ledger[(row["idempotency_key"], row["attempt"])] = row
         self.inserts["events"].extend(w.events)
@@ -115,13 +117,13 @@ def statement(owner: str, writes: Sequence[SwarmWrite]) -> Statement:
     connection of its own): it holds its row locks no longer than it runs, so unlike the
     engine's transactions it needs no idle bound."""
     batch = Batch(writes)
-    swarms = sorted(batch.swarms.values(), key=lambda r: r["id"])  # one lock order everywhere
+    swarms = [{"id": w.swarm_id, "epoch": w.epoch, **w.swarm}  # one lock order everywhere
+              for _, w in sorted(batch.swarms.items())]
     parts: list[tuple[str, list[dict[str, Any]]]] = [("sw", swarms)]
     inserts = dict(batch.inserts, subtasks=list(batch.new_subtasks.values()))
     parts += [(name, rows) for name, rows in inserts.items() if rows]
     if batch.updates:
-        parts.append(("st", [{"swarm_id_": s, "name_": n, **row}
-                             for (s, n), row in batch.updates.items()]))
+        parts.append(("st", [{"swarm_id_": s, **row} for (s, _), row in batch.updates.items()]))
     if batch.ledger:
         parts.append(("ledger", list(batch.ledger.values())))
     shape = tuple((name, tuple(rows[0])) for name, rows in parts)
