@@ -65,9 +65,19 @@ async def _truncate(url: str) -> None:
     try:
         await conn.execute("TRUNCATE swarms, subtasks, gateway_calls, events, webhooks, "
                            "webhook_attempts, daily_spend, daily_reservations, tenant_buckets, "
-                           "tenant_daily_spend, tenant_daily_reservations CASCADE")
+                           "tenant_daily_spend, tenant_daily_reservations, tenant_queues CASCADE")
     finally:
         await conn.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database with no tables yet (for tests of the migrations themselves)."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'm.db'}"
+    else:
+        with throwaway_db("swarm_mig", migrate=False) as url:
+            yield url
 
 
 @pytest.fixture(params=BACKENDS)

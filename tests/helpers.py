@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
+from app.db.session import make_db_engine
 from app.db.spend import NOT_BILLED
 from app.db.tables import GatewayCall, Swarm
 from tests.conftest import Harness
@@ -232,3 +233,15 @@ async def check_budget(h: Harness, body: dict[str, Any]) -> None:
     assert calls == data["usage"]["gateway_calls"]
     assert open_rows == 0  # every attempt written ahead was settled before the end
     assert sum(Decimal(s["usage"]["cost_usd"]) for s in data["subtasks"]) == spent
+
+
+def on_sync(url: str, fn: Any) -> Any:
+    """`fn(connection)` on a blocking connection to `url` (in a transaction, committed)."""
+    async def go() -> Any:
+        engine = make_db_engine(url)
+        try:
+            async with engine.begin() as conn:
+                return await conn.run_sync(fn)
+        finally:
+            await engine.dispose()
+    return asyncio.run(go())

@@ -6,46 +6,18 @@ SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection, text
 
 from app.db.migrate import alembic_config, upgrade_head
-from app.db.session import make_db_engine
 from app.db.tables import Base
-from tests.conftest import BACKENDS
-from tests.support import throwaway_db
+from tests.helpers import on_sync
 
 BEFORE_AT_BOUND = "0006_tenant_quotas"
-
-
-@pytest.fixture(params=BACKENDS)
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A database with no tables yet."""
-    if request.param == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'm.db'}"
-    else:
-        with throwaway_db("swarm_mig", migrate=False) as url:
-            yield url
-
-
-def _on(url: str, fn: Any) -> Any:
-    """`fn(connection)` on a blocking connection to `url` (in a transaction, committed)."""
-    async def go() -> Any:
-        engine = make_db_engine(url)
-        try:
-            async with engine.begin() as conn:
-                return await conn.run_sync(fn)
-        finally:
-            await engine.dispose()
-    return asyncio.run(go())
 
 
 def test_the_migrations_build_the_models_schema(empty_url: str) -> None:
@@ -54,7 +26,7 @@ def test_the_migrations_build_the_models_schema(empty_url: str) -> None:
     def differences(conn: Connection) -> list[Any]:
         return list(compare_metadata(MigrationContext.configure(conn), Base.metadata))
 
-    assert _on(empty_url, differences) == []
+    assert on_sync(empty_url, differences) == []
 
 
 LEDGER_ROW = ("INSERT INTO gateway_calls (tenant, model, idempotency_key, attempt, outcome, "
@@ -71,15 +43,15 @@ def test_at_bound_marks_the_rows_unresolved_usd_summed(empty_url: str) -> None:
         for outcome in outcomes:
             conn.execute(text(LEDGER_ROW), {"key": f"k-{outcome}", "outcome": outcome})
 
-    _on(empty_url, fill)
+    on_sync(empty_url, fill)
     upgrade_head(empty_url)
 
     def marked(conn: Connection) -> dict[str, bool]:
         rows = conn.execute(text("SELECT outcome, at_bound FROM gateway_calls")).all()
         return {str(o): bool(b) for o, b in rows}
 
-    assert _on(empty_url, marked) == {"ok": False, "unknown": True, "in_flight": True,
+    assert on_sync(empty_url, marked) == {"ok": False, "unknown": True, "in_flight": True,
                                       "server_error": False, "cancelled": False}
     command.downgrade(alembic_config(empty_url), BEFORE_AT_BOUND)  # and back
-    assert _on(empty_url, lambda c: c.execute(text("SELECT count(*) FROM gateway_calls"))
+    assert on_sync(empty_url, lambda c: c.execute(text("SELECT count(*) FROM gateway_calls"))
                .scalar_one()) == len(outcomes)

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.db import one_statement
 from app.db.batch import executemany
-from app.db.queries import queue_position
+from app.db.queries import queued_swarms
 from app.db.retry import database_unavailable
 from app.db.session import db_now
 from app.db.session import is_postgres as _is_pg
@@ -71,8 +71,8 @@ async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[S
         swarm.lease_expires_at = utcnow() + timedelta(seconds=lease_s)
     await session.execute(insert(_SWARMS), _swarm_values(swarm))
     found = 1 if position else None
-    if position and claim_for is None:
-        found = await queue_position(session, swarm)
+    if position and claim_for is None:  # its own row's trigger has counted it
+        found = await queued_swarms(session, swarm.tenant)
     if subtasks:  # Core, not ORM objects: a hundred of them cost a unit of work each
         await executemany(await session.connection(), _SUBTASK_INSERT,
                           [insert_row(s) for s in subtasks])

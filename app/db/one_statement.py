@@ -45,12 +45,12 @@ from app.db.tables import (
     GatewayCall,
     Subtask,
     Swarm,
+    TenantQueue,
     ToolCall,
     TranscriptMessage,
     Webhook,
     table_of,
 )
-from app.states import SwarmStatus
 
 _DIALECT = postgresql.asyncpg.dialect()  # type: ignore[no-untyped-call]
 _Q = _DIALECT.identifier_preparer.quote
@@ -58,6 +58,7 @@ _Q = _DIALECT.identifier_preparer.quote
 
 # each table's part of the statement, by the name of its CTE
 _SWARMS, _SUBTASKS, _LEDGER = table_of(Swarm), table_of(Subtask), table_of(GatewayCall)
+_QUEUES = table_of(TenantQueue)
 _INSERTS = {"subtasks": _SUBTASKS, "events": table_of(Event), "webhooks": table_of(Webhook),
             "tool_calls": table_of(ToolCall), "transcript": table_of(TranscriptMessage)}
 _TABLES = {"sw": _SWARMS, "st": _SUBTASKS, "ledger": _LEDGER, **_INSERTS}
@@ -140,9 +141,10 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
     """A new swarm as one statement: its row (every column given; with `claim_s` leased for that
     many seconds from the database's clock), its subtasks (`subtask_keys` of each), its NOTIFY
     unless claimed (nobody else may claim it: no engine need wake for it), and with `count` the
-    tenant's queued swarms created before it (the statement's snapshot does not see the new
-    row). It returns one row: the lease's expiry[, the count]. Two statements (the swarm's, then
-    the subtasks') in a transaction were four round trips: BEGIN, two inserts, COMMIT.
+    tenant's other waiting swarms (the trigger-kept counts as of the statement's snapshot,
+    which does not see the new row). It returns one row: the lease's expiry[, the count].
+    Two statements (the swarm's, then the subtasks') in a transaction were four round trips:
+    BEGIN, two inserts, COMMIT.
 
     The subtasks' columns that every row has alike (new rows differ in little but their name,
     position and prompts) are sent once, not once per row: a 1,000-agent swarm's document was
@@ -244,9 +246,10 @@ def _creation(swarm_keys: tuple[str, ...],
     out = ["n.lease_expires_at"]
     if not claim:
         out.append(f"pg_notify('{QUEUED}', n.id)")
-    if count:  # index-only (ix_swarms_tenant_status_created)
-        out.append(f"(SELECT count(*) FROM {_Q(_SWARMS.name)} q WHERE q.tenant = n.tenant "
-                   f"AND q.status = '{SwarmStatus.queued.value}' AND q.created_at < n.created_at)")
+    if count:  # the tenant's waiting swarms but this one (the statement's snapshot: its own
+        # row's trigger has not counted it), from the trigger-kept counts (tables.TenantQueue)
+        out.append(f"(SELECT coalesce(sum(q.queued), 0) FROM {_Q(_QUEUES.name)} q "
+                   "WHERE q.tenant = n.tenant)")
     sql = f"WITH {', '.join(ctes)} SELECT {', '.join(out)} FROM new_swarm n"
     return sql, sw_cols, st_cols, alike_cols
 

@@ -24,6 +24,7 @@ from app.db.tables import (
     Event,
     Subtask,
     Swarm,
+    TenantQueue,
     ToolCall,
     TranscriptMessage,
     table_of,
@@ -150,9 +151,11 @@ async def subtask_output(session: AsyncSession, swarm_id: str, name: str) -> str
 
 
 def _queued_before(swarm: Swarm) -> Select[Any]:
+    """The tenant's swarms waiting ahead of this one: queued, older, and claimed by no engine
+    (one that is claimed is starting: `tenant_queues` counts the same, migration 0013)."""
     return select(func.count()).where(
         Swarm.tenant == swarm.tenant, Swarm.status == SwarmStatus.queued,
-        Swarm.created_at < swarm.created_at,
+        Swarm.created_at < swarm.created_at, Swarm.lease_owner.is_(None),
     )
 
 
@@ -160,9 +163,19 @@ async def queue_position(session: AsyncSession, swarm: Swarm) -> int:
     """1 for the tenant's next queued swarm (claims are fair across tenants, oldest first
     within one): counts only the caller's own queue, on the (tenant, status, created_at)
     index; never another tenant's backlog (SPEC §8). Computed when a queued swarm is read;
-    a new swarm's comes from its insert (`insert_swarm`)."""
+    a new swarm's comes from its insert (`insert_swarm`: the trigger-kept counts)."""
     count: int = (await session.execute(_queued_before(swarm))).scalar_one()
     return count + 1
+
+
+async def queued_swarms(session: AsyncSession, tenant: str) -> int:
+    """How many of the tenant's swarms wait in its queue (queued, claimed by no engine), from
+    the counts the database's triggers keep (tables.TenantQueue): one index lookup, whatever
+    the backlog."""
+    total = (await session.execute(
+        select(func.coalesce(func.sum(TenantQueue.queued), 0))
+        .where(TenantQueue.tenant == tenant))).scalar_one()
+    return int(total)
 
 
 async def queue_positions(session: AsyncSession, page: Sequence[Swarm],
@@ -177,7 +190,8 @@ async def queue_positions(session: AsyncSession, page: Sequence[Swarm],
     if not contiguous:
         return {s.id: await queue_position(session, s) for s in queued}
     before: int = (await session.execute(_queued_before(queued[0]))).scalar_one()
-    return {s.id: before + 1 + sum(o.created_at < s.created_at for o in queued)
+    waiting = [o for o in queued if o.lease_owner is None]
+    return {s.id: before + 1 + sum(o.created_at < s.created_at for o in waiting)
             for s in queued}
 
 

@@ -456,3 +456,24 @@ class TenantDailyReservation(Base):
     __table_args__ = (
         Index("ix_tenant_daily_reservations_tenant_day", "tenant", "day", "expires_at"),
     )
+
+
+class TenantQueue(Base):
+    """How many of a tenant's swarms wait in its queue (`queued`, claimed by no engine), kept
+    by triggers on `swarms` (migration 0013) on every insert, status or owner change and
+    delete, whatever code path makes it: a new swarm's `queue_position` is their sum + 1 (one
+    index lookup), where a count of the queued swarms grew with the backlog (~0.6 ms a
+    `POST` at 2,000-3,000 queued, bench/RESULTS.md session 23). A swarm claimed (or adopted
+    at its creation) is starting, not waiting: one adopted never touches the counts.
+    PostgreSQL spreads a tenant over QUEUE_SHARDS rows by the swarm's id, so
+    concurrent creations of one tenant do not queue for one row's lock; SQLite (one writer)
+    uses shard 0."""
+
+    __tablename__ = "tenant_queues"
+
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    shard: Mapped[int] = mapped_column(Integer, primary_key=True)
+    queued: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+QUEUE_SHARDS = 16
