@@ -38,6 +38,11 @@ BEGIN
 END $$""", f"""
 CREATE FUNCTION swarms_queue_update() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    -- most updates (a group commit, a heartbeat) touch claimed swarms only: no write
+    IF NOT EXISTS (SELECT 1 FROM old_rows WHERE {_WAITING})
+       AND NOT EXISTS (SELECT 1 FROM new_rows WHERE {_WAITING}) THEN
+        RETURN NULL;
+    END IF;
     INSERT INTO tenant_queues AS q (tenant, shard, queued)
     SELECT tenant, shard, sum(d) FROM (
         SELECT tenant, hashtext(id) & 15 AS shard, -1 AS d FROM old_rows WHERE {_WAITING}
