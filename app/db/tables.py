@@ -465,13 +465,11 @@ class TenantQueue(Base):
     index lookup), where a count of the queued swarms grew with the backlog (~0.6 ms a
     `POST` at 2,000-3,000 queued, bench/RESULTS.md session 23). A swarm claimed (or adopted
     at its creation) is starting, not waiting: one adopted never touches the counts.
-    PostgreSQL spreads a tenant over 16 rows (by the swarm's id), so
-    concurrent creations of one tenant do not queue for one row's lock; SQLite (one writer)
-    uses shard 0."""
+    PostgreSQL spreads a tenant over 16 rows (by the swarm's id), so concurrent creations of
+    one tenant do not queue for one row's lock; SQLite (one writer) uses shard 0."""
 
     __tablename__ = "tenant_queues"
 
     tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
     shard: Mapped[int] = mapped_column(Integer, primary_key=True)
     queued: Mapped[int] = mapped_column(BigInteger, default=0)
-

@@ -87,11 +87,9 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime; use datetime.now(UTC)")
-        if value.tzinfo is UTC and dialect.name != "sqlite":  # utcnow()'s: nothing to convert
-            return value
-        return value.astimezone(UTC) if dialect.name != "sqlite" else (
-            value.astimezone(UTC).replace(tzinfo=None)
-        )
+        if dialect.name == "sqlite":
+            return value.astimezone(UTC).replace(tzinfo=None)
+        return value if value.tzinfo is UTC else value.astimezone(UTC)  # utcnow()'s as it is
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:

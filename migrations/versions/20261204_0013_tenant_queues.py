@@ -19,8 +19,8 @@ depends_on: str | Sequence[str] | None = None
 # A swarm is counted while it is `queued` with no lease owner: one an engine claimed (or adopted
 # at its creation) is starting, not waiting, and a swarm adopted at creation — the common case
 # of `serve` — then never touches the counts. PostgreSQL spreads a tenant's count over 16 rows
-# by the swarm's id, so concurrent creations of one tenant lock
-# different rows (`hashtext(...) & 15` is 0..15 for a negative hash too: abs() of the smallest
+# by the swarm's id, so concurrent creations of one tenant lock different rows
+# (`hashtext(...) & 15` is 0..15 for a negative hash too: abs() of the smallest
 # int overflows). A creation inserts one row: a row trigger, skipped by its WHEN for an adopted
 # swarm. An UPDATE or DELETE may move many (a claim takes several swarms of several tenants):
 # a statement trigger sums their moves and writes the rows in (tenant, shard) order, so two
