@@ -14,10 +14,12 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
+from app.db import changes
 from app.db.session import make_db_engine
 from app.db.spend import NOT_BILLED
 from app.db.tables import GatewayCall, Swarm
@@ -245,3 +247,18 @@ def on_sync(url: str, fn: Any) -> Any:
         finally:
             await engine.dispose()
     return asyncio.run(go())
+
+
+def record_batches(h: Harness, monkeypatch: pytest.MonkeyPatch) -> list[list[changes.SwarmWrite]]:
+    """Every group commit's writes, in order, as the engine's writer applies them."""
+    writer = h.app.state.engine.writer
+    batches: list[list[changes.SwarmWrite]] = []
+    apply = writer._apply
+
+    async def recorded(writes: list[changes.SwarmWrite]) -> set[str]:
+        batches.append(list(writes))
+        result: set[str] = await apply(writes)
+        return result
+
+    monkeypatch.setattr(writer, "_apply", recorded)
+    return batches

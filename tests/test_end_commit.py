@@ -14,7 +14,7 @@ import pytest
 from app.db import changes, queries
 from app.gateway import client as gateway_client
 from tests.conftest import Harness, make_settings, start_harness
-from tests.helpers import agent, by_name, until
+from tests.helpers import agent, by_name, record_batches, until
 
 
 # a worker whose answer carries a directive for the synthesizer, which reads it
@@ -28,20 +28,6 @@ async def h(database_url: str) -> AsyncIterator[Harness]:
     harness, close = await start_harness(make_settings(database_url))
     yield harness
     await close()
-
-
-def record_batches(h: Harness, monkeypatch: pytest.MonkeyPatch) -> list[list[changes.SwarmWrite]]:
-    writer = h.app.state.engine.writer
-    batches: list[list[changes.SwarmWrite]] = []
-    apply = writer._apply
-
-    async def recorded(writes: list[changes.SwarmWrite]) -> set[str]:
-        batches.append(list(writes))
-        result: set[str] = await apply(writes)
-        return result
-
-    monkeypatch.setattr(writer, "_apply", recorded)
-    return batches
 
 
 async def stored_events(h: Harness, swarm_id: str) -> list[tuple[int, str, dict[str, Any]]]:

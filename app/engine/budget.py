@@ -98,10 +98,16 @@ class SwarmBudget:
 
     async def reserve(self, amount: Decimal) -> Reservation:
         """Hold `amount`; wait while other calls may free money; raise when none can."""
-        while self.limit is not None and amount > self.left():
+        while (held := self.reserve_now(amount)) is None:
             if self._open == 0:
                 raise BudgetExceeded("swarm", amount, self.left())
             await self._changed.wait()
+        return held
+
+    def reserve_now(self, amount: Decimal) -> Reservation | None:
+        """Hold `amount` if it fits now (None: it does not)."""
+        if self.limit is not None and amount > self.left():
+            return None
         self.reserved += amount
         self._open += 1
         return Reservation(amount)

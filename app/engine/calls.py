@@ -3,6 +3,7 @@ after it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -64,6 +65,20 @@ class CallMeter:
         await self._write_ahead()
         self._ahead = True
 
+    def prepare_now(self) -> asyncio.Future[None] | None:
+        """`prepare` in the caller's turn, when it needs no wait (no shared cap to ask, room
+        in the swarm's budget): the row is queued before the caller's next write, and the
+        future resolves once it is durable. None: nothing was done (call `prepare`)."""
+        if self._daily is not None:
+            return None
+        reservation = self.handle.budget.reserve_now(self.worst)
+        if reservation is None:
+            return None
+        self._held.append(reservation)
+        self.sub.attempts += 1
+        self._ahead = True  # until it is durable, `release` cancels it like any row ahead
+        return self.handle.submit(ledger=[self._written_ahead()])
+
     async def before(self, attempt: int) -> None:
         if self._ahead:  # prepared: durable already
             self._ahead, self._open = False, True
@@ -86,10 +101,8 @@ class CallMeter:
                 raise
         self._held.append(reservation)
         self.sub.attempts += 1
-        row = self._row(IN_FLIGHT, None, Usage(self.prompt_bound, self.sub.max_tokens),
-                        Decimal(0), 0.0, at_bound=True)
         try:
-            await self.handle.commit(ledger=[row])  # durable before a byte is sent
+            await self.handle.commit(ledger=[self._written_ahead()])  # durable before it is sent
         except BaseException:
             # not sent: if the row was (or will be) written anyway, it settles as cancelled
             self._cancel_ahead()
@@ -152,6 +165,11 @@ class CallMeter:
         the row keeps its number)."""
         self.handle.commit_soon(ledger=[self._row(CANCELLED, None, Usage(), Decimal(0), 0.0)])
         self.sub.attempts -= 1
+
+    def _written_ahead(self) -> LedgerRow:
+        """The open attempt's row before it is sent: in flight, at its bounds."""
+        return self._row(IN_FLIGHT, None, Usage(self.prompt_bound, self.sub.max_tokens),
+                         Decimal(0), 0.0, at_bound=True)
 
     def _row(self, outcome: str, status: int | None, u: Usage, cost: Decimal,
              latency_s: float, at_bound: bool = False) -> LedgerRow:

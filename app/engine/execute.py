@@ -10,6 +10,7 @@ from app import tracing
 from app.db.tables import Subtask
 from app.db.types import utcnow
 from app.engine import planner as plans
+from app.engine.calls import CallMeter
 from app.engine.context import (
     approx_tokens,
     fair_shares,
@@ -23,6 +24,7 @@ from app.engine.layout import COMPRESSOR_PREFIX, new_subtask, synthesizer_for
 from app.engine.steps import CALL_FAILURES, SubtaskSteps
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.engine.turns import TurnLoop
+from app.engine.writer import WriteRejected
 from app.states import SubtaskKind, SubtaskStatus
 
 COMPRESSOR_SYSTEM = ("You compress the result of another agent. Keep every fact, number, name, "
@@ -43,6 +45,16 @@ class Input:
         return f"{self.name} (compressed)" if self.compressed else self.name
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """The synthesizer's call as prepared on the workers' answers: the results it was built
+    on, its messages, and its meter, whose first attempt is written ahead."""
+
+    results: list[WorkerResult]
+    messages: list[dict[str, str]]
+    meter: CallMeter
+
+
 class SubtaskExecutor:
     """Executes the subtasks of one swarm: planner, workers, compressors, synthesizer."""
 
@@ -51,6 +63,7 @@ class SubtaskExecutor:
         self.steps = SubtaskSteps(handle)
         self._compressions: dict[str, asyncio.Task[str | None]] = {}
         self.turns = TurnLoop(handle, self.steps)
+        self._prepared: asyncio.Task[Prepared | None] | None = None
 
     async def run(self, sub: Subtask) -> Outcome:
         """Never raises but for cancellation and a lost lease."""
@@ -64,20 +77,100 @@ class SubtaskExecutor:
         if sub.kind == SubtaskKind.planner:
             async with self.steps.slots(sub):
                 return await self._plan(sub)
+        call_no = 1
+        if sub.kind == SubtaskKind.synthesizer and self._prepared is not None:
+            prepared = await self._take_prepared()
+            if prepared is not None:
+                return await self._call(sub, prepared.messages, prepared.meter)
+            call_no = 2  # its call 1 was written ahead and cancelled: that row keeps its key
         inputs = await self._inputs(sub)  # compressors take their own slots (in _call)
         if sub.tools:  # the turn loop takes a slot per turn, never while tools run
             return await self.turns.run(sub, self._messages(sub, inputs))
-        return await self._call(sub, self._messages(sub, inputs))
+        return await self._call(sub, self._messages(sub, inputs), call_no=call_no)
 
-    async def _call(self, sub: Subtask, messages: list[dict[str, str]]) -> Outcome:
+    # ---- the synthesizer prepared on the workers' answers --------------------------------
+
+    def prepare(self, synth: Subtask) -> None:
+        """The last worker's answer is in, its result about to be queued for its commit: build
+        the synthesizer's call on the answers and queue its first attempt's row now, so that it
+        commits with the last results (one commit on the swarm's critical path where there
+        were two, bench/RESULTS.md session 24) — or, when a shared cap must be asked first,
+        write it ahead while they commit. The call is still sent only from `_run`, once every
+        worker's result is durable, and only if what they stored is what it was built on.
+        (No `ahead_slots` permit: no call is waiting for its slots any more.)"""
+        if self._prepared is not None or synth.tools:
+            return
+        results = self.handle.worker_results()
+        inputs = [Input(r.name, r.output) for r in results]
+        try:
+            if not results or not self._uncompressed(synth, inputs):  # compressors: at its turn
+                return
+            messages = self._messages(synth, inputs)
+            prepared = Prepared(results, messages, self.steps.meter(synth, messages, 1))
+        except ValueError:
+            # the answers are not stored yet: one the database will refuse may hold text
+            # that does not even encode (the gateway client cleans it, unless switched off);
+            # the synthesizer then waits for its turn, and this worker's result is unharmed
+            return
+        written = prepared.meter.prepare_now()
+        self._prepared = asyncio.create_task(
+            self._prepare(prepared) if written is None else self._durable(prepared, written))
+
+    @staticmethod
+    async def _durable(prepared: Prepared, written: asyncio.Future[None]) -> Prepared | None:
+        try:
+            await written
+        except BaseException as exc:
+            await prepared.meter.release()  # cancelled: never sent
+            if isinstance(exc, WriteRejected):
+                return None  # its turn writes it again, alone
+            raise
+        return prepared
+
+    @staticmethod
+    async def _prepare(prepared: Prepared) -> Prepared | None:
+        """A shared cap to reserve against (every tenant's daily one by default) or a budget
+        to wait for: the row is written ahead as any call's, while the results commit."""
+        try:
+            await prepared.meter.prepare()  # cleans up after itself when it fails
+        except CALL_FAILURES:  # the budget, say: its turn meets the same refusal
+            return None
+        return prepared
+
+    async def _take_prepared(self) -> Prepared | None:
+        """The prepared call, if it is still the one to make: a result it was built on may
+        have been refused by the database since (that worker failed), and its attempt is then
+        cancelled, never sent."""
+        task, self._prepared = self._prepared, None
+        assert task is not None
+        prepared = await task
+        if prepared is None or prepared.results == self.handle.worker_results():
+            return prepared
+        await prepared.meter.release()
+        return None
+
+    async def discard_prepared(self) -> None:
+        """The synthesizer is not called (the swarm stops): a prepared attempt is cancelled."""
+        task, self._prepared = self._prepared, None
+        if task is None:
+            return
+        task.cancel()  # one still writing ahead cleans up after itself
+        done = await asyncio.gather(task, return_exceptions=True)
+        if isinstance(done[0], Prepared):
+            await done[0].meter.release()
+
+    # ---- one gateway call ---------------------------------------------------------------
+
+    async def _call(self, sub: Subtask, messages: list[dict[str, str]],
+                    prepared: CallMeter | None = None, call_no: int = 1) -> Outcome:
         steps = self.steps
         # The slots count gateway calls in flight: the first attempt's ledger row is written
         # ahead before they are taken, they are given back once the answer is in, and the
         # result's commit is awaited outside them (under load a group commit takes tens of
         # milliseconds: inside, each idled the slot that long per subtask).
-        meter = steps.meter(sub, messages, 1)
+        meter = prepared or steps.meter(sub, messages, call_no)
         try:
-            async with steps.slots(sub, ahead=meter):
+            async with steps.slots(sub, ahead=None if prepared else meter):
                 if self.handle.stopping:  # stopped while it waited: never sent (no cost)
                     return Outcome.swarm_stopping
                 t0 = steps.begin(sub)
@@ -209,11 +302,11 @@ class SubtaskExecutor:
             given = [Input(d, self.handle.subs[d].output or "") for d in self.handle.deps[sub.name]]
         else:
             return []
+        if self._uncompressed(sub, given):
+            return given
         mode = self.handle.spec["synthesis"].get("compress", "auto")
         sizes = [approx_tokens(i.text) for i in given]
         room = self._room_tokens(sub)
-        if not given or mode == "never" or (mode == "auto" and sum(sizes) <= room):
-            return given
         shares = fair_shares(sizes, room)
         targets = [k for k in range(len(given)) if mode == "always" or sizes[k] > shares[k]]
         outputs = await asyncio.gather(*(
@@ -223,6 +316,14 @@ class SubtaskExecutor:
             if out is not None:
                 given[k] = Input(given[k].name, out, compressed=True)
         return given
+
+    def _uncompressed(self, sub: Subtask, given: list[Input]) -> bool:
+        """Whether the inputs go as they are (they fit the window, or `compress` says so)."""
+        mode = self.handle.spec["synthesis"].get("compress", "auto")
+        if not given or mode == "never":
+            return True
+        sizes = sum(approx_tokens(i.text) for i in given)
+        return mode == "auto" and sizes <= self._room_tokens(sub)
 
     def _compressed(self, name: str, text: str, target: int) -> asyncio.Task[str | None]:
         """One compressor per input, shared by every dependent that needs it."""

@@ -7,7 +7,7 @@ import graphlib
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -82,6 +82,10 @@ class SwarmRunner:
         self._stop_error: dict[str, Any] | None = None
         # the synthesizer's result, written with the swarm's end (`write_with_end`)
         self._with_end: tuple[list[Subtask], list[LedgerRow], list[EventRow]] = ([], [], [])
+        # during the workers' phase, when a synthesizer follows: the workers yet to answer,
+        # and what to do once none is left (`answered`)
+        self._unanswered = 0
+        self._on_all_answered: Callable[[], None] | None = None
 
     def add_subtasks(self, subs: Sequence[Subtask]) -> None:
         for s in map(live_subtask, subs):
@@ -106,6 +110,19 @@ class SwarmRunner:
 
     def deadline_error(self) -> dict[str, Any]:
         return failure("deadline_exceeded", f"deadline of {self.limits['deadline_s']} s passed")
+
+    def answered(self, sub: Subtask) -> None:
+        """A subtask's final state is about to be queued for its commit (not yet durable)."""
+        if sub.kind is SubtaskKind.worker:
+            self._one_less_unanswered()
+
+    def _one_less_unanswered(self) -> None:
+        if self._on_all_answered is None:
+            return
+        self._unanswered -= 1
+        if self._unanswered <= 0 and not self._stop.is_set():
+            then, self._on_all_answered = self._on_all_answered, None
+            then()
 
     def stop_with(self, status: SwarmStatus, err: dict[str, Any] | None) -> None:
         if not self._stop.is_set():
@@ -135,6 +152,10 @@ class SwarmRunner:
                      webhook: WebhookRow | None = None, tools: ToolRows | None = None) -> None:
         """Write and wait until durable (raises LeaseLost when fenced out)."""
         await self._write(subs, ledger, events, new, webhook, tools)
+
+    def submit(self, ledger: Sequence[LedgerRow]) -> asyncio.Future[None]:
+        """Queue ledger rows now; the future resolves once they are durable."""
+        return self._write((), ledger, (), ())
 
     def commit_soon(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
                     events: Sequence[EventRow] = (), tools: ToolRows | None = None) -> None:
@@ -194,10 +215,13 @@ class SwarmRunner:
         # freed only by the collector's rare full passes (a 1,000-agent swarm's ~2 MB stayed
         # for up to ~20 swarms, bench/RESULTS.md session 15)
         executor = SubtaskExecutor(self)
-        for phase in (self._plan, self._run_workers, self._synthesize):
-            if self._stop.is_set():
-                break
-            await phase(executor)
+        try:
+            for phase in (self._plan, self._run_workers, self._synthesize):
+                if self._stop.is_set():
+                    break
+                await phase(executor)
+        finally:  # before the end: nothing of the swarm is written after it
+            await executor.discard_prepared()
         if self._stop.is_set():
             assert self._stop_status is not None
             await self._finish(self._stop_status, self._stop_error)
@@ -269,12 +293,23 @@ class SwarmRunner:
         for name in self.worker_names():
             if self.subs[name].status in (SubtaskStatus.failed, SubtaskStatus.skipped):
                 self._skip_dependents(name)
-        await self._run_phase(executor, self.worker_names())
+        synth = self._synthesizer()
+        if synth is not None and synth.status == SubtaskStatus.pending:
+            # once every worker has answered, the synthesizer's call is prepared on those
+            # answers while they are committed (SubtaskExecutor.prepare): its first attempt's
+            # write-ahead goes in the same commit as the last results, not in one after it
+            self._unanswered = sum(self.subs[n].status == SubtaskStatus.pending
+                                   for n in self.worker_names())
+            self._on_all_answered = lambda: executor.prepare(synth)
+        try:
+            await self._run_phase(executor, self.worker_names())
+        finally:
+            self._on_all_answered = None  # the executor is the run's (see _run)
 
     async def _synthesize(self, executor: SubtaskExecutor) -> None:
         results = self.worker_results()
         strategy = self.spec["synthesis"]["strategy"]
-        synth = next((s for s in self.subs.values() if s.kind == SubtaskKind.synthesizer), None)
+        synth = self._synthesizer()
         if strategy == "synthesize" and synth is not None:
             if not results:
                 self._skip([synth.name], "no worker succeeded")
@@ -291,6 +326,11 @@ class SwarmRunner:
             self.swarm.result = concatenate(results)
         elif strategy == "vote":
             self.swarm.result = vote(results)
+
+    def _synthesizer(self) -> Subtask | None:
+        if self.spec["synthesis"]["strategy"] != "synthesize":
+            return None
+        return next((s for s in self.subs.values() if s.kind == SubtaskKind.synthesizer), None)
 
     def worker_names(self) -> list[str]:
         return [n for n, s in self.subs.items() if s.kind == SubtaskKind.worker]
@@ -470,5 +510,7 @@ class SwarmRunner:
                 s.error = failure("skipped", reason)
                 changed.append(s)
                 events.append(self.event(skipped))
+                if s.kind is SubtaskKind.worker:
+                    self._one_less_unanswered()
         if changed:
             self.commit_soon(changed, events=events)

@@ -207,6 +207,7 @@ class SubtaskSteps:
             # where there were two (the runner's `_finish`, which fails it if it is refused)
             self.handle.write_with_end([sub], rows, [row])
             return Outcome.succeeded
+        self.handle.answered(sub)
         try:
             await self.handle.commit([sub], rows, [row], new=new or [])
         except WriteRejected as exc:
@@ -225,6 +226,7 @@ class SubtaskSteps:
         event = move_subtask(sub, SubtaskStatus.failed, utcnow(), kind=sub.kind, error=err)
         assert event is not None
         sub.error = err
+        self.handle.answered(sub)
         await self.handle.commit([sub], rows or [], [self.handle.event(event)])
         return Outcome.failed
 
