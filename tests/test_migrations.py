@@ -51,7 +51,7 @@ def test_at_bound_marks_the_rows_unresolved_usd_summed(empty_url: str) -> None:
         return {str(o): bool(b) for o, b in rows}
 
     assert on_sync(empty_url, marked) == {"ok": False, "unknown": True, "in_flight": True,
-                                      "server_error": False, "cancelled": False}
+                                          "server_error": False, "cancelled": False}
     command.downgrade(alembic_config(empty_url), BEFORE_AT_BOUND)  # and back
     assert on_sync(empty_url, lambda c: c.execute(text("SELECT count(*) FROM gateway_calls"))
-               .scalar_one()) == len(outcomes)
+                   .scalar_one()) == len(outcomes)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from app.api.deps import DEFAULT_TENANT
 from app.db import changes
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import agent, by_name, ledger, record_batches
@@ -30,9 +31,14 @@ async def h(request: pytest.FixtureRequest, database_url: str, tmp_path: Path
         (tmp_path / "tenants.toml").write_text(UNCAPPED)
         kw["tenants_file"] = str(tmp_path / "tenants.toml")
     harness, close = await start_harness(make_settings(database_url, **kw))
-    harness.capped = request.param == "capped"  # type: ignore[attr-defined]
     yield harness
     await close()
+
+
+def capped(h: Harness) -> bool:
+    """Whether the swarms' tenant has a daily cap (asked before a row is written ahead)."""
+    limits = h.app.state.settings.tenant_limits(DEFAULT_TENANT)
+    return bool(limits.daily_budget_usd is not None)
 
 
 def refuse_result_of(name: str, h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,7 +76,7 @@ async def test_the_synthesizers_attempt_commits_with_the_last_result(
     ahead = [i for i, writes in enumerate(mine) if "in_flight" in synth_rows(writes)]
     assert len(ahead) == 1, [synth_rows(w) for w in mine]
     last = max(i for i, writes in enumerate(mine) if "c" in results(writes))
-    if h.capped:  # type: ignore[attr-defined]
+    if capped(h):
         # the tenant's daily cap is asked first: written ahead while the results commit
         assert ahead[0] >= last
     else:  # the slow worker's result and the synthesizer's row ahead: one commit
@@ -122,7 +128,7 @@ async def test_a_swarm_that_stops_cancels_the_prepared_attempt(
     rows = [r for r in await ledger(h, data["id"]) if r.subtask_name == "@synthesizer"]
     cancelled = [(1, "cancelled", Decimal(0))]
     # with a daily cap to ask first, the stop may come before its row is written at all
-    allowed = [cancelled, []] if h.capped else [cancelled]  # type: ignore[attr-defined]
+    allowed = [cancelled, []] if capped(h) else [cancelled]
     assert [(r.attempt, r.outcome, r.cost_usd) for r in rows] in allowed
     assert by_name(data)["@synthesizer"]["status"] == "skipped"
     assert by_name(data)["@synthesizer"]["attempts"] == 0

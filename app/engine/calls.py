@@ -74,10 +74,9 @@ class CallMeter:
         reservation = self.handle.budget.reserve_now(self.worst)
         if reservation is None:
             return None
-        self._held.append(reservation)
-        self.sub.attempts += 1
+        row = self._open_attempt(reservation)
         self._ahead = True  # until it is durable, `release` cancels it like any row ahead
-        return self.handle.submit(ledger=[self._written_ahead()])
+        return self.handle.submit(ledger=[row])
 
     async def before(self, attempt: int) -> None:
         if self._ahead:  # prepared: durable already
@@ -99,10 +98,9 @@ class CallMeter:
             except BaseException:
                 self.handle.budget.settle(reservation, Decimal(0))
                 raise
-        self._held.append(reservation)
-        self.sub.attempts += 1
+        row = self._open_attempt(reservation)
         try:
-            await self.handle.commit(ledger=[self._written_ahead()])  # durable before it is sent
+            await self.handle.commit(ledger=[row])  # durable before a byte is sent
         except BaseException:
             # not sent: if the row was (or will be) written anyway, it settles as cancelled
             self._cancel_ahead()
@@ -166,8 +164,11 @@ class CallMeter:
         self.handle.commit_soon(ledger=[self._row(CANCELLED, None, Usage(), Decimal(0), 0.0)])
         self.sub.attempts -= 1
 
-    def _written_ahead(self) -> LedgerRow:
-        """The open attempt's row before it is sent: in flight, at its bounds."""
+    def _open_attempt(self, reservation: Reservation) -> LedgerRow:
+        """Hold the next attempt's reservation and number it: its row to write ahead, in
+        flight at its bounds."""
+        self._held.append(reservation)
+        self.sub.attempts += 1
         return self._row(IN_FLIGHT, None, Usage(self.prompt_bound, self.sub.max_tokens),
                          Decimal(0), 0.0, at_bound=True)
 

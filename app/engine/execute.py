@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app import tracing
 from app.db.tables import Subtask
@@ -34,11 +34,18 @@ CONTEXT_MARGIN_TOKENS = 256
 
 @dataclass(frozen=True, slots=True)
 class Input:
-    """One result fed to a subtask, possibly replaced by its compressor's output."""
+    """One result fed to a subtask, possibly replaced by its compressor's output (a worker's
+    weight and truncation, for the synthesizer's prompt)."""
 
     name: str
     text: str
     compressed: bool = False
+    weight: float = 1.0
+    truncated: bool = False
+
+    @classmethod
+    def of(cls, result: WorkerResult) -> Input:
+        return cls(result.name, result.output, weight=result.weight, truncated=result.truncated)
 
     @property
     def label(self) -> str:
@@ -101,7 +108,7 @@ class SubtaskExecutor:
         if self._prepared is not None or synth.tools:
             return
         results = self.handle.worker_results()
-        inputs = [Input(r.name, r.output) for r in results]
+        inputs = [Input.of(r) for r in results]
         try:
             if not results or not self._uncompressed(synth, inputs):  # compressors: at its turn
                 return
@@ -262,10 +269,10 @@ class SubtaskExecutor:
     def _messages(self, sub: Subtask, inputs: list[Input]) -> list[dict[str, str]]:
         room = fit_chars(self._room_tokens(sub))
         if sub.kind == SubtaskKind.synthesizer:
-            results = {r.name: r for r in self.handle.worker_results()}
-            fitted = [WorkerResult(i.label, i.text, results[i.name].weight,
-                                   results[i.name].truncated) for i in inputs]
-            missing = [n for n in self.handle.worker_names() if n not in results]
+            fitted = [WorkerResult(i.label, i.text, i.weight, i.truncated) for i in inputs]
+            subs = self.handle.subs
+            missing = [n for n in self.handle.worker_names()
+                       if subs[n].status != SubtaskStatus.succeeded]
             user = synthesis_prompt(self.handle.swarm.task, fitted, missing, room)
             system = sub.system_prompt or SYNTHESIZER_SYSTEM
         else:
@@ -297,7 +304,7 @@ class SubtaskExecutor:
         """Dependency outputs (or, for the synthesizer, every result) fitted to the window:
         oversized ones compressed by a compressor subtask unless `compress` is `never`."""
         if sub.kind == SubtaskKind.synthesizer:
-            given = [Input(r.name, r.output) for r in self.handle.worker_results()]
+            given = [Input.of(r) for r in self.handle.worker_results()]
         elif sub.kind == SubtaskKind.worker:
             given = [Input(d, self.handle.subs[d].output or "") for d in self.handle.deps[sub.name]]
         else:
@@ -314,7 +321,7 @@ class SubtaskExecutor:
             for k in targets))
         for k, out in zip(targets, outputs, strict=True):
             if out is not None:
-                given[k] = Input(given[k].name, out, compressed=True)
+                given[k] = replace(given[k], text=out, compressed=True)
         return given
 
     def _uncompressed(self, sub: Subtask, given: list[Input]) -> bool:

@@ -309,8 +309,8 @@ class SwarmRunner:
     async def _synthesize(self, executor: SubtaskExecutor) -> None:
         results = self.worker_results()
         strategy = self.spec["synthesis"]["strategy"]
-        synth = self._synthesizer()
-        if strategy == "synthesize" and synth is not None:
+        synth = self._synthesizer()  # only with the `synthesize` strategy
+        if synth is not None:
             if not results:
                 self._skip([synth.name], "no worker succeeded")
                 return

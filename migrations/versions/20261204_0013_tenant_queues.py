@@ -111,7 +111,7 @@ def upgrade() -> None:
         op.execute(statement)
     # the swarms waiting now, counted once (on shard 0: a sum reads every shard)
     op.execute("INSERT INTO tenant_queues (tenant, shard, queued) SELECT tenant, 0, count(*) "
-               "FROM swarms WHERE status = 'queued' AND lease_owner IS NULL GROUP BY tenant")
+               f"FROM swarms WHERE {_WAITING} GROUP BY tenant")
 
 
 def downgrade() -> None:
