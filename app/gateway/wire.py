@@ -9,6 +9,7 @@ The httpx path serves the in-process simulator (ASGITransport) and tests' MockTr
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -18,6 +19,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
+
+from app.gateway import eager
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,7 @@ class AiohttpWire:
 
     def _open(self) -> aiohttp.ClientSession:
         # a session binds to the running loop, so it is made inside one, at the first call
+        eager.install(asyncio.get_running_loop())  # its requests' bytes leave in their step
         connector = aiohttp.TCPConnector(limit=self._limit, keepalive_timeout=self._keepalive_s,
                                          ssl=self._ssl())
         self._session = aiohttp.ClientSession(
