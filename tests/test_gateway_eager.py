@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
 import json
 import ssl
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import uvloop
@@ -29,7 +30,8 @@ class _Gateway(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: the second call reuses the pooled connection
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.bodies.append(hashlib.sha256(body).hexdigest())  # type: ignore[attr-defined]
         self.server.received.release()  # type: ignore[attr-defined]
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -41,16 +43,24 @@ class _Gateway(BaseHTTPRequestHandler):
         pass
 
 
+class Gateway(NamedTuple):
+    url: str
+    received: threading.Semaphore  # released once per request read whole
+    bodies: list[str]  # the sha256 of each request body, in the order read
+
+
 @pytest.fixture
-def gateway() -> Iterator[tuple[str, threading.Semaphore]]:
+def gateway() -> Iterator[Gateway]:
     """A gateway in a thread of its own: it reads what reaches the socket whatever the test's
     event loop is doing."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Gateway)
     server.received = threading.Semaphore(0)  # type: ignore[attr-defined]
+    server.bodies = []  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_port}/v1/chat/completions", server.received  # type: ignore[attr-defined]
+        yield Gateway(f"http://127.0.0.1:{server.server_port}/v1/chat/completions",
+                      server.received, server.bodies)  # type: ignore[attr-defined]
     finally:
         server.shutdown()
         server.server_close()
@@ -91,21 +101,20 @@ async def _bytes_leave_in_the_calls_step(url: str, received: threading.Semaphore
 
 
 async def test_a_calls_bytes_reach_the_gateway_before_the_loop_runs_anything_else(
-        gateway: tuple[str, threading.Semaphore]) -> None:
-    assert await _bytes_leave_in_the_calls_step(*gateway) == [True]
+        gateway: Gateway) -> None:
+    assert await _bytes_leave_in_the_calls_step(gateway.url, gateway.received) == [True]
 
 
-def test_the_same_on_uvloop(gateway: tuple[str, threading.Semaphore]) -> None:
+def test_the_same_on_uvloop(gateway: Gateway) -> None:
     """What `serve` runs on."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        assert runner.run(_bytes_leave_in_the_calls_step(*gateway)) == [True]
+        assert runner.run(_bytes_leave_in_the_calls_step(gateway.url, gateway.received)) == [True]
 
 
 async def test_without_it_the_bytes_wait_for_the_next_turn_of_the_loop(
-        gateway: tuple[str, threading.Semaphore],
-        restored_factory: asyncio.AbstractEventLoop) -> None:
+        gateway: Gateway, restored_factory: asyncio.AbstractEventLoop) -> None:
     """The control: what the factory is for (aiohttp's own behaviour on Python 3.11)."""
-    url, received = gateway
+    url, received, _ = gateway
     wire = _wire(url)
     try:
         await wire.post(b"{}", None, 5)  # installs the factory: taken away again
@@ -116,6 +125,21 @@ async def test_without_it_the_bytes_wait_for_the_next_turn_of_the_loop(
         restored_factory.call_soon(lambda: seen.append(received.acquire(timeout=0.3)))
         assert (await call).status == 200
         assert seen == [False]
+    finally:
+        await wire.aclose()
+
+
+async def test_a_body_past_the_transports_buffer_is_written_whole(gateway: Gateway) -> None:
+    """Its writer waits for the transport to drain (the part that goes on as a task): a
+    prompt of megabytes arrives intact, beside small calls started with it."""
+    wire = _wire(gateway.url)
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 8_000_000}]}).encode()
+    small = [json.dumps({"n": i}).encode() for i in range(8)]
+    try:
+        answers = await asyncio.gather(*(wire.post(b, None, 30) for b in [big, *small]))
+        assert [a.status for a in answers] == [200] * 9
+        assert sorted(gateway.bodies) == sorted(hashlib.sha256(b).hexdigest()
+                                                for b in [big, *small])
     finally:
         await wire.aclose()
 

@@ -8,8 +8,9 @@ gateway receives the wave in one burst at its end and works through it serially:
 call reached the simulator 9-17 ms after it was sent (bench/RESULTS.md, session 25). This
 task factory starts that one coroutine eagerly, as 3.12's `Task(eager_start=True)` does: its
 first step runs now, in the task's context, and a writer that finishes at once (a body under
-the transport's buffer limit, the common case) never becomes a task. Every other coroutine is
-left to the factory that was there.
+the transport's buffer limit, the common case) never becomes a task. (Unlike 3.12's, that
+first step sees the caller as `current_task()`; aiohttp's writer never asks.) Every other
+coroutine is left to the factory that was there.
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ class EagerBodyWrites:
             first = context.run(coro.send, None)
         except StopIteration as stop:
             return _done(loop, stop.value)
+        except (KeyboardInterrupt, SystemExit):
+            raise  # as a task's step re-raises them
         except BaseException as exc:  # the task's outcome, kept as a task keeps it
             return _done(loop, exc=exc)
         return asyncio.Task(_finish(_Rest(coro, first)), loop=loop, context=context, **kwargs)
