@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import Harness, make_settings, start_harness
-from tests.helpers import BODY, SLOW, sse_events
+from tests.helpers import BODY, SLOW, agent, sse_events
 from tests.procs import cluster, wait_http
 from tests.support import free_port
 
@@ -385,8 +385,11 @@ async def _exercise(h: Harness) -> list[tuple[str, str, httpx.Response]]:
         {"name": "a", "depends_on": ["a"]}]}, headers=KEY))
     add("post", "/swarms", await c.post("/swarms", json=BODY))
     quota = {"Authorization": "Bearer k2"}  # tenant t2: one request a minute, no streams
-    t2 = add("post", "/swarms", await c.post("/swarms", json=BODY, headers=quota)).json()["id"]
-    # retryable once cancelled; its retry then finds the minute's one request spent (429)
+    # still running when cancelled (at the simulator's 0 ms a swarm of BODY could end first,
+    # and a succeeded swarm's cancel and retry answer 409); retryable once cancelled, its retry
+    # then finds the minute's one request spent (429)
+    slow = {**BODY, "agents": [agent("slow", SLOW)]}
+    t2 = add("post", "/swarms", await c.post("/swarms", json=slow, headers=quota)).json()["id"]
     add("post", "/swarms/{swarm_id}/cancel", await c.post(f"/swarms/{t2}/cancel", headers=quota))
     for _ in range(200):
         if (await c.get(f"/swarms/{t2}", headers=quota)).json()["status"] == "cancelled":
