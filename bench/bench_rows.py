@@ -106,11 +106,12 @@ async def anatomy(api: str, db: str, pid: int) -> None:
           f"{max(since(s['finished_at']) for s in subs):.3f} s")
 
 
-async def fanout_anatomy(api: str, db: str) -> None:
+async def fanout_anatomy(api: str, db: str, sim: str) -> None:
     """The fan-out row's timeline, in ms from the client's POST: the answer to the POST, the
-    swarm's start, the workers' starts and ends, their gateway latency (the simulator answers
-    a bare aiohttp gather of the same 100 calls in ~515 ms here), the synthesizer, the end as
-    stored and as the client's `?wait=` saw it."""
+    swarm's start, the workers' starts, when the simulator's handler got their calls (and how
+    long after its start a worker's call took to get there: 12-17 ms for the median call
+    before the eager request writer, bench/RESULTS.md session 25), the workers' ends, their
+    gateway latency, the synthesizer, the end as stored and as the client's `?wait=` saw it."""
     body = swarm_body(100, 500, "synthesize", 100)
     async with httpx.AsyncClient(base_url=api, timeout=120) as c:
         await run_swarm(c, swarm_body(100, 0, "none", 100))
@@ -128,7 +129,7 @@ async def fanout_anatomy(api: str, db: str) -> None:
                 seen = time.perf_counter() - p0
                 sw = await conn.fetchrow("SELECT started_at, finished_at FROM swarms "
                                          "WHERE id = $1", swarm_id)
-                subs = await conn.fetch("SELECT kind, ready_at, started_at, finished_at FROM "
+                subs = await conn.fetch("SELECT name, kind, ready_at, started_at, finished_at FROM "
                                         "subtasks WHERE swarm_id = $1", swarm_id)
                 calls = await conn.fetch("SELECT c.latency_ms FROM gateway_calls c JOIN subtasks"
                                          " s ON s.swarm_id = c.swarm_id AND s.name = "
@@ -140,9 +141,17 @@ async def fanout_anatomy(api: str, db: str) -> None:
 
                 workers = [s for s in subs if s["kind"] == "worker"]
                 synth = next(s for s in subs if s["kind"] == "synthesizer")
+                by_key = (await c.get(f"{sim}/_stats")).json()["by_key"]
+                got = {s["name"]: by_key[f"{swarm_id}:{s['name']}:1"]["received_at"]
+                       for s in workers}
+                lags = sorted(got[s["name"]] - s["started_at"].timestamp() for s in workers)
+                reached = sorted(got.values())
                 print(f"POST answered {posted * 1000:.0f} | swarm started {ms(sw['started_at'])} "
                       f"| workers started {ms(min(s['started_at'] for s in workers))}.."
-                      f"{ms(max(s['started_at'] for s in workers))}, finished "
+                      f"{ms(max(s['started_at'] for s in workers))}, reached the gateway "
+                      f"{(reached[0] - t0.timestamp()) * 1000:.0f}.."
+                      f"{(reached[-1] - t0.timestamp()) * 1000:.0f} (p50 "
+                      f"{lags[len(lags) // 2] * 1000:.1f} ms after their start), finished "
                       f"{ms(min(s['finished_at'] for s in workers))}.."
                       f"{ms(max(s['finished_at'] for s in workers))}, gateway p50 "
                       f"{statistics.median(r['latency_ms'] for r in calls):.0f} | synthesizer "
@@ -155,8 +164,9 @@ async def fanout_anatomy(api: str, db: str) -> None:
 
 @contextlib.contextmanager
 def serving(cli: str, work: Path, tenants: str = BENCH_TENANTS
-            ) -> Iterator[tuple[str, str, int]]:
-    """A simulator at 0 ms and a build's `serve` on a throwaway database: (api, db, pid)."""
+            ) -> Iterator[tuple[str, str, int, str]]:
+    """A simulator at 0 ms and a build's `serve` on a throwaway database: (api, db, pid,
+    the simulator's base URL)."""
     sim_port, api_port = free_port(), free_port()
     sim, api = f"http://127.0.0.1:{sim_port}/v1", f"http://127.0.0.1:{api_port}"
     with serve_db("swarm_rows") as db:
@@ -167,7 +177,7 @@ def serving(cli: str, work: Path, tenants: str = BENCH_TENANTS
                      f"{sim}/models", work / "sim.log"), \
              process(["serve", "--port", str(api_port)], env, f"{api}/readyz",
                      work / "api.log", cli=cli) as serve:
-            yield api, db["SWARM_DATABASE_URL"], serve.pid
+            yield api, db["SWARM_DATABASE_URL"], serve.pid, sim
 
 
 QUOTAS = {"lifted": BENCH_TENANTS, "checked": CHECKED_TENANTS}
@@ -175,11 +185,11 @@ QUOTAS = {"lifted": BENCH_TENANTS, "checked": CHECKED_TENANTS}
 
 def one_round(cli: str, work: Path, out: Results | None, look: str = "wide",
               tenants: str = BENCH_TENANTS) -> None:
-    with serving(cli, work, tenants) as (api, db, pid):
+    with serving(cli, work, tenants) as (api, db, pid, sim):
         if out is not None:
             asyncio.run(rows(api, pid, out))
         elif look == "fanout":
-            asyncio.run(fanout_anatomy(api, db))
+            asyncio.run(fanout_anatomy(api, db, sim))
         else:
             asyncio.run(anatomy(api, db, pid))
 

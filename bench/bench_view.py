@@ -57,7 +57,7 @@ async def measure(api: str, db: str, gets: int, out: Results) -> None:
 
 
 def one_round(cli: str, gets: int, out: Results) -> None:
-    with serving(cli, Path(tempfile.mkdtemp())) as (api, db, _):
+    with serving(cli, Path(tempfile.mkdtemp())) as (api, db, _, _sim):
         asyncio.run(measure(api, db, gets, out))
 
 

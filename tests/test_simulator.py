@@ -274,6 +274,18 @@ async def test_later_directive_wins(client: httpx.AsyncClient) -> None:
     assert content_of(await client.post(URL, json=body)) == "second"
 
 
+async def test_stats_say_when_each_calls_last_attempt_arrived(client: httpx.AsyncClient) -> None:
+    """Before its latency, not after: what the fan-out's anatomy compares with the caller's
+    start (bench_rows --anatomy fanout)."""
+    before = time.time()
+    assert (await chat(client, "[[sim latency_ms=150]]", key="s:a:1")).status_code == 200
+    first = (await client.get("/v1/_stats")).json()["by_key"]["s:a:1"]["received_at"]
+    assert before <= first <= before + 0.1
+    await chat(client, "again [[sim latency_ms=0]]", key="s:a:1")
+    again = (await client.get("/v1/_stats")).json()["by_key"]["s:a:1"]
+    assert again["calls"] == 2 and again["received_at"] >= first + 0.15
+
+
 async def test_latency_directive(client: httpx.AsyncClient) -> None:
     started = time.monotonic()
     await chat(client, "[[sim latency_ms=120]]")
@@ -392,7 +404,9 @@ async def test_stats_track_concurrency_per_swarm() -> None:
         entry = stats["by_key"]["swA:agent_0:1"]
         assert entry["calls"] == 1 and entry["ok"] == 1
         assert entry["last_messages"] == [{"role": "user", "content": "task swA:agent_0:1"}]
-        assert stats["by_key"]["swA:late:1"] == {
+        late = stats["by_key"]["swA:late:1"]
+        assert isinstance(late.pop("received_at"), float)
+        assert late == {
             "calls": 1, "ok": 0, "last_messages": [{"role": "user", "content": "[[sim fail=500]]"}]}
         assert (await c.post("/v1/_reset")).status_code == 200
         cleared = (await c.get("/v1/_stats")).json()

@@ -56,6 +56,7 @@ class _Simulator:
         self.stats = SimulatorStats()
 
     async def chat(self, request: Request) -> Response:
+        received_at = time.time()
         stats, idem = self.stats, request.headers.get("idempotency-key")
         swarm = idem.split(":", 1)[0] if idem else None
         stats.calls += 1
@@ -67,7 +68,7 @@ class _Simulator:
                 stats.max_in_flight_by_swarm.pop(swarm, None)  # re-insert: keeps eviction LRU-ish
                 bounded_put(stats.max_in_flight_by_swarm, swarm, now)
         try:
-            return await self._answer(request, idem, swarm)
+            return await self._answer(request, idem, swarm, received_at)
         finally:
             stats.in_flight -= 1
             if swarm is not None:
@@ -75,7 +76,8 @@ class _Simulator:
                 if left > 0:
                     stats.swarm_in_flight[swarm] = left
 
-    async def _answer(self, request: Request, idem: str | None, swarm: str | None) -> Response:
+    async def _answer(self, request: Request, idem: str | None, swarm: str | None,
+                      received_at: float) -> Response:
         cfg = self.config
         auth = request.headers.get("authorization")
         if cfg.api_key is not None and auth != f"Bearer {cfg.api_key}":
@@ -87,7 +89,7 @@ class _Simulator:
         except ValueError as exc:
             return error(400, str(exc))
         key = idem or hashlib.blake2b(raw, digest_size=16).hexdigest()
-        attempt = self.stats.record(key, req.model, req.messages)
+        attempt = self.stats.record(key, req.model, req.messages, received_at)
         fault = self._fault(d, key, attempt)
         if fault == "timeout":
             wait = d.hang_s if d.hang_s is not None else cfg.timeout_s

@@ -91,13 +91,17 @@ class SimulatorStats:
         for i, n in enumerate((*usage, 1)):
             tally[i] += n
 
-    def record(self, key: str, model: str, messages: list[Any]) -> int:
-        """Count one attempt of a logical call and return its attempt number (1-based)."""
+    def record(self, key: str, model: str, messages: list[Any], received_at: float) -> int:
+        """Count one attempt of a logical call and return its attempt number (1-based).
+        `received_at` (Unix time, when its handler began): the fan-out's anatomy compares it
+        with the caller's start to see how long a request took to reach the gateway."""
         entry = self.by_key.get(key)
         if entry is None:
-            entry = bounded_put(self.by_key, key, {"calls": 0, "ok": 0, "last_messages": None})
+            entry = bounded_put(self.by_key, key, {"calls": 0, "ok": 0, "last_messages": None,
+                                                   "received_at": None})
         entry["calls"] += 1
         entry["last_messages"] = messages
+        entry["received_at"] = received_at
         self.by_model[model] = self.by_model.get(model, 0) + 1
         return int(entry["calls"])
 
