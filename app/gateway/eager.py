@@ -5,7 +5,7 @@ of its own: started eagerly (`eager_start=True`) on Python 3.12+, but on 3.11 sc
 every callback already ready. When a wave of calls starts at once (the first wave of a
 fan-out, released by one commit), no byte leaves until every call's own step has run, so the
 gateway receives the wave in one burst at its end and works through it serially: the median
-call reached the simulator 9-17 ms after it was sent (bench/RESULTS.md, session 25). This
+call reached the simulator 12-17 ms after it was sent (bench/RESULTS.md, session 25). This
 task factory starts that one coroutine eagerly, as 3.12's `Task(eager_start=True)` does: its
 first step runs now, in the task's context, and a writer that finishes at once (a body under
 the transport's buffer limit, the common case) never becomes a task. (Unlike 3.12's, that
@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp.client_reqrep import ClientRequest
 
 # the coroutine aiohttp starts as a task for a request's body (and its buffered headers); a
-# release that renames it is only matched no more (the bytes then leave a step later again)
+# release that renames it is simply no longer matched (its bytes then leave a turn later again)
 _BODY_WRITER = ClientRequest.write_bytes.__code__
 NEEDED = sys.version_info < (3, 12)
 
