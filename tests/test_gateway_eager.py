@@ -81,18 +81,23 @@ def _wire(url: str) -> AiohttpWire:
                        ssl_context=ssl.create_default_context)
 
 
-async def _bytes_leave_in_the_calls_step(url: str, received: threading.Semaphore) -> list[bool]:
+async def _bytes_leave_in_the_calls_step(gateway: Gateway, eager_writes: bool = True,
+                                        wait_s: float = 2) -> list[bool]:
+    """Whether a call's bytes reached the gateway within `wait_s`, checked right after the
+    call's first step (`eager_writes=False`: with the factory taken away again)."""
     loop = asyncio.get_running_loop()
     before = loop.get_task_factory()
-    wire = _wire(url)
+    wire = _wire(gateway.url)
     try:
         assert (await wire.post(b"{}", None, 5)).status == 200  # warm: a pooled connection
-        assert received.acquire(timeout=5)
+        assert gateway.received.acquire(timeout=5)
+        if not eager_writes:
+            loop.set_task_factory(before)  # the wire installed it
         seen: list[bool] = []
         call = asyncio.create_task(wire.post(b'{"model": "m"}', None, 5))
         # runs right after the call's first step and before anything that step scheduled: a
         # body writer left to a task of its own would not have written a byte yet
-        loop.call_soon(lambda: seen.append(received.acquire(timeout=2)))
+        loop.call_soon(lambda: seen.append(gateway.received.acquire(timeout=wait_s)))
         assert (await call).status == 200
         return seen
     finally:
@@ -102,31 +107,19 @@ async def _bytes_leave_in_the_calls_step(url: str, received: threading.Semaphore
 
 async def test_a_calls_bytes_reach_the_gateway_before_the_loop_runs_anything_else(
         gateway: Gateway) -> None:
-    assert await _bytes_leave_in_the_calls_step(gateway.url, gateway.received) == [True]
+    assert await _bytes_leave_in_the_calls_step(gateway) == [True]
 
 
 def test_the_same_on_uvloop(gateway: Gateway) -> None:
     """What `serve` runs on."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        assert runner.run(_bytes_leave_in_the_calls_step(gateway.url, gateway.received)) == [True]
+        assert runner.run(_bytes_leave_in_the_calls_step(gateway)) == [True]
 
 
-async def test_without_it_the_bytes_wait_for_the_next_turn_of_the_loop(
-        gateway: Gateway, restored_factory: asyncio.AbstractEventLoop) -> None:
+async def test_without_it_the_bytes_wait_for_the_next_turn_of_the_loop(gateway: Gateway) -> None:
     """The control: what the factory is for (aiohttp's own behaviour on Python 3.11)."""
-    url, received, _ = gateway
-    wire = _wire(url)
-    try:
-        await wire.post(b"{}", None, 5)  # installs the factory: taken away again
-        assert received.acquire(timeout=5)
-        restored_factory.set_task_factory(None)
-        seen: list[bool] = []
-        call = asyncio.create_task(wire.post(b'{"model": "m"}', None, 5))
-        restored_factory.call_soon(lambda: seen.append(received.acquire(timeout=0.3)))
-        assert (await call).status == 200
-        assert seen == [False]
-    finally:
-        await wire.aclose()
+    assert await _bytes_leave_in_the_calls_step(gateway, eager_writes=False,
+                                                wait_s=0.3) == [False]
 
 
 async def test_a_body_past_the_transports_buffer_is_written_whole(gateway: Gateway) -> None:
