@@ -27,6 +27,7 @@ from app.db.types import utcnow
 from app.engine.specs import NewSwarm, build_swarm
 from app.schemas import SwarmCreate
 from tests.conftest import Harness, make_settings, start_harness
+from tests.procs import Db
 
 AGENTS = {"task": "t", "agents": [{"name": "a"}, {"name": "b", "depends_on": ["a"]},
                                   {"name": "c"}], "limits": {"budget_usd": "2.5"}}
@@ -186,11 +187,19 @@ async def test_post_is_one_statement_when_nothing_else_is_written(pg_url: str, t
         await close()
 
 
-async def test_post_with_a_quota_to_check_keeps_its_transaction(pg_url: str) -> None:
-    h, close = await start_harness(make_settings(pg_url), run_engine=False)  # SPEC §8's bucket
+async def test_post_with_quotas_to_check_is_one_statement_too(pg_url: str) -> None:
+    """SPEC §8's defaults (a bucket, a daily cap) are checked in the creation's statement
+    (migration 0014's `tenant_admit`): no transaction, and the token is taken; with an
+    Idempotency-Key the lookup, the insert and the checks share one."""
+    h, close = await start_harness(make_settings(pg_url), run_engine=False)
     try:
         n, created = await begins(h)
-        assert n == 1 and created["status"] == "queued"
+        assert n == 0 and created["status"] == "queued"
+        limits = h.app.state.settings.tenant_limits("default")
+        (tokens,) = await Db(pg_url).fetch("SELECT tokens FROM tenant_buckets")
+        assert limits.bucket_size - 1.5 < tokens[0] < limits.bucket_size - 0.5  # one taken
+        n, _ = await begins(h, headers={"Idempotency-Key": "k1"})
+        assert n >= 1
     finally:
         await close()
 

@@ -164,6 +164,7 @@ async def test_the_n_plus_first_active_swarm_is_refused(queued: Harness) -> None
     r = await post(h, "a")
     err = error_of(r, 429, "quota_exceeded")
     assert err["details"]["limit"] == "max_active_swarms"
+    assert (err["details"]["count"], err["details"]["max"]) == (2, 2)
     assert int(r.headers["retry-after"]) >= 1
     assert await count(h, "a") == 2
     # once one is cancelled, the next is admitted (the refusal did not keep its token)
@@ -232,6 +233,8 @@ async def test_a_spent_tenant_day_is_refused_at_admission(database_url: str,
         r = await post(h, "a")
         err = error_of(r, 429, "quota_exceeded")
         assert err["details"]["limit"] == "daily_budget_usd"
+        assert Decimal(err["details"]["spent"]) == Decimal(err["details"]["max"]) \
+            == Decimal("0.5")
         assert 1 <= int(r.headers["retry-after"]) <= 86_400  # the next UTC day
         assert (await post(h, "b")).status_code == 202
     finally:

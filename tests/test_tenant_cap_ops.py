@@ -16,6 +16,7 @@ from app.db import quotas
 from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.db.spend import DailyCheck
 from app.db.tables import TenantDailyReservation, TenantDailySpend
+from app.engine.budget import BudgetExceeded
 from app.engine.tenancy import TenantDailyCap
 
 CAP = Decimal("1.00")
@@ -117,12 +118,12 @@ async def test_closing_the_cap_fails_what_waits_on_it(sessions: SessionFactory,
     waiting forever."""
     started = asyncio.Event()
 
-    async def stuck(session: object, **kw: object) -> list[DailyCheck]:
+    async def stuck(self: TenantDailyCap, *args: object) -> list[DailyCheck]:
         started.set()
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
-    monkeypatch.setattr(quotas, "apply_tenant_ops", stuck)
+    monkeypatch.setattr(TenantDailyCap, "_apply", stuck)
     cap = TenantDailyCap(sessions, "t", CAP, "me")
     in_batch = asyncio.create_task(cap.reserve(Decimal("0.1")))
     await asyncio.wait_for(started.wait(), 5)
@@ -132,3 +133,39 @@ async def test_closing_the_cap_fails_what_waits_on_it(sessions: SessionFactory,
     for task in (in_batch, queued):
         with pytest.raises(RuntimeError, match="tenant cap closed"):
             await asyncio.wait_for(task, 5)
+
+
+async def test_a_settlement_applied_twice_is_counted_once(sessions: SessionFactory) -> None:
+    """A batch retried after its answer was lost (the database committed it) finds its
+    reservations gone and adds nothing twice; one older than yesterday, which a cleanup may
+    have taken before its call ended, is still counted."""
+    today = datetime.now(UTC).date()
+    (first,) = await ops(sessions, ["0.50"])
+    assert first.reservation_id is not None
+    settle = quotas.Settle(first.reservation_id, today, Decimal("0.20"))
+    await ops(sessions, [], (settle,))
+    await ops(sessions, ["0.10"], (settle,))  # the same settlement again, with a reservation
+    assert (await spent(sessions))[today] == Decimal("0.20")
+    old = today - timedelta(days=3)
+    await ops(sessions, [], (quotas.Settle("g" * 32, old, Decimal("0.07")),))
+    assert (await spent(sessions))[old] == Decimal("0.07")
+
+
+async def test_the_cap_reserves_and_settles_through_its_batches(sessions: SessionFactory
+                                                                ) -> None:
+    """TenantDailyCap's own path (on PostgreSQL one statement alone on a pooled connection):
+    what fits is held, what does not is refused once nothing is live, a settlement frees the
+    rest of its reservation for the next call."""
+    cap = TenantDailyCap(sessions, "t", CAP, "me")
+    try:
+        first = await cap.reserve(Decimal("0.70"))
+        assert await held(sessions) == [Decimal("0.70")]
+        await cap.settle(first, Decimal("0.25"))
+        assert await held(sessions) == []
+        assert (await spent(sessions))[datetime.now(UTC).date()] == Decimal("0.25")
+        second = await cap.reserve(Decimal("0.75"))  # fits only because 0.45 came back
+        with pytest.raises(BudgetExceeded):
+            await cap.settle(second, Decimal("0.75"))
+            await cap.reserve(Decimal("0.01"))
+    finally:
+        await cap.close()

@@ -13,9 +13,8 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import insert, select, update
-from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db import leases, quotas
+from app.db import leases
 from app.db.tables import (
     DailyReservation,
     DailySpend,
@@ -25,6 +24,7 @@ from app.db.tables import (
     TenantDailySpend,
 )
 from app.db.types import utcnow
+from app.engine.tenancy import TenantDailyCap
 from app.gateway.client import ChatRequest, GatewayClient
 from app.pricing import PriceTable
 from tests.conftest import Harness, make_settings, start_harness
@@ -162,16 +162,16 @@ async def test_an_answer_is_in_the_tenants_day_before_the_swarm_answers(
     waits for that settlement: once the swarm is answered, the tenant's daily spend equals
     its ledger (the end used to commit the row and answer while the settlement still ran:
     the tenant-cap property test saw it once)."""
-    real = quotas.apply_tenant_ops
+    real = TenantDailyCap._apply
     settling = asyncio.Event()
 
-    async def slow_settles(session: AsyncSession, **kw: Any) -> Any:
-        if kw["settles"]:
+    async def slow_settles(cap: TenantDailyCap, reserves: Any, settles: Any) -> Any:
+        if settles:
             settling.set()
             await asyncio.sleep(0.5)
-        return await real(session, **kw)
+        return await real(cap, reserves, settles)
 
-    monkeypatch.setattr(quotas, "apply_tenant_ops", slow_settles)
+    monkeypatch.setattr(TenantDailyCap, "_apply", slow_settles)
     body = {"task": "t", "agents": [agent("a")], "synthesis": {"strategy": "none"}}
     swarm_id = (await harness.post(body)).json()["id"]
     await asyncio.wait_for(settling.wait(), 10)  # the answer is in, its cost being settled

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from datetime import datetime
 from decimal import Decimal
 from typing import Annotated
 
@@ -85,6 +86,30 @@ class Admission:
         else:
             await _checks(session, self.tenant, self.limits, count_swarms=True, own=inserted)
 
+    @property
+    def in_statement(self) -> bool:
+        """Whether the creation's one statement can run `check_in`'s checks (PostgreSQL's
+        `tenant_admit`, `statement_checks`): all of them but a `counting_in()` count, which
+        locks what the facade's own token took."""
+        return not (self.count_only and self.checks_in)
+
+    def statement_checks(self) -> quotas.Admit | None:
+        """`check_in`'s checks for the creation's statement (None: nothing to check)."""
+        if not self.checks_in:
+            return None
+        assert not self.count_only
+        limits = self.limits
+        return quotas.Admit(self.tenant, limits.bucket_size, limits.refill_per_s,
+                            limits.max_active_swarms, limits.daily_budget_usd)
+
+    def refusal(self, refused: quotas.Refused) -> TooManyRequests:
+        """The 429 `check_in` would have raised for what the statement refused."""
+        if refused.limit == "requests_per_minute":
+            return _refuse_rate(refused.wait_s, self.limits)
+        if refused.limit == "max_active_swarms":
+            return _refuse_active(refused.active, self.limits)
+        return _refuse_daily(refused.spent, refused.now, self.limits)
+
     def check_budget(self, budget: Decimal | str | None) -> None:
         """422 for a `limits.budget_usd` above the tenant's `max_budget_usd`."""
         top = self.limits.max_budget_usd
@@ -122,12 +147,29 @@ class Admission:
         return body
 
 
-def _refuse_active(active: int, limits: TenantLimits) -> None:
+def _refuse_rate(wait_s: float, limits: TenantLimits) -> TooManyRequests:
+    assert limits.bucket_size is not None
+    return _refuse("requests_per_minute", f"over {limits.requests_per_minute:g} requests per "
+                   "minute", wait_s, code="rate_limited",
+                   requests_per_minute=limits.requests_per_minute, burst=int(limits.bucket_size))
+
+
+def _refuse_active(active: int, limits: TenantLimits) -> TooManyRequests:
+    return _refuse("max_active_swarms",
+                   f"{active} swarms active; the limit is {limits.max_active_swarms}",
+                   ACTIVE_RETRY_S, max=limits.max_active_swarms, count=active)
+
+
+def _refuse_daily(spent: Decimal, now: datetime, limits: TenantLimits) -> TooManyRequests:
+    cap = limits.daily_budget_usd
+    return _refuse("daily_budget_usd", f"today's budget of {cap} USD is spent",
+                   quotas.seconds_to_midnight(now), max=str(cap), spent=str(spent))
+
+
+def _check_active(active: int, limits: TenantLimits) -> None:
     assert limits.max_active_swarms is not None
     if active >= limits.max_active_swarms:
-        raise _refuse("max_active_swarms",
-                      f"{active} swarms active; the limit is {limits.max_active_swarms}",
-                      ACTIVE_RETRY_S, max=limits.max_active_swarms, count=active)
+        raise _refuse_active(active, limits)
 
 
 def _nothing_to_check(limits: TenantLimits, count_swarms: bool) -> bool:
@@ -143,10 +185,7 @@ async def _checks(session: AsyncSession, tenant: str, limits: TenantLimits,
         # first: the row lock serialises this tenant's admissions across replicas
         wait = await quotas.take_token(session, tenant, size, rate)
         if wait is not None:
-            raise _refuse("requests_per_minute",
-                          f"over {limits.requests_per_minute:g} requests per minute",
-                          wait, code="rate_limited",
-                          requests_per_minute=limits.requests_per_minute, burst=int(size))
+            raise _refuse_rate(wait, limits)
     count = count_swarms and limits.max_active_swarms is not None
     cap = limits.daily_budget_usd
     if not (count or cap is not None):
@@ -157,11 +196,9 @@ async def _checks(session: AsyncSession, tenant: str, limits: TenantLimits,
     # inserted (a read in the token's statement would have the snapshot before the wait)
     state = await quotas.tenant_now(session, tenant, count=count, spent=cap is not None)
     if count:
-        _refuse_active(state.active - own, limits)
+        _check_active(state.active - own, limits)
     if cap is not None and state.spent >= cap:
-        raise _refuse("daily_budget_usd", f"today's budget of {cap} USD is spent",
-                      quotas.seconds_to_midnight(state.now), max=str(cap),
-                      spent=str(state.spent))
+        raise _refuse_daily(state.spent, state.now, limits)
 
 
 async def _count_in(session: AsyncSession, tenant: str, limits: TenantLimits,
@@ -171,7 +208,7 @@ async def _count_in(session: AsyncSession, tenant: str, limits: TenantLimits,
     for the count (the bucket's row when the tenant has a bucket) is taken here."""
     await quotas.lock_active(session, tenant, bucket=limits.requests_per_minute is not None)
     state = await quotas.tenant_now(session, tenant, count=True, spent=False)
-    _refuse_active(state.active - own, limits)
+    _check_active(state.active - own, limits)
 
 
 async def _admit(session: AsyncSession, tenant: str, limits: TenantLimits,

@@ -34,7 +34,7 @@ from app.api.sse import (
     resume_after,
 )
 from app.config import Settings
-from app.db import create, queries, retry_copy
+from app.db import create, queries, quotas, retry_copy
 from app.engine import finish
 from app.engine.scheduler import Scheduler
 from app.engine.specs import build_swarm
@@ -88,11 +88,16 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
             lease_s=settings.lease_seconds, position=True)
         await admission.check_in(s)
 
-    if idempotency_key is None and not admission.checks_in and not settings.is_sqlite:
-        # nothing else to write with it: the insert is one statement, a transaction of its own
-        position = await create.insert_swarm_alone(
-            state.db_engine, new.swarm, new.subtasks, claim_for=local.owner if local else None,
-            lease_s=settings.lease_seconds, position=True)
+    if idempotency_key is None and admission.in_statement and not settings.is_sqlite:
+        # nothing else to write with it: the insert is one statement, a transaction of its own,
+        # that checks the tenant's quotas first
+        try:
+            position = await create.insert_swarm_alone(
+                state.db_engine, new.swarm, new.subtasks,
+                claim_for=local.owner if local else None, lease_s=settings.lease_seconds,
+                position=True, admit=admission.statement_checks())
+        except quotas.Refused as refused:
+            raise admission.refusal(refused) from None
     else:
         async with state.sessions() as session:
             # the body's hash only matters with a key (build_swarm made it then): for a

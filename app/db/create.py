@@ -8,14 +8,16 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+import asyncpg
 from sqlalchemy import Table, insert, select, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.db import one_statement
 from app.db.batch import executemany
+from app.db.direct import fetchrow_pooled
 from app.db.queries import queued_swarms
-from app.db.retry import database_unavailable
+from app.db.quotas import Admit, Refused
 from app.db.session import db_now
 from app.db.session import is_postgres as _is_pg
 from app.db.tables import LiveSubtask, Subtask, Swarm, column_values
@@ -81,27 +83,27 @@ async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[S
 
 async def insert_swarm_alone(engine: AsyncEngine, swarm: Swarm, subtasks: Sequence[Subtask], *,
                              claim_for: str | None = None, lease_s: float = 0.0,
-                             position: bool = False) -> int | None:
+                             position: bool = False, admit: Admit | None = None) -> int | None:
     """`insert_swarm` on PostgreSQL as a transaction of its own: its one statement in
     autocommit, sent by the pooled connection's driver (no BEGIN, no COMMIT, none of
     SQLAlchemy's execution around it). For a creation nothing else is written with (no
     Idempotency-Key, no quota to check in its transaction): one round trip where the
-    transaction took four, a third of one client's `POST` (bench/RESULTS.md, session 11)."""
-    sql, args = _creation(swarm, subtasks, claim_for, lease_s, position)
-    async with engine.connect() as conn:
-        driver = (await conn.get_raw_connection()).driver_connection
-        assert driver is not None  # a checked-out connection has one
-        try:
-            row = await driver.fetchrow(sql, *args)
-        except Exception as exc:
-            if database_unavailable(exc):  # not to be handed out again
-                await conn.invalidate(exc)
-            raise
+    transaction took four, a third of one client's `POST` (bench/RESULTS.md, session 11).
+    With `admit`, the tenant's quotas are checked in that statement: `Refused` when one is
+    reached (nothing stored)."""
+    sql, args = _creation(swarm, subtasks, claim_for, lease_s, position, admit)
+    try:
+        row = await fetchrow_pooled(engine, sql, args)
+    except asyncpg.PostgresError as exc:
+        if (refused := Refused.of(exc)) is not None:
+            raise refused from None
+        raise
     return _created(swarm, row, claim_for, position)
 
 
 def _creation(swarm: Swarm, subtasks: Sequence[Subtask], claim_for: str | None,
-              lease_s: float, position: bool) -> tuple[str, tuple[Any, ...]]:
+              lease_s: float, position: bool, admit: Admit | None = None
+              ) -> tuple[str, tuple[Any, ...]]:
     if claim_for is not None:
         swarm.lease_owner, swarm.lease_epoch = claim_for, 1
     return one_statement.creation(
@@ -110,7 +112,7 @@ def _creation(swarm: Swarm, subtasks: Sequence[Subtask], claim_for: str | None,
         _swarm_values(swarm), [s.__dict__ if isinstance(s, LiveSubtask) else insert_row(s)
                                for s in subtasks], SUBTASK_INSERT_COLUMNS,
         claim_s=lease_s if claim_for is not None else None,
-        count=position and claim_for is None)
+        count=position and claim_for is None, admit=admit)
 
 
 def _created(swarm: Swarm, row: Sequence[Any], claim_for: str | None, position: bool

@@ -1,4 +1,5 @@
-"""One asyncpg connection of the group commit's own, outside SQLAlchemy (PostgreSQL only).
+"""Statements outside SQLAlchemy's execution (PostgreSQL only): one asyncpg connection of the
+group commit's own, and a statement alone on a pooled connection's driver.
 
 A group commit is one statement (`one_statement.py`) that needs nothing of the engine: no
 session, no transaction, no result objects. Through the pool it still cost a checkout, the
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.retry import database_unavailable
 from app.db.session import asyncpg_dsn
@@ -46,3 +48,19 @@ class DirectConnection:
         if conn is not None:
             with contextlib.suppress(Exception):
                 await conn.close(timeout=2)
+
+
+async def fetchrow_pooled(engine: AsyncEngine, sql: str, args: Sequence[Any]) -> asyncpg.Record:
+    """`sql` as a transaction of its own (autocommit) on a pooled connection's driver: no
+    BEGIN, no COMMIT, none of SQLAlchemy's execution around its one round trip. A connection
+    that lost the database is invalidated, not handed out again."""
+    async with engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        assert driver is not None  # a checked-out connection has one
+        try:
+            row: asyncpg.Record = await driver.fetchrow(sql, *args)
+        except Exception as exc:
+            if database_unavailable(exc):
+                await conn.invalidate(exc)
+            raise
+    return row

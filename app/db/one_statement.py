@@ -40,6 +40,7 @@ from sqlalchemy.dialects import postgresql
 from app.db.batch import bind_processor
 from app.db.changes import LEDGER_SETTLED, SwarmWrite
 from app.db.notify import CHANGED, QUEUED
+from app.db.quotas import Admit
 from app.db.tables import (
     Event,
     GatewayCall,
@@ -136,8 +137,8 @@ def statement(owner: str, writes: Sequence[SwarmWrite]) -> Statement:
 
 
 def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
-             subtask_keys: tuple[str, ...], *, claim_s: float | None, count: bool
-             ) -> tuple[str, tuple[Any, ...]]:
+             subtask_keys: tuple[str, ...], *, claim_s: float | None, count: bool,
+             admit: Admit | None = None) -> tuple[str, tuple[Any, ...]]:
     """A new swarm as one statement: its row (every column given; with `claim_s` leased for that
     many seconds from the database's clock), its subtasks (`subtask_keys` of each), its NOTIFY
     unless claimed (nobody else may claim it: no engine need wake for it), and with `count` the
@@ -149,10 +150,14 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
     The subtasks' columns that every row has alike (new rows differ in little but their name,
     position and prompts) are sent once, not once per row: a 1,000-agent swarm's document was
     547 KB of ~30 keys a row where three varied, ~6 ms to encode and ~7 ms for PostgreSQL to
-    parse (bench/RESULTS.md, session 15)."""
+    parse (bench/RESULTS.md, session 15).
+
+    With `admit`, the tenant's quotas are checked first, in the same statement (migration
+    0014's `tenant_admit`, which the swarm's INSERT reads before it writes): a refusal raises
+    (quotas.Refused.of) and nothing of the statement stays, the token taken included."""
     sql, sw_cols, st_cols, alike_cols = _creation(
         tuple(swarm), _split(subtasks, subtask_keys) if subtasks else None,
-        claim_s is not None, count)
+        claim_s is not None, count, admit is not None)
     args: list[Any] = [_document([swarm], sw_cols)]
     args += [_json(swarm[key]) for key in _OWN_PARAMETER if key in swarm]
     if st_cols is not None:
@@ -161,6 +166,8 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
         args.append(_document(subtasks[:1], alike_cols))
     if claim_s is not None:
         args.append(float(claim_s))
+    if admit is not None:
+        args += admit.args(swarm["id"])
     return sql, tuple(args)
 
 
@@ -213,7 +220,7 @@ def _alike(a: Any, b: Any) -> bool:
 @functools.lru_cache(maxsize=256)
 def _creation(swarm_keys: tuple[str, ...],
               subtask_keys: tuple[tuple[str, ...], tuple[str, ...]] | None, claim: bool,
-              count: bool) -> tuple[str, _Columns, _Columns | None, _Columns | None]:
+              count: bool, admit: bool) -> tuple[str, _Columns, _Columns | None, _Columns | None]:
     params = iter(range(1, 100))
     own = [k for k in _OWN_PARAMETER if k in swarm_keys]
     sw_cols, sw_source = _recordset(_SWARMS, tuple(k for k in swarm_keys if k not in own),
@@ -234,9 +241,14 @@ def _creation(swarm_keys: tuple[str, ...],
             source += f" CROSS JOIN {alike_source}"
     if claim:
         values["lease_expires_at"] = f"now() + make_interval(secs => ${next(params)}::float8)"
-    ctes = [f"new_swarm AS (INSERT INTO {_Q(_SWARMS.name)} ({', '.join(map(_Q, values))}) "
-            f"SELECT {', '.join(values.values())} FROM {sw_source} RETURNING id, tenant, "
-            "created_at, lease_expires_at)"]
+    ctes = []
+    if admit:  # read by the swarm's INSERT: the checks (and their locks) come before its row
+        call = Admit.CALL.format(*(f"${next(params)}" for _ in range(7)))
+        ctes.append(f"admitted AS (SELECT {call} AS ok)")
+        sw_source += " CROSS JOIN admitted WHERE admitted.ok"
+    ctes.append(f"new_swarm AS (INSERT INTO {_Q(_SWARMS.name)} ({', '.join(map(_Q, values))}) "
+                f"SELECT {', '.join(values.values())} FROM {sw_source} RETURNING id, tenant, "
+                "created_at, lease_expires_at)")
     if st_cols is not None:
         columns = [*st_cols.keys, *(alike_cols.keys if alike_cols else ())]
         # the subtasks' foreign key is checked at the statement's end: their swarm is there

@@ -7,6 +7,7 @@ Repository functions: they take a session and never commit; the caller owns the 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import time
 import uuid
@@ -168,6 +169,55 @@ async def tenant_now(session: AsyncSession, tenant: str, *, count: bool,
     return TenantNow(now, active, settled)
 
 
+# ---- every check of a creation in its statement (PostgreSQL) ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """A creation's quota checks for migration 0014's `tenant_admit`, called in the creation's
+    statement (one_statement.creation): each limit None when the tenant has none."""
+
+    tenant: str
+    size: float | None  # the bucket's size and refill per second (both or neither)
+    rate: float | None
+    max_active: int | None
+    cap: Decimal | None
+
+    CALL = "tenant_admit({}::varchar, {}::float8, {}::float8, {}::bigint, {}::numeric, " \
+           "{}::varchar[], {}::varchar)"
+
+    def args(self, own_id: str) -> tuple[Any, ...]:
+        """The call's arguments, in CALL's order; `own_id`: the new swarm, never counted."""
+        return (self.tenant, self.size, self.rate, self.max_active, self.cap,
+                list(ACTIVE_VALUES), own_id)
+
+
+REFUSED_SQLSTATE = "SQ429"  # tenant_admit's refusal
+
+
+class Refused(Exception):
+    """`tenant_admit` refused the creation: `limit` is the SPEC §8 key; `wait_s` (the bucket),
+    `active` (max_active_swarms) or `spent` (the daily cap) says by how much; `now` is the
+    database's clock."""
+
+    def __init__(self, limit: str, now: datetime, wait_s: float = 0.0, active: int = 0,
+                 spent: Decimal = Decimal(0)) -> None:
+        super().__init__(limit)
+        self.limit, self.now, self.wait_s, self.active, self.spent = (
+            limit, now, wait_s, active, spent)
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Refused | None:
+        """The refusal an error of the creation's statement carries (None: another error)."""
+        if getattr(exc, "sqlstate", None) != REFUSED_SQLSTATE:
+            return None
+        detail = json.loads(getattr(exc, "detail", None) or "{}")
+        return cls(str(getattr(exc, "message", "")),
+                   datetime.fromtimestamp(float(detail["now"]), UTC),
+                   wait_s=float(detail.get("wait", 0.0)), active=int(detail.get("active", 0)),
+                   spent=Decimal(detail.get("spent") or 0))
+
+
 # ---- the tenant daily cap -------------------------------------------------------------------
 
 
@@ -218,7 +268,9 @@ async def apply_tenant_ops(session: AsyncSession, tenant: str, cap: Decimal,
     The tenant's day row is the lock every process serialises on (PostgreSQL: an upsert that
     updates it; SQLite: the first write locks the file), so no two processes see the same
     money as free; one transaction serves a whole batch of calls (a group commit for the
-    cap)."""
+    cap). A settlement adds its cost only while its reservation is there (or older than
+    yesterday, which a cleanup may have taken): a batch retried after its answer was lost
+    adds nothing twice."""
     if is_postgres(session):
         return await _apply_tenant_ops_pg(session, tenant, cap, reserves, settles, owner,
                                           lease_s)
@@ -226,12 +278,17 @@ async def apply_tenant_ops(session: AsyncSession, tenant: str, cap: Decimal,
     await session.execute(sqlite.insert(TenantDailySpend)
                           .values(tenant=tenant, day=day, spent_usd=Decimal(0))
                           .on_conflict_do_nothing(index_elements=["tenant", "day"]))
-    for when, actual in _by_day(settles).items():
-        if actual:
-            await _add_spent(session, tenant, when, actual)
     if settles:
+        ids = [op.reservation_id for op in settles]
+        there = set((await session.execute(select(TenantDailyReservation.id).where(
+            TenantDailyReservation.id.in_(ids), TenantDailyReservation.tenant == tenant))
+        ).scalars())
+        for when, actual in _by_day([op for op in settles if op.reservation_id in there
+                                     or op.day < day - timedelta(days=1)]).items():
+            if actual:
+                await _add_spent(session, tenant, when, actual)
         await session.execute(delete(TenantDailyReservation).where(
-            TenantDailyReservation.id.in_([op.reservation_id for op in settles])))
+            TenantDailyReservation.id.in_(ids)))
     if not reserves:
         return []
     # a dead process's reservations hold their day's money (_left), that day only
@@ -242,57 +299,38 @@ async def apply_tenant_ops(session: AsyncSession, tenant: str, cap: Decimal,
     return await _grant(session, tenant, reserves, left, live, day, now, owner, lease_s)
 
 
-# PostgreSQL's batch in two or three statements where the one above takes up to nine round
-# trips (a py-spy profile of `serve` with every quota on: 9 % of its samples in these
-# batches). The upsert locks the tenant's day row (ON CONFLICT DO UPDATE always locks it),
-# adds today's settlements and reads the clock and the day's spend; everything after it in
-# the transaction runs under that lock.
-_LOCK_DAY = text("""
-WITH clock AS (SELECT now() AS now, CAST(timezone('UTC', now()) AS date) AS day),
-up AS (
-  INSERT INTO tenant_daily_spend (tenant, day, spent_usd)
-  SELECT :tenant, clock.day, coalesce((
-    SELECT sum(u.amount) FROM unnest(CAST(:days AS date[]), CAST(:amounts AS numeric[]))
-      AS u(day, amount) WHERE u.day = clock.day), 0)
-  FROM clock
-  ON CONFLICT (tenant, day) DO UPDATE
-    SET spent_usd = tenant_daily_spend.spent_usd + EXCLUDED.spent_usd
-  RETURNING spent_usd, day)
-SELECT up.spent_usd, clock.now, up.day FROM up, clock
-""")
-# The settled reservations (and the tenant's two days old) go, and what the day's others
-# hold — expired ones too: a dead process's hold its money (_left) — is read, with how many
-# are live: one statement (its query does not see its own DELETE, hence the exclusion).
-_DROP_AND_HELD = text("""
-WITH gone AS (
-  DELETE FROM tenant_daily_reservations
-  WHERE id = ANY(CAST(:settled AS varchar[]))
-     OR (tenant = :tenant AND day < CAST(:day AS date) - 1))
-SELECT coalesce(sum(amount), 0), count(*) FILTER (WHERE expires_at > CAST(:now AS timestamptz))
-FROM tenant_daily_reservations
-WHERE tenant = :tenant AND day = :day AND NOT (id = ANY(CAST(:settled AS varchar[])))
-""")
+# PostgreSQL's batch is one statement: migration 0014's `tenant_cap_apply`, the same steps in
+# the same order (the tenant's day row locked first; the reads after it see what its last holder
+# committed). It was a transaction of up to five round trips through the ORM, twice for every
+# call of a tenant with a cap (every tenant by default): most of `serve`'s CPU per 1-agent swarm
+# beside the service's own (bench/RESULTS.md, session 26).
+_APPLY = ("SELECT o_day, o_ids, o_left, o_live FROM tenant_cap_apply($1::varchar, $2::numeric, "
+          "$3::varchar[], $4::numeric[], $5::date[], $6::numeric[], $7::varchar, $8::float8)")
+
+
+def tenant_ops_statement(tenant: str, cap: Decimal, reserves: Sequence[Decimal],
+                         settles: Sequence[Settle], owner: str, lease_s: float
+                         ) -> tuple[str, tuple[Any, ...]]:
+    """`apply_tenant_ops` on PostgreSQL as one statement and its arguments (for the caller's
+    transaction, or alone in autocommit: `tenant_checks` reads its answer)."""
+    return _APPLY, (tenant, cap, [op.reservation_id for op in settles],
+                    [op.actual for op in settles], [op.day for op in settles], list(reserves),
+                    owner, float(lease_s))
+
+
+def tenant_checks(row: Sequence[Any]) -> list[DailyCheck]:
+    """One DailyCheck per reservation asked, from `tenant_ops_statement`'s row."""
+    day, ids, lefts, lives = row
+    return [DailyCheck(day, rid, left, int(live))
+            for rid, left, live in zip(ids or (), lefts or (), lives or (), strict=True)]
 
 
 async def _apply_tenant_ops_pg(session: AsyncSession, tenant: str, cap: Decimal,
                                reserves: Sequence[Decimal], settles: Sequence[Settle],
                                owner: str, lease_s: float) -> list[DailyCheck]:
-    by_day = _by_day(settles)
-    spent, now, day = (await session.execute(_LOCK_DAY, {
-        "tenant": tenant, "days": list(by_day), "amounts": list(by_day.values())})).one()
-    for when, actual in by_day.items():  # a reservation of an earlier day settled today
-        if when != day and actual:
-            await _add_spent(session, tenant, when, actual)
-    settled = [op.reservation_id for op in settles]
-    if not reserves:
-        if settled:
-            await session.execute(delete(TenantDailyReservation).where(
-                TenantDailyReservation.id.in_(settled)))
-        return []
-    held, live = (await session.execute(_DROP_AND_HELD, {
-        "settled": settled, "tenant": tenant, "day": day, "now": now})).one()
-    return await _grant(session, tenant, reserves, cap - spent - held, int(live), day, now,
-                        owner, lease_s)
+    sql, args = tenant_ops_statement(tenant, cap, reserves, settles, owner, lease_s)
+    conn = await session.connection()
+    return tenant_checks((await conn.exec_driver_sql(sql, args)).one())
 
 
 def _by_day(settles: Sequence[Settle]) -> dict[date, Decimal]:
@@ -305,9 +343,11 @@ def _by_day(settles: Sequence[Settle]) -> dict[date, Decimal]:
 
 
 async def _add_spent(session: AsyncSession, tenant: str, day: date, actual: Decimal) -> None:
-    await session.execute(update(TenantDailySpend).where(
-        TenantDailySpend.tenant == tenant, TenantDailySpend.day == day)
-        .values(spent_usd=TenantDailySpend.spent_usd + actual))
+    """SQLite: `actual` added to the tenant's spend on `day` (its row made if it has none)."""
+    await session.execute(sqlite.insert(TenantDailySpend)
+                          .values(tenant=tenant, day=day, spent_usd=actual)
+                          .on_conflict_do_update(index_elements=["tenant", "day"], set_={
+                              "spent_usd": TenantDailySpend.spent_usd + actual}))
 
 
 async def _grant(session: AsyncSession, tenant: str, reserves: Sequence[Decimal],

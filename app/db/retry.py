@@ -38,13 +38,15 @@ def database_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.InterfaceError) or _lost_connection(exc)
 
 
-# SQLSTATE 42P01 (undefined table), 42703 (undefined column): a schema behind the code's
-_SCHEMA_BEHIND = ("42P01", "42703")
+# SQLSTATE 42P01 (undefined table), 42703 (undefined column), 42883 (undefined function: a
+# migration's function, as `tenant_admit`): a schema behind the code's
+_SCHEMA_BEHIND = ("42P01", "42703", "42883")
 
 
 def database_not_migrated(exc: BaseException) -> bool:
-    """A statement that names a table or column the database does not have yet: `serve`
-    started before `swarm-api migrate` (PostgreSQL; SQLite migrates itself on start)."""
+    """A statement that names a table, column or function the database does not have yet:
+    `serve` started before `swarm-api migrate` (PostgreSQL; SQLite migrates itself on
+    start)."""
     orig = _driver_error(exc)
     return str(getattr(orig, "sqlstate", "") or "") in _SCHEMA_BEHIND
 

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from app.aio import run_to_end
 from app.db import quotas
-from app.db.retry import in_transaction
+from app.db.direct import fetchrow_pooled
+from app.db.retry import in_transaction, retrying
 from app.db.session import SessionFactory
 from app.db.spend import DailyCheck
 from app.engine.budget import BudgetExceeded, Reservation, SharedCap
@@ -54,6 +57,8 @@ class TenantDailyCap:
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        engine: AsyncEngine = sessions.kw["bind"]
+        self._engine = engine if engine.dialect.name == "postgresql" else None
 
     async def reserve(self, amount: Decimal) -> Reservation:
         """Hold `amount` for today, waiting while calls in flight may free money."""
@@ -114,10 +119,7 @@ class TenantDailyCap:
             reserves = [op for op in batch if op.settle is None]
             settles = [op.settle for op in batch if op.settle is not None]
             try:
-                checks = await in_transaction(self.sessions, functools.partial(
-                    quotas.apply_tenant_ops, tenant=self.tenant, cap=self.limit,
-                    reserves=[op.amount for op in reserves], settles=settles,
-                    owner=self.owner, lease_s=self.lease_s), retry_for_s=self.lease_s)
+                checks = await self._apply([op.amount for op in reserves], settles)
             except BaseException as exc:  # each caller sees the failure (as with DailyCap)
                 # stopped (close) mid-batch too: a settlement waits for its op to end
                 # (run_to_end), so none may be left waiting on a batcher that is gone
@@ -132,6 +134,24 @@ class TenantDailyCap:
             for op in batch:
                 if not op.future.done():
                     op.future.set_result(None)
+
+    async def _apply(self, reserves: list[Decimal], settles: list[quotas.Settle]
+                     ) -> list[DailyCheck]:
+        """One batch, retried while the database is unavailable: on PostgreSQL its one
+        statement alone on a pooled connection's driver (autocommit: no BEGIN, no COMMIT, no
+        ORM around it; a retry of a batch whose answer was lost settles nothing twice)."""
+        if self._engine is None:
+            return await in_transaction(self.sessions, functools.partial(
+                quotas.apply_tenant_ops, tenant=self.tenant, cap=self.limit,
+                reserves=reserves, settles=settles, owner=self.owner, lease_s=self.lease_s),
+                retry_for_s=self.lease_s)
+        engine = self._engine
+        sql, args = quotas.tenant_ops_statement(self.tenant, self.limit, reserves, settles,
+                                                self.owner, self.lease_s)
+
+        async def once() -> list[DailyCheck]:
+            return quotas.tenant_checks(await fetchrow_pooled(engine, sql, args))
+        return await retrying(once, self.lease_s)
 
     async def _refresh_loop(self) -> None:
         while True:
