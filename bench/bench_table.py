@@ -10,7 +10,9 @@ and 50 concurrent 100-agent swarms at 200 ms with 256 in flight (over their floo
 median of `--runs`, alternating with its peer, with its range — serve's memory per in-flight
 call (its peak over those runs), and `POST /swarms` under 200 concurrent clients and from one
 client, with the engine in the process, from an API-only process (`serve --no-engine`, its own
-database), and split (that API-only process with a `swarm-api worker` beside it). With `--cli`,
+database), split (that API-only process with a `swarm-api worker` beside it), and with the
+engine under every SPEC §8 quota checked and none reached (what a default tenant's admission and
+daily-cap reservations cost; the other rows lift the quotas). With `--cli`,
 each named build runs every row in turn (before/after in one run).
 Appends to bench/RESULTS.md (not with `--quick`, a smoke run).
 """
@@ -37,6 +39,7 @@ import aiohttp
 import httpx
 
 from bench.bench_create import (
+    CHECKED_TENANTS,
     drained,
     engine_worker,
     errors_cell,
@@ -346,6 +349,19 @@ def table(cli: str, runs: int, quick: bool, work: Path) -> list[str]:
                     got[client] = asyncio.run(creation(api2, quick, engine=split,
                                                        client=client))
             rows.extend(creation_rows(got, quick, where))
+        # and with the engine under SPEC §8's quotas, every one checked and none reached
+        # (CHECKED_TENANTS): what a tenant with the defaults pays for its admission and its
+        # calls' daily-cap reservations, without measuring the 600-a-minute bucket's 429s
+        checked = tenants_file(work, CHECKED_TENANTS)
+        got = {}
+        for client in ("httpx", "aiohttp"):
+            with serve_db("swarm_bench") as db4, process(
+                    ["serve", "--port", str(api2_port)],
+                    {**env, **db4, "SWARM_TENANTS_FILE": str(checked)}, f"{api2}/readyz",
+                    work / f"checked-{client}.log", cli=cli):
+                got[client] = asyncio.run(creation(api2, quick, engine=True, client=client))
+        rows.extend(creation_rows(got, quick, "with the engine, every SPEC §8 quota checked "
+                                  "(none reached)"))
     return rows
 
 
@@ -375,8 +391,9 @@ def main() -> None:
         f"{platform.python_version()}; 1-min load average at the end {load:.1f}). "
         "`serve` runs with a SWARM_TENANTS_FILE that lifts SPEC §8's rate, active-swarm and "
         "daily limits (`bench/bench_create.py` BENCH_TENANTS; budgets as SPEC's defaults): "
-        "without it the load rows measure the token bucket (600/min, 429s). Errors are "
-        "counted by kind (HTTP status, or the client's exception).\n",
+        "without it the load rows measure the token bucket (600/min, 429s); the last two rows "
+        "check every quota instead, none reached (`bench/bench_create.py` CHECKED_TENANTS). "
+        "Errors are counted by kind (HTTP status, or the client's exception).\n",
         *sections,
     ]
     if not args.quick:  # a smoke run's figures are not results
