@@ -40,7 +40,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.session import db_now, is_postgres
 from app.db.spend import DailyCheck
-from app.db.tables import Swarm, TenantBucket, TenantDailyReservation, TenantDailySpend
+from app.db.tables import (
+    Swarm,
+    TenantBucket,
+    TenantDailyReservation,
+    TenantDailySpend,
+    table_of,
+)
 from app.db.types import utcnow
 from app.states import ACTIVE_SWARM as ACTIVE
 from app.states import SwarmStatus
@@ -61,16 +67,19 @@ def _bucket_statements(pg: bool) -> tuple[Executable, Executable]:
                                else bindparam("now", type_=Float()))
     size, rate = bindparam("size", type_=Float()), bindparam("rate", type_=Float())
     least, greatest = (func.least, func.greatest) if pg else (func.min, func.max)
-    elapsed = greatest(now - TenantBucket.updated_at, 0)
-    refilled = least(TenantBucket.tokens + elapsed * rate, size)
+    # the Core table, not the mapped class: an ORM entity's INSERT ... RETURNING goes through
+    # the session's bulk-insert machinery (~8 % of `serve`'s samples with every quota checked)
+    bucket = table_of(TenantBucket).c
+    elapsed = greatest(now - bucket.updated_at, 0)
+    refilled = least(bucket.tokens + elapsed * rate, size)
     upsert = postgresql.insert if pg else sqlite.insert
-    take = (upsert(TenantBucket)
+    take = (upsert(table_of(TenantBucket))
             .values(tenant=bindparam("tenant"), tokens=size - 1, updated_at=now)
             .on_conflict_do_update(index_elements=["tenant"],
                                    set_={"tokens": refilled - 1, "updated_at": now},
                                    where=refilled >= 1)
-            .returning(TenantBucket.tokens))
-    look = select(refilled).where(TenantBucket.tenant == bindparam("tenant"))
+            .returning(bucket.tokens))
+    look = select(refilled).where(bucket.tenant == bindparam("tenant"))
     return take, look
 
 
