@@ -26,11 +26,12 @@ from decimal import Decimal
 from typing import Annotated
 
 from fastapi import Depends, Request
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app import metrics
 from app.api.deps import SessionDep, SettingsDep, TenantDep
 from app.db import quotas
+from app.db.session import is_postgres
 from app.errors import RequestInvalid, TooManyRequests
 from app.schemas import SwarmCreate
 from app.tenants import TenantLimits
@@ -104,11 +105,7 @@ class Admission:
 
     def refusal(self, refused: quotas.Refused) -> TooManyRequests:
         """The 429 `check_in` would have raised for what the statement refused."""
-        if refused.limit == "requests_per_minute":
-            return _refuse_rate(refused.wait_s, self.limits)
-        if refused.limit == "max_active_swarms":
-            return _refuse_active(refused.active, self.limits)
-        return _refuse_daily(refused.spent, refused.now, self.limits)
+        return _refusal(refused, self.limits)
 
     def check_budget(self, budget: Decimal | str | None) -> None:
         """422 for a `limits.budget_usd` above the tenant's `max_budget_usd`."""
@@ -145,6 +142,15 @@ class Admission:
                 update={"budget_usd": self.limits.default_budget_usd})
             body = body.model_copy(update={"limits": limits})
         return body
+
+
+def _refusal(refused: quotas.Refused, limits: TenantLimits) -> TooManyRequests:
+    """The 429 `_checks` raises, for what `tenant_admit` refused."""
+    if refused.limit == "requests_per_minute":
+        return _refuse_rate(refused.wait_s, limits)
+    if refused.limit == "max_active_swarms":
+        return _refuse_active(refused.active, limits)
+    return _refuse_daily(refused.spent, refused.now, limits)
 
 
 def _refuse_rate(wait_s: float, limits: TenantLimits) -> TooManyRequests:
@@ -215,6 +221,17 @@ async def _admit(session: AsyncSession, tenant: str, limits: TenantLimits,
                  count_swarms: bool) -> None:
     if _nothing_to_check(limits, count_swarms):
         return  # nothing to check: no transaction either
+    if is_postgres(session):  # tenant_admit alone, in autocommit: one round trip, no ORM
+        admit = quotas.Admit(tenant, limits.bucket_size, limits.refill_per_s,
+                             limits.max_active_swarms if count_swarms else None,
+                             limits.daily_budget_usd)
+        engine = session.bind
+        assert isinstance(engine, AsyncEngine)  # the app's sessions are bound to its engine
+        try:
+            await quotas.admit_alone(engine, admit)
+        except quotas.Refused as refused:
+            raise _refusal(refused, limits) from None
+        return
     async with session.begin():
         await _checks(session, tenant, limits, count_swarms)
 

@@ -36,8 +36,9 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from app.db.direct import fetchrow_pooled
 from app.db.session import db_now, is_postgres
 from app.db.spend import DailyCheck
 from app.db.tables import (
@@ -202,6 +203,22 @@ class Admit:
 
 
 REFUSED_SQLSTATE = "SQ429"  # tenant_admit's refusal
+
+
+async def admit_alone(engine: AsyncEngine, admit: Admit) -> None:
+    """`tenant_admit` as a statement of its own (autocommit) for a request that stores
+    nothing with its checks (the facade's): the token stays taken; `Refused` when a limit is
+    reached."""
+    try:
+        await fetchrow_pooled(engine, f"SELECT {Admit.CALL.format(*_DOLLARS)}",
+                              admit.args(""))
+    except Exception as exc:
+        if (refused := Refused.of(exc)) is not None:
+            raise refused from None
+        raise
+
+
+_DOLLARS = tuple(f"${i}" for i in range(1, 8))
 
 
 class Refused(Exception):

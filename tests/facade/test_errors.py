@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import gzip
 import json
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from sqlalchemy import delete
 
 from app.api.openai_swarm import request_field
+from app.db.session import make_db_engine, make_session_factory
+from app.db.tables import TenantDailySpend
 from app.pricing import BUILTIN_MODELS
 from app.schemas import SwarmCreate
 from tests.facade.conftest import Facade, start_facade
@@ -237,11 +242,11 @@ def test_swarm_fields_are_named_as_the_request_names_them() -> None:
     assert request_field("tools_x") == "tools_x"  # a prefix only at a dot
 
 
-async def test_the_tenants_bucket_is_a_429_with_retry_after(sqlite_url: str,
+async def test_the_tenants_bucket_is_a_429_with_retry_after(database_url: str,
                                                            tmp_path: Path) -> None:
     tenants = tmp_path / "tenants.toml"
     tenants.write_text("[defaults]\nrequests_per_minute = 1\nburst = 1\n")
-    async with start_facade(sqlite_url, tenants_file=str(tenants)) as facade:
+    async with start_facade(database_url, tenants_file=str(tenants)) as facade:
         sdk = facade.sdk(max_retries=0)
         plain = {"model": "deepseek-v3.2", "max_tokens": 20,
                  "messages": [{"role": "user", "content": "hi"}]}
@@ -252,6 +257,37 @@ async def test_the_tenants_bucket_is_a_429_with_retry_after(sqlite_url: str,
         assert body["code"] == "rate_limited" and body["type"] == "rate_limit_error"
         assert int(caught.value.response.headers["retry-after"]) >= 1
         assert (await facade.usage())["total"]["gateway_calls"] == 1  # refused: not sent
+
+
+async def test_a_spent_tenant_day_is_a_429_before_the_call(database_url: str,
+                                                          tmp_path: Path) -> None:
+    """SPEC §8's daily cap at the facade's admission (on PostgreSQL `tenant_admit` alone, in
+    autocommit): a tenant whose day is spent is refused before anything is sent; another
+    tenant is not."""
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[defaults]\ndaily_budget_usd = "0.5"\n')
+    db = make_db_engine(database_url)
+    try:
+        async with make_session_factory(db)() as s, s.begin():
+            await s.execute(delete(TenantDailySpend))  # the table outlives the truncation
+            s.add(TenantDailySpend(tenant="t1", day=datetime.now(UTC).date(),
+                                   spent_usd=Decimal("0.5")))
+    finally:
+        await db.dispose()
+    async with start_facade(database_url, tenants_file=str(tenants)) as facade:
+        plain = {"model": "deepseek-v3.2", "max_tokens": 20,
+                 "messages": [{"role": "user", "content": "hi"}]}
+        with pytest.raises(openai.RateLimitError) as caught:
+            await facade.sdk(max_retries=0).chat.completions.create(**plain)  # type: ignore[call-overload]
+        body: Any = caught.value.body
+        assert body["code"] == "quota_exceeded" and body["type"] == "rate_limit_error"
+        # admission's refusal, not the call's daily-cap reservation (which would refuse too)
+        assert body["message"] == "today's budget of 0.5 USD is spent"
+        assert 1 <= int(caught.value.response.headers["retry-after"]) <= 86_400
+        assert (await facade.usage())["total"]["gateway_calls"] == 0  # refused: not sent
+        other = await facade.http.post("/v1/chat/completions", json=plain,
+                                       headers={"Authorization": "Bearer k2"})
+        assert other.status_code == 200, other.text
 
 
 async def test_an_agent_swarm_takes_one_token_of_the_bucket(sqlite_url: str,
