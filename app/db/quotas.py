@@ -2,6 +2,9 @@
 daily cap's rows (the same reserve / settle / refresh contract as `spend.py`'s global cap).
 
 Repository functions: they take a session and never commit; the caller owns the transaction.
+On PostgreSQL the checks and the cap's batches are also migration 0014's functions, sent as
+statements of their own (`admit_alone`, `tenant_ops_statement`) or inside a creation's
+(`Admit`): one round trip each where the ORM took four or five.
 """
 
 from __future__ import annotations
