@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,7 +87,8 @@ def tenants_file(work: Path, text: str = BENCH_TENANTS) -> Path:
 
 
 async def post_load(api: str, clients: int, each: int,
-                    body: dict[str, Any] | None = None, client: str = "httpx") -> dict[str, Any]:
+                    body: dict[str, Any] | None = None, client: str = "httpx",
+                    keyed: bool = False) -> dict[str, Any]:
     """`clients` concurrent callers (one connection each), each POSTing `each` swarms in a
     row: creations/s, p50/p99 latency, and the errors by kind. `client="aiohttp"`: the
     callers on aiohttp, a load generator that takes less of this machine's two cores from
@@ -98,12 +100,15 @@ async def post_load(api: str, clients: int, each: int,
     # each, even for http://), which put 3 s of the load generator's start-up in the p99
     tls = httpx.create_ssl_context()
 
+    def headers() -> dict[str, str]:  # `keyed`: a fresh Idempotency-Key, as the typed client
+        return {"Idempotency-Key": uuid.uuid4().hex} if keyed else {}
+
     async def caller() -> None:
         async with httpx.AsyncClient(base_url=api, timeout=60, verify=tls) as c:
             for _ in range(each):
                 t0 = time.perf_counter()
                 try:
-                    r = await c.post("/swarms", json=body)
+                    r = await c.post("/swarms", json=body, headers=headers())
                     if r.status_code != 202:
                         errors[f"HTTP {r.status_code}"] += 1
                 except httpx.HTTPError as exc:
@@ -117,7 +122,7 @@ async def post_load(api: str, clients: int, each: int,
             for _ in range(each):
                 t0 = time.perf_counter()
                 try:
-                    async with c.post("/swarms", json=body) as r:
+                    async with c.post("/swarms", json=body, headers=headers()) as r:
                         await r.read()
                         if r.status != 202:
                             errors[f"HTTP {r.status}"] += 1
@@ -229,24 +234,24 @@ def postgres_cpu_s() -> float:
 
 
 async def measure(url: str, clients: int, each: int, single: int, pids: list[int],
-                  profile: Path | None, engine: bool, client: str = "httpx"
-                  ) -> dict[str, dict[str, Any]]:
+                  profile: Path | None, engine: bool, client: str = "httpx",
+                  keyed: bool = False) -> dict[str, dict[str, Any]]:
     """`pids`: the processes whose CPU a request is charged (serve's, and a worker's); the
     first is the one profiled."""
     def cpu() -> float:
         return sum(cpu_s(p) for p in pids)
 
-    await post_load(url, 10, 5, client=client)  # warm-up: connections, caches, first rows
+    await post_load(url, 10, 5, client=client, keyed=keyed)  # warm-up: connections, caches
     with profiled(pids[0], profile and profile.with_suffix(".load.raw")):
         c0, db0 = cpu(), postgres_cpu_s()
-        load = await post_load(url, clients, each, client=client)
+        load = await post_load(url, clients, each, client=client, keyed=keyed)
         load["cpu_ms"] = (cpu() - c0) * 1000 / (clients * each)
         load["db_cpu_ms"] = (postgres_cpu_s() - db0) * 1000 / (clients * each)
     if engine:
         load["drained_s"] = await drained(url)
     with profiled(pids[0], profile and profile.with_suffix(".single.raw")):
         c0 = cpu()
-        one = await post_load(url, 1, single, client=client)
+        one = await post_load(url, 1, single, client=client, keyed=keyed)
         one["cpu_ms"] = (cpu() - c0) * 1000 / single
     return {"load": load, "single": one}
 
@@ -288,7 +293,8 @@ def run(label: str, cli: str, mode: str, args: argparse.Namespace,
                 env, work / f"{label}-{mode}-worker.log", cli)).pid)
         prof = Path(args.profile) / f"{label}-{mode}-{client}" if args.profile else None
         return asyncio.run(measure(url, args.clients, args.each, args.single, pids,
-                                   prof, engine=mode != "api", client=client))
+                                   prof, engine=mode != "api", client=client,
+                                   keyed=args.keyed))
 
 
 def main() -> None:
@@ -305,6 +311,8 @@ def main() -> None:
     ap.add_argument("--checked", action="store_true",
                     help="every SPEC §8 quota set (none reached): admission's cost included")
     ap.add_argument("--profile", default="", help="directory for py-spy raw profiles")
+    ap.add_argument("--keyed", action="store_true",
+                    help="a fresh Idempotency-Key on every POST, as the typed client sends")
     ap.add_argument("--client", default="httpx",
                     help="the load generator's HTTP client, or a comma list: httpx, aiohttp")
     args = ap.parse_args()

@@ -27,6 +27,7 @@ from app.db.types import utcnow
 from app.engine.specs import NewSwarm, build_swarm
 from app.schemas import SwarmCreate
 from tests.conftest import Harness, make_settings, start_harness
+from tests.helpers import error_of
 from tests.procs import Db
 
 AGENTS = {"task": "t", "agents": [{"name": "a"}, {"name": "b", "depends_on": ["a"]},
@@ -180,7 +181,7 @@ async def test_post_is_one_statement_when_nothing_else_is_written(pg_url: str, t
         if not engine:  # the answer built from memory is what is stored
             assert seen == created
         n, keyed = await begins(h, headers={"Idempotency-Key": "k1"})
-        assert n >= 1  # the key's lookup and the insert share a transaction
+        assert n == 0  # with a key too: its lookup and the insert are a statement each
         assert (await h.post(AGENTS, headers={"Idempotency-Key": "k1"})).json()["id"] \
             == keyed["id"]
     finally:
@@ -199,7 +200,40 @@ async def test_post_with_quotas_to_check_is_one_statement_too(pg_url: str) -> No
         (tokens,) = await Db(pg_url).fetch("SELECT tokens FROM tenant_buckets")
         assert limits.bucket_size - 1.5 < tokens[0] < limits.bucket_size - 0.5  # one taken
         n, _ = await begins(h, headers={"Idempotency-Key": "k1"})
-        assert n >= 1
+        assert n == 0
+    finally:
+        await close()
+
+
+@pytest.mark.parametrize("engine", [False, True], ids=["queued", "adopted"])
+async def test_a_keyed_post_frees_an_expired_key_in_its_statement(pg_url: str,
+                                                                  engine: bool) -> None:
+    """SPEC §3's Idempotency-Key on the one-statement path, with SPEC §8's quotas checked in
+    it (and, adopted, the local claim): a live key answers its swarm (another body: 422); a
+    key older than SWARM_IDEMPOTENCY_TTL_S is freed by the next creation's statement, and the
+    old swarm keeps its data."""
+    h, close = await start_harness(make_settings(pg_url), run_engine=engine)
+    try:
+        key = {"Idempotency-Key": "k-expire"}
+        first = await h.post(AGENTS, headers=key)
+        assert first.status_code == 202, first.text
+        again = await h.post(AGENTS, headers=key)
+        assert again.status_code == 202 and again.json()["id"] == first.json()["id"]
+        assert again.headers["location"] == f"/swarms/{first.json()['id']}"
+        error_of(await h.post({**AGENTS, "task": "other"}, headers=key), 422,
+                 "idempotency_key_reused")
+        ttl = h.app.state.settings.idempotency_ttl_s
+        await Db(pg_url).fetch("UPDATE swarms SET created_at = created_at - make_interval("
+                               "secs => $1) WHERE id = $2", ttl + 60, first.json()["id"])
+        other = await h.post({**AGENTS, "task": "other"}, headers=key)  # the key is free
+        assert other.status_code == 202, other.text
+        assert other.json()["id"] != first.json()["id"]
+        rows = await Db(pg_url).fetch("SELECT id, idempotency_key, task FROM swarms ORDER BY "
+                                      "created_at")
+        assert [(r["id"], r["idempotency_key"], r["task"]) for r in rows] == [
+            (first.json()["id"], None, "t"), (other.json()["id"], "k-expire", "other")]
+        assert (await h.post({**AGENTS, "task": "other"}, headers=key)).json()["id"] \
+            == other.json()["id"]
     finally:
         await close()
 

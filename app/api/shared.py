@@ -90,12 +90,20 @@ async def replay(session: AsyncSession, response: Response, tenant: str, key: st
         existing = await create.find_by_idempotency_key(session, tenant, key, ttl_s)
     if existing is None:
         return None
-    if existing.request_hash != digest:
+    return await replay_holder(session, response, tenant, existing.id, existing.request_hash,
+                               digest)
+
+
+async def replay_holder(session: AsyncSession, response: Response, tenant: str,
+                        holder_id: str, holder_hash: str | None, digest: str) -> bytes:
+    """The answer to a request whose Idempotency-Key swarm `holder_id` holds: that swarm when
+    the request is the same (`digest`), else 422."""
+    if holder_hash != digest:
         raise IdempotencyKeyReused(
             "this Idempotency-Key was used with a different request body",
-            details={"field": "Idempotency-Key", "swarm_id": existing.id})
-    response.headers["Location"] = f"/swarms/{existing.id}"
-    return await read_swarm(session, existing.id, tenant)
+            details={"field": "Idempotency-Key", "swarm_id": holder_id})
+    response.headers["Location"] = f"/swarms/{holder_id}"
+    return await read_swarm(session, holder_id, tenant)
 
 
 async def insert_once(session: AsyncSession, response: Response, tenant: str, key: str | None,

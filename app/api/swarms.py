@@ -21,7 +21,7 @@ from app.api.deps import EngineDep, NotifierDep, SessionDep, TenantDep, tenant_o
 from app.api.errors import error_responses
 from app.api.follow import FALLBACK_S, follow_events
 from app.api.hand_parsed import hand_parsed, header, json_body
-from app.api.shared import IdempotencyKey, TraceParent, insert_once
+from app.api.shared import IdempotencyKey, TraceParent, insert_once, replay_holder
 from app.api.shared import check_id as _check_id
 from app.api.shared import read_swarm as _read
 from app.api.shared import status_or_404 as _status_or_404
@@ -88,16 +88,29 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
             lease_s=settings.lease_seconds, position=True)
         await admission.check_in(s)
 
-    if idempotency_key is None and admission.in_statement and not settings.is_sqlite:
-        # nothing else to write with it: the insert is one statement, a transaction of its own,
-        # that checks the tenant's quotas first
+    if admission.in_statement and not settings.is_sqlite:
+        # PostgreSQL: the insert is one statement, a transaction of its own, that frees an
+        # expired holder of the Idempotency-Key and checks the tenant's quotas first (the
+        # typed client sends a key with every creation: it was eleven round trips)
+        digest, ttl = new.swarm.request_hash or "", settings.idempotency_ttl_s
+        if idempotency_key is not None and (
+                seen := await _replayed(request, response, tenant, idempotency_key, digest)):
+            return _answer(seen, 202, response)
         try:
             position = await create.insert_swarm_alone(
                 state.db_engine, new.swarm, new.subtasks,
                 claim_for=local.owner if local else None, lease_s=settings.lease_seconds,
-                position=True, admit=admission.statement_checks())
+                position=True, admit=admission.statement_checks(),
+                key_ttl_s=None if idempotency_key is None else ttl)
         except quotas.Refused as refused:
             raise admission.refusal(refused) from None
+        except create.KeyTaken:
+            # a concurrent request with the same key won the insert: answer with its swarm
+            assert idempotency_key is not None
+            if not (seen := await _replayed(request, response, tenant, idempotency_key,
+                                            digest)):
+                raise
+            return _answer(seen, 202, response)
     else:
         async with state.sessions() as session:
             # the body's hash only matters with a key (build_swarm made it then): for a
@@ -114,6 +127,19 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
     elif engine is not None:
         engine.wake()
     return _answer(view, 202, response)
+
+
+async def _replayed(request: Request, response: Response, tenant: str, key: str,
+                    digest: str) -> bytes | None:
+    """The answer to a request whose Idempotency-Key a live swarm holds (that swarm, or 422
+    for another body), or None: the key is free (PostgreSQL: the lookup is one statement)."""
+    state = request.app.state
+    holder = await create.idempotency_holder(state.db_engine, tenant, key,
+                                             state.settings.idempotency_ttl_s)
+    if holder is None:
+        return None
+    async with state.sessions() as session:
+        return await replay_holder(session, response, tenant, *holder, digest)
 
 
 _BODY = TypeAdapter(SwarmCreate)

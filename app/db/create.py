@@ -81,29 +81,44 @@ async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[S
     return found
 
 
+class KeyTaken(Exception):
+    """A concurrent request with the same Idempotency-Key inserted its swarm first."""
+
+
+_KEY_CONSTRAINT = "uq_swarms_tenant_idempotency_key"
+
+
 async def insert_swarm_alone(engine: AsyncEngine, swarm: Swarm, subtasks: Sequence[Subtask], *,
                              claim_for: str | None = None, lease_s: float = 0.0,
-                             position: bool = False, admit: Admit | None = None) -> int | None:
+                             position: bool = False, admit: Admit | None = None,
+                             key_ttl_s: float | None = None) -> int | None:
     """`insert_swarm` on PostgreSQL as a transaction of its own: its one statement in
     autocommit, sent by the pooled connection's driver (no BEGIN, no COMMIT, none of
     SQLAlchemy's execution around it). For a creation nothing else is written with (no
     Idempotency-Key, no quota to check in its transaction): one round trip where the
     transaction took four, a third of one client's `POST` (bench/RESULTS.md, session 11).
     With `admit`, the tenant's quotas are checked in that statement: `Refused` when one is
-    reached (nothing stored)."""
-    sql, args = _creation(swarm, subtasks, claim_for, lease_s, position, admit)
+    reached (nothing stored). With `key_ttl_s` (the swarm carries an Idempotency-Key), an
+    expired holder of its key lets go of it in that statement too: `KeyTaken` when a live one
+    (a concurrent request's) has it."""
+    sql, args = _creation(swarm, subtasks, claim_for, lease_s, position, admit, key_ttl_s)
     try:
         row = await fetchrow_pooled(engine, sql, args)
+    except asyncpg.UniqueViolationError as exc:
+        if exc.constraint_name == _KEY_CONSTRAINT:
+            raise KeyTaken(swarm.idempotency_key) from None
+        raise
     except asyncpg.PostgresError as exc:
         if (refused := Refused.of(exc)) is not None:
             raise refused from None
         raise
+    assert row is not None  # the statement answers one row
     return _created(swarm, row, claim_for, position)
 
 
 def _creation(swarm: Swarm, subtasks: Sequence[Subtask], claim_for: str | None,
-              lease_s: float, position: bool, admit: Admit | None = None
-              ) -> tuple[str, tuple[Any, ...]]:
+              lease_s: float, position: bool, admit: Admit | None = None,
+              key_ttl_s: float | None = None) -> tuple[str, tuple[Any, ...]]:
     if claim_for is not None:
         swarm.lease_owner, swarm.lease_epoch = claim_for, 1
     return one_statement.creation(
@@ -112,7 +127,7 @@ def _creation(swarm: Swarm, subtasks: Sequence[Subtask], claim_for: str | None,
         _swarm_values(swarm), [s.__dict__ if isinstance(s, LiveSubtask) else insert_row(s)
                                for s in subtasks], SUBTASK_INSERT_COLUMNS,
         claim_s=lease_s if claim_for is not None else None,
-        count=position and claim_for is None, admit=admit)
+        count=position and claim_for is None, admit=admit, key_ttl_s=key_ttl_s)
 
 
 def _created(swarm: Swarm, row: Sequence[Any], claim_for: str | None, position: bool
@@ -134,6 +149,18 @@ async def expire_idempotency_key(session: AsyncSession, tenant: str, key: str,
         .where(Swarm.tenant == tenant, Swarm.idempotency_key == key, Swarm.created_at < cutoff)
         .values(idempotency_key=None, request_hash=None)
     )
+
+
+_KEY_HOLDER = ("SELECT id, request_hash FROM swarms WHERE tenant = $1 AND idempotency_key = $2 "
+               "AND created_at >= now() - make_interval(secs => $3::float8)")
+
+
+async def idempotency_holder(engine: AsyncEngine, tenant: str, key: str, ttl_s: float
+                             ) -> tuple[str, str | None] | None:
+    """`find_by_idempotency_key` on PostgreSQL as one statement alone: the live holder's id
+    and request hash, or None (the key is free)."""
+    row = await fetchrow_pooled(engine, _KEY_HOLDER, (tenant, key, float(ttl_s)))
+    return None if row is None else (row[0], row[1])
 
 
 async def find_by_idempotency_key(session: AsyncSession, tenant: str, key: str,

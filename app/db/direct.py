@@ -50,15 +50,16 @@ class DirectConnection:
                 await conn.close(timeout=2)
 
 
-async def fetchrow_pooled(engine: AsyncEngine, sql: str, args: Sequence[Any]) -> asyncpg.Record:
+async def fetchrow_pooled(engine: AsyncEngine, sql: str, args: Sequence[Any]
+                         ) -> asyncpg.Record | None:
     """`sql` as a transaction of its own (autocommit) on a pooled connection's driver: no
-    BEGIN, no COMMIT, none of SQLAlchemy's execution around its one round trip. A connection
-    that lost the database is invalidated, not handed out again."""
+    BEGIN, no COMMIT, none of SQLAlchemy's execution around its one round trip; its first row
+    (None: none). A connection that lost the database is invalidated, not handed out again."""
     async with engine.connect() as conn:
         driver = (await conn.get_raw_connection()).driver_connection
         assert driver is not None  # a checked-out connection has one
         try:
-            row: asyncpg.Record = await driver.fetchrow(sql, *args)
+            row: asyncpg.Record | None = await driver.fetchrow(sql, *args)
         except Exception as exc:
             if database_unavailable(exc):
                 await conn.invalidate(exc)

@@ -138,7 +138,8 @@ def statement(owner: str, writes: Sequence[SwarmWrite]) -> Statement:
 
 def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
              subtask_keys: tuple[str, ...], *, claim_s: float | None, count: bool,
-             admit: Admit | None = None) -> tuple[str, tuple[Any, ...]]:
+             admit: Admit | None = None, key_ttl_s: float | None = None
+             ) -> tuple[str, tuple[Any, ...]]:
     """A new swarm as one statement: its row (every column given; with `claim_s` leased for that
     many seconds from the database's clock), its subtasks (`subtask_keys` of each), its NOTIFY
     unless claimed (nobody else may claim it: no engine need wake for it), and with `count` the
@@ -154,10 +155,12 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
 
     With `admit`, the tenant's quotas are checked first, in the same statement (migration
     0014's `tenant_admit`, which the swarm's INSERT reads before it writes): a refusal raises
-    (quotas.Refused.of) and nothing of the statement stays, the token taken included."""
+    (quotas.Refused.of) and nothing of the statement stays, the token taken included. With
+    `key_ttl_s`, the swarm's Idempotency-Key is first freed from an older swarm that holds it
+    past that TTL (that swarm keeps its data), before the new row takes it."""
     sql, sw_cols, st_cols, alike_cols = _creation(
         tuple(swarm), _split(subtasks, subtask_keys) if subtasks else None,
-        claim_s is not None, count, admit is not None)
+        claim_s is not None, count, admit is not None, key_ttl_s is not None)
     args: list[Any] = [_document([swarm], sw_cols)]
     args += [_json(swarm[key]) for key in _OWN_PARAMETER if key in swarm]
     if st_cols is not None:
@@ -166,6 +169,8 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
         args.append(_document(subtasks[:1], alike_cols))
     if claim_s is not None:
         args.append(float(claim_s))
+    if key_ttl_s is not None:
+        args += [swarm["tenant"], swarm["idempotency_key"], float(key_ttl_s)]
     if admit is not None:
         args += admit.args(swarm["id"])
     return sql, tuple(args)
@@ -220,7 +225,8 @@ def _alike(a: Any, b: Any) -> bool:
 @functools.lru_cache(maxsize=256)
 def _creation(swarm_keys: tuple[str, ...],
               subtask_keys: tuple[tuple[str, ...], tuple[str, ...]] | None, claim: bool,
-              count: bool, admit: bool) -> tuple[str, _Columns, _Columns | None, _Columns | None]:
+              count: bool, admit: bool, expire_key: bool
+              ) -> tuple[str, _Columns, _Columns | None, _Columns | None]:
     params = iter(range(1, 100))
     own = [k for k in _OWN_PARAMETER if k in swarm_keys]
     sw_cols, sw_source = _recordset(_SWARMS, tuple(k for k in swarm_keys if k not in own),
@@ -242,6 +248,13 @@ def _creation(swarm_keys: tuple[str, ...],
     if claim:
         values["lease_expires_at"] = f"now() + make_interval(secs => ${next(params)}::float8)"
     ctes = []
+    if expire_key:  # read by the swarm's INSERT: the old holder lets go of the key first
+        tenant, key, ttl = (f"${next(params)}" for _ in range(3))
+        ctes.append(f"expired AS (UPDATE {_Q(_SWARMS.name)} SET idempotency_key = NULL, "
+                    f"request_hash = NULL WHERE tenant = {tenant}::varchar AND idempotency_key = "
+                    f"{key}::varchar AND created_at < now() - make_interval(secs => {ttl}::float8) "
+                    "RETURNING 1)")
+        sw_source += " CROSS JOIN (SELECT count(*) FROM expired) AS e"
     if admit:  # read by the swarm's INSERT: the checks (and their locks) come before its row
         call = Admit.CALL.format(*(f"${next(params)}" for _ in range(7)))
         ctes.append(f"admitted AS (SELECT {call} AS ok)")

@@ -150,7 +150,9 @@ class TenantDailyCap:
                                                 self.owner, self.lease_s)
 
         async def once() -> list[DailyCheck]:
-            return quotas.tenant_checks(await fetchrow_pooled(engine, sql, args))
+            row = await fetchrow_pooled(engine, sql, args)
+            assert row is not None  # the function answers one row
+            return quotas.tenant_checks(row)
         return await retrying(once, self.lease_s)
 
     async def _refresh_loop(self) -> None:
