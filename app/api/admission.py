@@ -6,8 +6,10 @@
   `max_active_swarms` through `counting_in()`).
 - `AdmissionInInsertDep`: the same plus `max_active_swarms`, run by the route inside its
   insert's transaction (`check_in`, a per-tenant lock held to the commit so concurrent
-  creations cannot all count before any inserts): `POST /swarms` and
-  `POST /swarms/{id}/retry` are one transaction each. Its `swarm(body)` then applies the
+  creations cannot all count before any inserts), first in the transaction, as every
+  creation's lock order: `POST /swarms` and `POST /swarms/{id}/retry` are one transaction
+  each (on PostgreSQL `POST /swarms` checks in its one statement: `tenant_admit`, first
+  too). Its `swarm(body)` then applies the
   body's quotas (`max_agents`, `max_budget_usd`, `default_budget_usd`).
 - `WaitSlotDep` / `StreamSlotDep`: a `max_streams` slot for `?wait=` and SSE readers.
 
@@ -74,18 +76,19 @@ class Admission:
             return self.limits.max_active_swarms is not None
         return not _nothing_to_check(self.limits, count_swarms=True)
 
-    async def check_in(self, session: AsyncSession, inserted: int = 1) -> None:
+    async def check_in(self, session: AsyncSession) -> None:
         """The bucket, `max_active_swarms` and the daily cap inside the caller's transaction,
-        after it inserted `inserted` swarms: a refusal rolls the insert back with the token,
-        and the bucket's row lock (or the tenant's count lock) is held only from here to the
-        commit. Only the count for a `counting_in()` admission; nothing when the dependency
-        already admitted the request."""
+        before it inserts its swarm: a refusal rolls the transaction back with the token, and
+        the bucket's row lock (or the tenant's count lock) is held from here to the commit.
+        First, because it is every creation's lock order (`tenant_admit` in the creation's
+        statement takes it before the rows too; two orders deadlocked). Only the count for a
+        `counting_in()` admission; nothing when the dependency already admitted the request."""
         if not self.checks_in:
             return
         if self.count_only:
-            await _count_in(session, self.tenant, self.limits, own=inserted)
+            await _count_in(session, self.tenant, self.limits)
         else:
-            await _checks(session, self.tenant, self.limits, count_swarms=True, own=inserted)
+            await _checks(session, self.tenant, self.limits, count_swarms=True)
 
     @property
     def in_statement(self) -> bool:
@@ -184,7 +187,7 @@ def _nothing_to_check(limits: TenantLimits, count_swarms: bool) -> bool:
 
 
 async def _checks(session: AsyncSession, tenant: str, limits: TenantLimits,
-                  count_swarms: bool, own: int = 0) -> None:
+                  count_swarms: bool) -> None:
     """The bucket, the active swarms and the daily cap, in the caller's transaction."""
     size, rate = limits.bucket_size, limits.refill_per_s
     if size is not None and rate is not None:
@@ -202,19 +205,18 @@ async def _checks(session: AsyncSession, tenant: str, limits: TenantLimits,
     # inserted (a read in the token's statement would have the snapshot before the wait)
     state = await quotas.tenant_now(session, tenant, count=count, spent=cap is not None)
     if count:
-        _check_active(state.active - own, limits)
+        _check_active(state.active, limits)
     if cap is not None and state.spent >= cap:
         raise _refuse_daily(state.spent, state.now, limits)
 
 
-async def _count_in(session: AsyncSession, tenant: str, limits: TenantLimits,
-                    own: int) -> None:
-    """`max_active_swarms` alone in the caller's transaction, after it inserted `own` swarms,
-    for a request whose token was taken in a transaction of its own: the lock `_checks` holds
+async def _count_in(session: AsyncSession, tenant: str, limits: TenantLimits) -> None:
+    """`max_active_swarms` alone in the caller's transaction, before it inserts its swarm, for
+    a request whose token was taken in a transaction of its own: the lock `_checks` holds
     for the count (the bucket's row when the tenant has a bucket) is taken here."""
     await quotas.lock_active(session, tenant, bucket=limits.requests_per_minute is not None)
     state = await quotas.tenant_now(session, tenant, count=True, spent=False)
-    _check_active(state.active - own, limits)
+    _check_active(state.active, limits)
 
 
 async def _admit(session: AsyncSession, tenant: str, limits: TenantLimits,

@@ -21,6 +21,7 @@ from app.api.shared import (
     swarm_or_404,
 )
 from app.db import retry_copy
+from app.db.tables import Swarm
 from app.engine.specs import check_model, retry_digest, retry_row
 from app.errors import NotRetryable
 from app.schemas import SwarmRead, SwarmRetry
@@ -59,23 +60,30 @@ async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, te
     created: list[str] = []
     reused: list[retry_copy.Reused] = []
 
-    async def insert(s: AsyncSession) -> None:
+    olds: list[Swarm] = []
+
+    async def admit(s: AsyncSession) -> None:
         old = await swarm_or_404(s, swarm_id, tenant)
         if old.status not in RETRYABLE:
             raise NotRetryable(
                 f"only failed or cancelled swarms can be retried; this one is {old.status}",
                 details={"status": old.status})
+        for model in await retry_copy.rerun_models(s, old.id):
+            check_model(settings, model, "model")  # the price table may have changed since
+        olds[:] = [old]
+        # before any row, as every creation (insert_once): a refusal rolls back the token
+        await admission.check_in(s)
+
+    async def insert(s: AsyncSession) -> None:
+        old = olds[0]
         new = retry_row(old, limits, settings, idempotency_key,
                         digest if idempotency_key else None)
         new.trace_parent = tracing.swarm_created(traceparent)  # a trace of its own
-        for model in await retry_copy.rerun_models(s, old.id):
-            check_model(settings, model, "model")  # the price table may have changed since
         reused[:] = await retry_copy.copy_swarm(s, old.id, new)
-        await admission.check_in(s)  # a refusal rolls the copy back with the token
         created[:] = [new.id]
 
     if seen := await insert_once(session, response, tenant, idempotency_key, digest,
-                                 settings.idempotency_ttl_s, insert):
+                                 settings.idempotency_ttl_s, insert, admit):
         return swarm_answer(seen, 202, response)
     for kind, n in Counter(r.kind for r in reused).items():
         metrics.subtasks_reused.labels(kind).inc(n)

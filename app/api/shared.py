@@ -108,14 +108,20 @@ async def replay_holder(session: AsyncSession, response: Response, tenant: str,
 
 async def insert_once(session: AsyncSession, response: Response, tenant: str, key: str | None,
                       digest: str, ttl_s: float,
-                      insert: Callable[[AsyncSession], Awaitable[None]]) -> bytes | None:
-    """Run `insert` (which stores a swarm carrying `key` and `digest`) in one transaction,
-    unless a live `key` already names a swarm: then answer with that swarm (same request) or
-    422 (another request). None when this call inserted."""
+                      insert: Callable[[AsyncSession], Awaitable[None]],
+                      admit: Callable[[AsyncSession], Awaitable[None]] | None = None
+                      ) -> bytes | None:
+    """Run `admit` (the tenant's quota checks), then `insert` (which stores a swarm carrying
+    `key` and `digest`) in one transaction, unless a live `key` already names a swarm: then
+    answer with that swarm (same request) or 422 (another request). None when this call
+    inserted. The order is every creation's lock order (`one_statement._creation`): the
+    tenant's lock, then the key's old holder, then the new rows."""
     if key is not None and (seen := await replay(session, response, tenant, key, digest, ttl_s)):
         return seen
     try:
         async with session.begin():
+            if admit is not None:
+                await admit(session)
             if key is not None:
                 await create.expire_idempotency_key(session, tenant, key, ttl_s)
             await insert(session)

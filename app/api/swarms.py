@@ -78,15 +78,16 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
     local = engine if engine is not None and engine.has_capacity() else None
     position: int | None = None
 
+    async def admit(s: AsyncSession) -> None:
+        await admission.check_in(s)  # first: a refusal rolls it all back
+
     async def insert(s: AsyncSession) -> None:
-        # one transaction: the rows, the NOTIFY, the local claim, the queue position, then the
-        # tenant's quotas (a refusal rolls it all back); the answer is built from what it
-        # inserted, nothing is read back
+        # one transaction: the tenant's quotas, then the rows, the NOTIFY, the local claim and
+        # the queue position; the answer is built from what it inserted, nothing is read back
         nonlocal position
         position = await create.insert_swarm(
             s, new.swarm, new.subtasks, claim_for=local.owner if local else None,
             lease_s=settings.lease_seconds, position=True)
-        await admission.check_in(s)
 
     if admission.in_statement and not settings.is_sqlite:
         # PostgreSQL: the insert is one statement, a transaction of its own, that frees an
@@ -117,7 +118,7 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
             # 1,000-agent body its canonical JSON costs milliseconds
             if seen := await insert_once(session, response, tenant, idempotency_key,
                                          new.swarm.request_hash or "",
-                                         settings.idempotency_ttl_s, insert):
+                                         settings.idempotency_ttl_s, insert, admit):
                 return _answer(seen, 202, response)
     response.headers["Location"] = f"/swarms/{new.swarm.id}"
     view = swarm_json(new.swarm, queries.rows_of(new.subtasks), queue_position=position)

@@ -169,10 +169,10 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
         args.append(_document(subtasks[:1], alike_cols))
     if claim_s is not None:
         args.append(float(claim_s))
-    if key_ttl_s is not None:
-        args += [swarm["tenant"], swarm["idempotency_key"], float(key_ttl_s)]
     if admit is not None:
         args += admit.args(swarm["id"])
+    if key_ttl_s is not None:
+        args += [swarm["tenant"], swarm["idempotency_key"], float(key_ttl_s)]
     return sql, tuple(args)
 
 
@@ -247,18 +247,25 @@ def _creation(swarm_keys: tuple[str, ...],
             source += f" CROSS JOIN {alike_source}"
     if claim:
         values["lease_expires_at"] = f"now() + make_interval(secs => ${next(params)}::float8)"
+    # One lock order for every creation, this statement's and the session paths' alike (a
+    # deadlock otherwise): the tenant's (its bucket's row, or its advisory lock), then the key's
+    # old holder, then the new rows (the queue counts' shards, locked by the AFTER triggers at
+    # the statement's end). Each CTE below is read by the next, which orders them.
     ctes = []
-    if expire_key:  # read by the swarm's INSERT: the old holder lets go of the key first
+    admitted = "true"
+    if admit:  # the checks (and their lock) come first
+        call = Admit.CALL.format(*(f"${next(params)}" for _ in range(7)))
+        ctes.append(f"admitted AS (SELECT {call} AS ok)")
+        admitted = "(SELECT ok FROM admitted)"
+    if expire_key:  # then the old holder lets go of the key, before the new row takes it
         tenant, key, ttl = (f"${next(params)}" for _ in range(3))
         ctes.append(f"expired AS (UPDATE {_Q(_SWARMS.name)} SET idempotency_key = NULL, "
                     f"request_hash = NULL WHERE tenant = {tenant}::varchar AND idempotency_key = "
                     f"{key}::varchar AND created_at < now() - make_interval(secs => {ttl}::float8) "
-                    "RETURNING 1)")
+                    f"AND {admitted} RETURNING 1)")
         sw_source += " CROSS JOIN (SELECT count(*) FROM expired) AS e"
-    if admit:  # read by the swarm's INSERT: the checks (and their locks) come before its row
-        call = Admit.CALL.format(*(f"${next(params)}" for _ in range(7)))
-        ctes.append(f"admitted AS (SELECT {call} AS ok)")
-        sw_source += " CROSS JOIN admitted WHERE admitted.ok"
+    if admit or expire_key:
+        sw_source += f" WHERE {admitted}"
     ctes.append(f"new_swarm AS (INSERT INTO {_Q(_SWARMS.name)} ({', '.join(map(_Q, values))}) "
                 f"SELECT {', '.join(values.values())} FROM {sw_source} RETURNING id, tenant, "
                 "created_at, lease_expires_at)")
