@@ -90,13 +90,12 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
             lease_s=settings.lease_seconds, position=True)
 
     if admission.in_statement and not settings.is_sqlite:
-        # PostgreSQL: the insert is one statement, a transaction of its own, that frees an
-        # expired holder of the Idempotency-Key and checks the tenant's quotas first (the
-        # typed client sends a key with every creation: it was eleven round trips)
+        # PostgreSQL: the insert is one statement, a transaction of its own, that checks the
+        # tenant's quotas and frees an expired holder of the Idempotency-Key first (the typed
+        # client sends a key with every creation: it was eleven round trips). A live holder is
+        # found only when the statement fails: the key's unique constraint, or a quota — a
+        # replay is answered whatever the quotas say
         digest, ttl = new.swarm.request_hash or "", settings.idempotency_ttl_s
-        if idempotency_key is not None and (
-                seen := await _replayed(request, response, tenant, idempotency_key, digest)):
-            return _answer(seen, 202, response)
         try:
             position = await create.insert_swarm_alone(
                 state.db_engine, new.swarm, new.subtasks,
@@ -104,9 +103,12 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
                 position=True, admit=admission.statement_checks(),
                 key_ttl_s=None if idempotency_key is None else ttl)
         except quotas.Refused as refused:
+            if idempotency_key is not None and (
+                    seen := await _replayed(request, response, tenant, idempotency_key, digest)):
+                return _answer(seen, 202, response)
             raise admission.refusal(refused) from None
         except create.KeyTaken:
-            # a concurrent request with the same key won the insert: answer with its swarm
+            # the key's live holder (an earlier request, or a concurrent one that won)
             assert idempotency_key is not None
             if not (seen := await _replayed(request, response, tenant, idempotency_key,
                                             digest)):
