@@ -28,12 +28,12 @@ from decimal import Decimal
 from typing import Annotated
 
 from fastapi import Depends, Request
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
 from app.api.deps import SessionDep, SettingsDep, TenantDep
 from app.db import quotas
-from app.db.session import is_postgres
+from app.db.session import bound_engine, is_postgres
 from app.errors import RequestInvalid, TooManyRequests
 from app.schemas import SwarmCreate
 from app.tenants import TenantLimits
@@ -102,9 +102,7 @@ class Admission:
         if not self.checks_in:
             return None
         assert not self.count_only
-        limits = self.limits
-        return quotas.Admit(self.tenant, limits.bucket_size, limits.refill_per_s,
-                            limits.max_active_swarms, limits.daily_budget_usd)
+        return _admit_of(self.tenant, self.limits, count_swarms=True)
 
     def refusal(self, refused: quotas.Refused) -> TooManyRequests:
         """The 429 `check_in` would have raised for what the statement refused."""
@@ -145,6 +143,13 @@ class Admission:
                 update={"budget_usd": self.limits.default_budget_usd})
             body = body.model_copy(update={"limits": limits})
         return body
+
+
+def _admit_of(tenant: str, limits: TenantLimits, count_swarms: bool) -> quotas.Admit:
+    """`_checks`' checks as `tenant_admit`'s arguments (PostgreSQL)."""
+    return quotas.Admit(tenant, limits.bucket_size, limits.refill_per_s,
+                        limits.max_active_swarms if count_swarms else None,
+                        limits.daily_budget_usd)
 
 
 def _refusal(refused: quotas.Refused, limits: TenantLimits) -> TooManyRequests:
@@ -224,13 +229,9 @@ async def _admit(session: AsyncSession, tenant: str, limits: TenantLimits,
     if _nothing_to_check(limits, count_swarms):
         return  # nothing to check: no transaction either
     if is_postgres(session):  # tenant_admit alone, in autocommit: one round trip, no ORM
-        admit = quotas.Admit(tenant, limits.bucket_size, limits.refill_per_s,
-                             limits.max_active_swarms if count_swarms else None,
-                             limits.daily_budget_usd)
-        engine = session.bind
-        assert isinstance(engine, AsyncEngine)  # the app's sessions are bound to its engine
         try:
-            await quotas.admit_alone(engine, admit)
+            await quotas.admit_alone(bound_engine(session),
+                                     _admit_of(tenant, limits, count_swarms))
         except quotas.Refused as refused:
             raise _refusal(refused, limits) from None
         return

@@ -86,18 +86,10 @@ async def read_swarm(session: AsyncSession, swarm_id: str, tenant: str) -> bytes
 async def replay(session: AsyncSession, response: Response, tenant: str, key: str,
                  digest: str, ttl_s: float) -> bytes | None:
     """The swarm a live Idempotency-Key names (only for the same request), or None: key free."""
-    async with session.begin():
-        existing = await create.find_by_idempotency_key(session, tenant, key, ttl_s)
-    if existing is None:
+    holder = await create.key_holder(session, tenant, key, ttl_s)
+    if holder is None:
         return None
-    return await replay_holder(session, response, tenant, existing.id, existing.request_hash,
-                               digest)
-
-
-async def replay_holder(session: AsyncSession, response: Response, tenant: str,
-                        holder_id: str, holder_hash: str | None, digest: str) -> bytes:
-    """The answer to a request whose Idempotency-Key swarm `holder_id` holds: that swarm when
-    the request is the same (`digest`), else 422."""
+    holder_id, holder_hash = holder
     if holder_hash != digest:
         raise IdempotencyKeyReused(
             "this Idempotency-Key was used with a different request body",

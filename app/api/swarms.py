@@ -21,7 +21,7 @@ from app.api.deps import EngineDep, NotifierDep, SessionDep, TenantDep, tenant_o
 from app.api.errors import error_responses
 from app.api.follow import FALLBACK_S, follow_events
 from app.api.hand_parsed import hand_parsed, header, json_body
-from app.api.shared import IdempotencyKey, TraceParent, insert_once, replay_holder
+from app.api.shared import IdempotencyKey, TraceParent, insert_once, replay
 from app.api.shared import check_id as _check_id
 from app.api.shared import read_swarm as _read
 from app.api.shared import status_or_404 as _status_or_404
@@ -35,6 +35,7 @@ from app.api.sse import (
 )
 from app.config import Settings
 from app.db import create, queries, quotas, retry_copy
+from app.db.session import SessionFactory
 from app.engine import finish
 from app.engine.scheduler import Scheduler
 from app.engine.specs import build_swarm
@@ -103,15 +104,15 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
                 position=True, admit=admission.statement_checks(),
                 key_ttl_s=None if idempotency_key is None else ttl)
         except quotas.Refused as refused:
-            if idempotency_key is not None and (
-                    seen := await _replayed(request, response, tenant, idempotency_key, digest)):
+            if idempotency_key is not None and (seen := await _replayed(
+                    state.sessions, response, tenant, idempotency_key, digest, ttl)):
                 return _answer(seen, 202, response)
             raise admission.refusal(refused) from None
         except create.KeyTaken:
             # the key's live holder (an earlier request, or a concurrent one that won)
             assert idempotency_key is not None
-            if not (seen := await _replayed(request, response, tenant, idempotency_key,
-                                            digest)):
+            if not (seen := await _replayed(state.sessions, response, tenant, idempotency_key,
+                                            digest, ttl)):
                 raise
             return _answer(seen, 202, response)
     else:
@@ -132,17 +133,11 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
     return _answer(view, 202, response)
 
 
-async def _replayed(request: Request, response: Response, tenant: str, key: str,
-                    digest: str) -> bytes | None:
-    """The answer to a request whose Idempotency-Key a live swarm holds (that swarm, or 422
-    for another body), or None: the key is free (PostgreSQL: the lookup is one statement)."""
-    state = request.app.state
-    holder = await create.idempotency_holder(state.db_engine, tenant, key,
-                                             state.settings.idempotency_ttl_s)
-    if holder is None:
-        return None
-    async with state.sessions() as session:
-        return await replay_holder(session, response, tenant, *holder, digest)
+async def _replayed(sessions: SessionFactory, response: Response, tenant: str, key: str,
+                    digest: str, ttl_s: float) -> bytes | None:
+    """`replay` in a session of its own (the creation's statement used none)."""
+    async with sessions() as session:
+        return await replay(session, response, tenant, key, digest, ttl_s)
 
 
 _BODY = TypeAdapter(SwarmCreate)

@@ -18,7 +18,7 @@ from app.db.batch import executemany
 from app.db.direct import fetchrow_pooled
 from app.db.queries import queued_swarms
 from app.db.quotas import Admit, Refused
-from app.db.session import db_now
+from app.db.session import bound_engine, db_now
 from app.db.session import is_postgres as _is_pg
 from app.db.tables import LiveSubtask, Subtask, Swarm, column_values
 from app.db.types import utcnow
@@ -155,18 +155,19 @@ _KEY_HOLDER = ("SELECT id, request_hash FROM swarms WHERE tenant = $1 AND idempo
                "AND created_at >= now() - make_interval(secs => $3::float8)")
 
 
-async def idempotency_holder(engine: AsyncEngine, tenant: str, key: str, ttl_s: float
-                             ) -> tuple[str, str | None] | None:
-    """`find_by_idempotency_key` on PostgreSQL as one statement alone: the live holder's id
-    and request hash, or None (the key is free)."""
-    row = await fetchrow_pooled(engine, _KEY_HOLDER, (tenant, key, float(ttl_s)))
-    return None if row is None else (row[0], row[1])
-
-
-async def find_by_idempotency_key(session: AsyncSession, tenant: str, key: str,
-                                  ttl_s: float) -> Swarm | None:
-    """The swarm a live (not yet expired) Idempotency-Key names."""
-    cutoff = await db_now(session) - timedelta(seconds=ttl_s)
-    stmt = select(Swarm).where(Swarm.tenant == tenant, Swarm.idempotency_key == key,
-                               Swarm.created_at >= cutoff)
-    return (await session.execute(stmt)).scalar_one_or_none()
+async def key_holder(session: AsyncSession, tenant: str, key: str, ttl_s: float
+                     ) -> tuple[str, str | None] | None:
+    """The id and request hash of the swarm a live (not yet expired) Idempotency-Key names,
+    or None (the key is free). PostgreSQL: one statement alone, the database's clock in it
+    (in the session's transaction it was BEGIN, `SELECT now()`, the select, COMMIT)."""
+    if _is_pg(session):
+        row = await fetchrow_pooled(bound_engine(session), _KEY_HOLDER,
+                                    (tenant, key, float(ttl_s)))
+        return None if row is None else (row[0], row[1])
+    async with session.begin():
+        cutoff = await db_now(session) - timedelta(seconds=ttl_s)
+        found = (await session.execute(
+            select(Swarm.id, Swarm.request_hash).where(
+                Swarm.tenant == tenant, Swarm.idempotency_key == key,
+                Swarm.created_at >= cutoff))).first()
+    return None if found is None else (found[0], found[1])

@@ -264,7 +264,7 @@ def _creation(swarm_keys: tuple[str, ...],
                     f"{key}::varchar AND created_at < now() - make_interval(secs => {ttl}::float8) "
                     f"AND {admitted} RETURNING 1)")
         sw_source += " CROSS JOIN (SELECT count(*) FROM expired) AS e"
-    if admit or expire_key:
+    if admit:
         sw_source += f" WHERE {admitted}"
     ctes.append(f"new_swarm AS (INSERT INTO {_Q(_SWARMS.name)} ({', '.join(map(_Q, values))}) "
                 f"SELECT {', '.join(values.values())} FROM {sw_source} RETURNING id, tenant, "

@@ -28,6 +28,13 @@ def is_postgres(session: AsyncSession) -> bool:
     return session.get_bind().dialect.name == "postgresql"
 
 
+def bound_engine(session: AsyncSession) -> AsyncEngine:
+    """The engine a session of the app's factory is bound to."""
+    engine = session.bind
+    assert isinstance(engine, AsyncEngine)  # make_session_factory binds every session
+    return engine
+
+
 def asyncpg_dsn(database_url: str) -> str:
     """The plain asyncpg DSN of a `postgresql+asyncpg://` SQLAlchemy URL."""
     return database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
