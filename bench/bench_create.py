@@ -171,7 +171,8 @@ def profiled(pid: int, out: Path | None) -> Iterator[None]:
     if out is None:
         yield
         return
-    spy = subprocess.Popen([str(PY_SPY), "record", "-p", str(pid), "-f", "raw", "-r", "200",
+    rate = os.environ.get("BENCH_SPY_RATE", "200")
+    spy = subprocess.Popen([str(PY_SPY), "record", "-p", str(pid), "-f", "raw", "-r", rate,
                             "--gil", "-o", str(out)], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # attached before the load starts
@@ -310,7 +311,8 @@ def main() -> None:
                     help="serve --workers N for each N of a comma list (each its own build)")
     ap.add_argument("--checked", action="store_true",
                     help="every SPEC §8 quota set (none reached): admission's cost included")
-    ap.add_argument("--profile", default="", help="directory for py-spy raw profiles")
+    ap.add_argument("--profile", default="",
+                    help="directory for py-spy raw profiles (BENCH_SPY_RATE samples/s, 200)")
     ap.add_argument("--keyed", action="store_true",
                     help="a fresh Idempotency-Key on every POST, as the typed client sends")
     ap.add_argument("--client", default="httpx",

@@ -284,8 +284,11 @@ async def test_database_restart_during_a_run(own_server: PrivatePostgres, own_db
                 stats = await sim_stats(sim)
                 return bool(stats["in_flight"] == 1 and f"{swarm_id}:b:1" in stats["by_key"])
 
+            async def b_running() -> bool:  # its start lingers for a commit (LINGER_S)
+                return (await subtask_status(db, swarm_id))["b"] == "running"
+
             await until(b_on_the_wire, 15, "b's call at the gateway")
-            assert (await subtask_status(db, swarm_id))["b"] == "running"
+            await until(b_running, 2, "b's start committed")
             if outage == "restart":
                 await asyncio.to_thread(own_server.ctl, "restart")
             else:

@@ -1,7 +1,8 @@
-"""The synthesizer's result is written with the swarm's end: one commit where there were two.
-What is stored is what the two commits stored — in the sequence of events too — and a result
-the database refuses fails the synthesizer and the swarm as it did alone; a shutdown that
-drains the swarm right after its synthesizer answered writes that result alone."""
+"""The swarm's last result (its synthesizer's, or without one its last worker's) is written
+with the swarm's end: one commit where there were two. What is stored is what the two commits
+stored — in the sequence of events too — and a result the database refuses fails its subtask,
+and the swarm as that failure did alone; a shutdown that drains the swarm right after its
+synthesizer answered writes that result alone."""
 
 from __future__ import annotations
 
@@ -112,3 +113,62 @@ async def test_a_drain_writes_the_synthesizers_result_alone(h: Harness) -> None:
     events = await stored_events(h, swarm_id)
     assert [seq for seq, _, _ in events] == list(range(1, len(events) + 1))
     assert (events[-1][1], events[-1][2]["name"]) == ("subtask.succeeded", "@synthesizer")
+
+
+async def test_without_a_synthesizer_the_last_workers_result_commits_with_the_end(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No synthesizer follows: the last worker's result rides with the swarm's end, the
+    others commit as they answer (a dependent starts only on a durable result)."""
+    batches = record_batches(h, monkeypatch)
+    body = {"task": "t", "agents": [agent("a"), agent("b", depends_on=["a"])],
+            "synthesis": {"strategy": "concatenate"}}
+    data = await h.run(body)
+    assert data["status"] == "succeeded", data["error"]
+    subs = by_name(data)
+    assert subs["a"]["output"] in data["result"] and subs["b"]["output"] in data["result"]
+
+    def done(w: changes.SwarmWrite) -> list[str]:
+        return [s["name_"] for s in w.subtasks if s["status"] == "succeeded"]
+
+    mine = [w for batch in batches for w in batch if w.swarm_id == data["id"]]
+    assert [done(w) for w in mine if done(w)] == [["a"], ["b"]]
+    assert done(mine[-1]) == ["b"]  # the end's write
+    assert [e["type"] for e in mine[-1].events] == ["subtask.succeeded", "swarm.completed"]
+    assert mine[-1].swarm["result"] == data["result"]
+    assert mine[-1].ledger and all(r["outcome"] == "ok" for r in mine[-1].ledger)
+    events = await stored_events(h, data["id"])
+    assert [seq for seq, _, _ in events] == list(range(1, len(events) + 1))
+
+
+@pytest.mark.parametrize("tolerance", [0.5, 0.0])
+async def test_a_refused_last_worker_fails_alone_as_it_did_before_the_end(
+        h: Harness, monkeypatch: pytest.MonkeyPatch, tolerance: float) -> None:
+    """The cleaning is off and the last worker's answer is poisoned: the end's commit is
+    refused. That worker fails (`output_unstorable`, billed) and the swarm ends as that
+    failure alone would have ended it: within the tolerance it succeeds, its result
+    combined without the lost answer; past it, it fails `failure_tolerance_exceeded`."""
+    monkeypatch.setattr(gateway_client, "storable", lambda text: (text, False))
+    body = {"task": "t", "synthesis": {"strategy": "concatenate"},
+            "limits": {"failure_tolerance": tolerance},
+            "agents": [agent("a"), agent("b", "[[sim poison=1]]", depends_on=["a"])]}
+    data = await h.run(body)
+    subs = by_name(data)
+    assert subs["a"]["status"] == "succeeded"
+    assert subs["b"]["status"] == "failed" and subs["b"]["output"] is None
+    assert subs["b"]["error"]["code"] == "output_unstorable", subs["b"]["error"]
+    assert Decimal(subs["b"]["usage"]["cost_usd"]) > 0
+    total = sum(Decimal(s["usage"]["cost_usd"]) for s in data["subtasks"])
+    assert Decimal(data["usage"]["cost_usd"]) == total > 0
+    if tolerance:
+        assert data["status"] == "succeeded" and data["error"] is None
+        assert data["result"] == subs["a"]["output"] or subs["a"]["output"] in data["result"]
+    else:
+        assert data["status"] == "failed" and data["result"] is None
+        assert data["error"]["code"] == "failure_tolerance_exceeded", data["error"]
+    events = await stored_events(h, data["id"])
+    assert [seq for seq, _, _ in events] == list(range(1, len(events) + 1))
+    (_, failed, detail), (_, last, end) = events[-2:]
+    assert (failed, detail["name"], detail["error"]["code"]) == (
+        "subtask.failed", "b", "output_unstorable")
+    assert (last, end["status"]) == ("swarm.completed", data["status"])
+    assert end["error"] == data["error"]

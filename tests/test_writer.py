@@ -19,6 +19,7 @@ from app.db.session import asyncpg_dsn
 from app.db.tables import Event, GatewayCall, Subtask, Swarm, Webhook
 from app.db.types import utcnow
 from app.db.webhooks import new_delivery
+from app.engine import writer as writer_module
 from app.engine.layout import new_subtask
 from app.engine.specs import build_swarm
 from app.engine.writer import StateWriter, WriteRejected
@@ -311,13 +312,8 @@ async def test_what_a_batch_writes_reads_back_exactly(idle: Harness) -> None:
     assert event.data == {"text": TEXT[:300], "n": 2**70}
 
 
-async def test_writes_made_ready_together_go_in_one_commit(idle: Harness,
-                                                           monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:
-    """A swarm's start and its first wave's write-ahead: one write, then tasks it made ready
-    write in their first step. They share the commit the first one would have had alone."""
-    swarm_id, epoch = await _claimed_swarm(idle)
-    writer = StateWriter(idle.app.state.sessions, OWNER, retry_for_s=10)
+def _batch_sizes(writer: StateWriter, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of writes of each commit the writer makes, in order."""
     batches: list[int] = []
     apply = writer._apply
 
@@ -326,6 +322,17 @@ async def test_writes_made_ready_together_go_in_one_commit(idle: Harness,
         return await apply(writes)
 
     monkeypatch.setattr(writer, "_apply", counted)
+    return batches
+
+
+async def test_writes_made_ready_together_go_in_one_commit(idle: Harness,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """A swarm's start and its first wave's write-ahead: one write, then tasks it made ready
+    write in their first step. They share the commit the first one would have had alone."""
+    swarm_id, epoch = await _claimed_swarm(idle)
+    writer = StateWriter(idle.app.state.sessions, OWNER, retry_for_s=10)
+    batches = _batch_sizes(writer, monkeypatch)
     writer.start()
 
     async def wave() -> None:
@@ -337,5 +344,37 @@ async def test_writes_made_ready_together_go_in_one_commit(idle: Harness,
         tasks = [asyncio.create_task(wave()) for _ in range(5)]
         await asyncio.gather(first, *tasks)
         assert batches == [6]
+    finally:
+        await writer.close()
+
+
+async def test_a_write_nobody_waits_for_lingers_for_one_somebody_does(
+        idle: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lingering write (a subtask's start) shares the commit of the next write somebody
+    awaits (its result, when the call is fast); alone, it commits once LINGER_S has passed,
+    never later; a close flushes it at once."""
+    swarm_id, epoch = await _claimed_swarm(idle)
+    writer = StateWriter(idle.app.state.sessions, OWNER, retry_for_s=10)
+    batches = _batch_sizes(writer, monkeypatch)
+    monkeypatch.setattr(writer_module, "LINGER_S", 0.5)
+    bare = {"ledger": [], "new_subtasks": [], "webhook": None, "events": []}
+    writer.start()
+    try:
+        soon = writer.submit(_write(swarm_id, epoch, **bare), linger=True)
+        await asyncio.sleep(0.1)
+        assert batches == [] and not soon.done()  # lingering
+        await writer.submit(_write(swarm_id, epoch, **bare))  # somebody waits: both commit
+        assert batches == [2] and soon.done()
+
+        t0 = time.monotonic()
+        await writer.submit(_write(swarm_id, epoch, **bare), linger=True)  # alone
+        assert 0.45 <= time.monotonic() - t0 < 2.0 and batches == [2, 1]
+
+        last = writer.submit(_write(swarm_id, epoch, **bare), linger=True)
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        await writer.close()
+        assert last.done() and last.exception() is None and batches == [2, 1, 1]
+        assert time.monotonic() - t0 < 0.4  # flushed, not lingered out
     finally:
         await writer.close()

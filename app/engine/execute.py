@@ -198,9 +198,7 @@ class SubtaskExecutor:
         crash_point("after_response", sub.name)
         sub.truncated = result.finish_reason == "length"
         sub.sanitized = result.sanitized
-        outcome = await steps.succeed(sub, t0, result.content, rows)
-        crash_point("after_commit", sub.name)
-        return outcome
+        return await steps.succeed(sub, t0, result.content, rows)
 
     # ---- planning ----------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from app.db.types import utcnow
 from app.engine import dag
 from app.engine.budget import SwarmBudget
 from app.engine.execute import SubtaskExecutor
+from app.engine.faults import crash_point
 from app.engine.finish import end_swarm, event_row
 from app.engine.handle import (
     EngineContext,
@@ -82,9 +83,9 @@ class SwarmRunner:
         self._stop_error: dict[str, Any] | None = None
         # the synthesizer's result, written with the swarm's end (`write_with_end`)
         self._with_end: tuple[list[Subtask], list[LedgerRow], list[EventRow]] = ([], [], [])
-        # during the workers' phase, when a synthesizer follows: the workers yet to answer,
-        # and what to do once none is left (`answered`)
-        self._unanswered = 0
+        # during the workers' phase: the workers yet to answer (None outside it), and what to
+        # do once none is left (`answered`) when a synthesizer follows
+        self._unanswered: int | None = None
         self._on_all_answered: Callable[[], None] | None = None
 
     def add_subtasks(self, subs: Sequence[Subtask]) -> None:
@@ -117,12 +118,20 @@ class SwarmRunner:
             self._one_less_unanswered()
 
     def _one_less_unanswered(self) -> None:
-        if self._on_all_answered is None:
+        if self._unanswered is None:
             return
         self._unanswered -= 1
-        if self._unanswered <= 0 and not self._stop.is_set():
+        if self._unanswered <= 0 and not self._stop.is_set() and self._on_all_answered:
             then, self._on_all_answered = self._on_all_answered, None
             then()
+
+    def last_answer(self, sub: Subtask) -> bool:
+        """Whether this worker's success (already `answered`) is the swarm's last result
+        before its end: every other worker has answered, no synthesizer follows, and the
+        swarm is neither stopping nor draining. It is then written with the end."""
+        return (sub.kind is SubtaskKind.worker and self._unanswered == 0
+                and not self._stop.is_set() and not self._drain.is_set()
+                and self._synthesizer() is None)
 
     def stop_with(self, status: SwarmStatus, err: dict[str, Any] | None) -> None:
         if not self._stop.is_set():
@@ -136,8 +145,8 @@ class SwarmRunner:
 
     def _write(self, subs: Sequence[Subtask], ledger: Sequence[LedgerRow],
                events: Sequence[EventRow], new: Sequence[Subtask],
-               webhook: WebhookRow | None = None, tools: ToolRows | None = None
-               ) -> asyncio.Future[None]:
+               webhook: WebhookRow | None = None, tools: ToolRows | None = None,
+               linger: bool = False) -> asyncio.Future[None]:
         s = self.swarm
         s.spent_usd, s.reserved_usd = self.budget.spent, self.budget.reserved
         return self.ctx.writer.submit(SwarmWrite(
@@ -145,7 +154,7 @@ class SwarmRunner:
             [{"name_": sub.name, "position_": sub.position,
               **column_values(sub, SUBTASK_STATE_COLUMNS)} for sub in subs],
             list(ledger), list(events), [insert_row(n) for n in new], webhook,
-            *(tools or ([], []))))
+            *(tools or ([], []))), linger=linger)
 
     async def commit(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
                      events: Sequence[EventRow] = (), new: Sequence[Subtask] = (),
@@ -159,8 +168,10 @@ class SwarmRunner:
 
     def commit_soon(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
                     events: Sequence[EventRow] = (), tools: ToolRows | None = None) -> None:
-        """Queue a write nobody waits for (a later awaited write of this swarm commits after it)."""
-        self._write(subs, ledger, events, (), tools=tools).add_done_callback(retrieve_exception)
+        """Queue a write nobody waits for (a later awaited write of this swarm commits after it);
+        without money in it, it may wait for the next awaited write (writer.LINGER_S)."""
+        self._write(subs, ledger, events, (), tools=tools, linger=not ledger and not tools
+                    ).add_done_callback(retrieve_exception)
 
     def write_with_end(self, subs: Sequence[Subtask], ledger: Sequence[LedgerRow],
                        events: Sequence[EventRow]) -> None:
@@ -293,22 +304,22 @@ class SwarmRunner:
         for name in self.worker_names():
             if self.subs[name].status in (SubtaskStatus.failed, SubtaskStatus.skipped):
                 self._skip_dependents(name)
+        self._unanswered = sum(self.subs[n].status == SubtaskStatus.pending
+                               for n in self.worker_names())
         synth = self._synthesizer()
         if synth is not None and synth.status == SubtaskStatus.pending:
             # once every worker has answered, the synthesizer's call is prepared on those
             # answers while they are committed (SubtaskExecutor.prepare): its first attempt's
             # write-ahead goes in the same commit as the last results, not in one after it
-            self._unanswered = sum(self.subs[n].status == SubtaskStatus.pending
-                                   for n in self.worker_names())
             self._on_all_answered = lambda: executor.prepare(synth)
         try:
             await self._run_phase(executor, self.worker_names())
         finally:
+            self._unanswered = None
             self._on_all_answered = None  # the executor is the run's (see _run)
 
     async def _synthesize(self, executor: SubtaskExecutor) -> None:
         results = self.worker_results()
-        strategy = self.spec["synthesis"]["strategy"]
         synth = self._synthesizer()  # only with the `synthesize` strategy
         if synth is not None:
             if not results:
@@ -322,10 +333,17 @@ class SwarmRunner:
                 self.swarm.result = synth.output
             elif not self._stop.is_set():
                 self.stop_with(SwarmStatus.failed, synth.error)
-        elif strategy == "concatenate":
-            self.swarm.result = concatenate(results)
-        elif strategy == "vote":
-            self.swarm.result = vote(results)
+        else:
+            self.swarm.result = self._combined(results)
+
+    def _combined(self, results: list[WorkerResult]) -> str | None:
+        """The swarm's result without a synthesizer: its workers' results combined."""
+        strategy = self.spec["synthesis"]["strategy"]
+        if strategy == "concatenate":
+            return concatenate(results)
+        if strategy == "vote":
+            return vote(results)
+        return None
 
     def _synthesizer(self) -> Subtask | None:
         if self.spec["synthesis"]["strategy"] != "synthesize":
@@ -352,18 +370,12 @@ class SwarmRunner:
         try:
             await self.commit(changed, held_ledger, events, webhook=end.webhook)
         except WriteRejected as exc:  # the result, say: end failed without it, not in a loop
-            self.swarm.status, self.swarm.result = SwarmStatus.failed, None  # never committed
-            if held:  # the synthesizer's output, as when it was refused alone: it fails
-                err = unstorable(exc)
-                for sub, row in zip(held, held_events, strict=True):
-                    refused_result(sub, row, err)
-            else:
-                err = failure("internal", f"the final state was refused: {exc}")
-            self.swarm.error = err
+            status, err = self._refused_end(status, held, held_events, exc)
             completed = end.events[-1]
-            completed["data"] = {**completed["data"], "status": "failed", "error": err}
+            completed["data"] = {**completed["data"], "status": status.value, "error": err}
             await self.commit(changed, held_ledger, events, webhook=end.webhook)
-            status = SwarmStatus.failed
+        for sub in held:
+            crash_point("after_commit", sub.name)
         self.finished = True
         if self.ctx.notifier is not None:  # committed: what a waiting reader may answer with
             self.ctx.notifier.ended(self.swarm.id, self.swarm, list(self.subs.values()))
@@ -371,6 +383,31 @@ class SwarmRunner:
         metrics.runs_total.labels(status.value).inc()
         metrics.run_duration.labels(status.value).observe((now - started).total_seconds())
         metrics.run_cost.labels(status.value).observe(float(self.budget.spent))
+
+    def _refused_end(self, status: SwarmStatus, held: list[Subtask], held_events: list[EventRow],
+                     exc: WriteRejected) -> tuple[SwarmStatus, dict[str, Any] | None]:
+        """The end's commit was refused (never stored): the swarm's end without what it held,
+        as it would have been had that result been refused alone. A held result fails its
+        subtask (`output_unstorable`): the synthesizer's fails the swarm; a last worker's
+        fails the swarm only past the failure tolerance, its result combined without it."""
+        err: dict[str, Any] | None
+        if held:
+            err = unstorable(exc)
+            for sub, row in zip(held, held_events, strict=True):
+                refused_result(sub, row, err)
+        else:
+            err = failure("internal", f"the final state was refused: {exc}")
+        if held and held[0].kind is SubtaskKind.worker:
+            if status is SwarmStatus.succeeded and self._past_tolerance():
+                status, err = SwarmStatus.failed, self._stop_error
+            else:
+                err = self.swarm.error
+            self.swarm.result = (self._combined(self.worker_results())
+                                 if status is SwarmStatus.succeeded else None)
+        else:
+            status, self.swarm.result = SwarmStatus.failed, None
+        self.swarm.status, self.swarm.error = status, err  # the first was never committed
+        return status, err
 
     # ---- phases -------------------------------------------------------------------------
 

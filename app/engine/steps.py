@@ -13,6 +13,7 @@ from app.db.types import utcnow
 from app.engine.budget import BudgetExceeded
 from app.engine.calls import CallMeter, idempotency_key
 from app.engine.context import estimate_prompt_tokens, estimate_request_tokens
+from app.engine.faults import crash_point
 from app.engine.handle import EventRow, LedgerRow, Outcome, SwarmHandle, failure
 from app.engine.writer import WriteRejected
 from app.gateway.client import ChatRequest, ChatResult, GatewayRejected, GatewayUnavailable
@@ -202,14 +203,16 @@ class SubtaskSteps:
         assert event is not None
         sub.output = output
         row = self.handle.event(event)
-        if sub.kind is SubtaskKind.synthesizer:
-            # the swarm's last subtask: its result is written with the swarm's end, one commit
-            # where there were two (the runner's `_finish`, which fails it if it is refused)
+        self.handle.answered(sub)
+        if sub.kind is SubtaskKind.synthesizer or (not new and self.handle.last_answer(sub)):
+            # the swarm's last result (its synthesizer's, or without one its last worker's):
+            # written with the swarm's end, one commit where there were two (the runner's
+            # `_finish`, which fails it if it is refused)
             self.handle.write_with_end([sub], rows, [row])
             return Outcome.succeeded
-        self.handle.answered(sub)
         try:
             await self.handle.commit([sub], rows, [row], new=new or [])
+            crash_point("after_commit", sub.name)  # one held for the end: in `_finish`
         except WriteRejected as exc:
             # nothing of that write is stored but its ledger rows: the move never happened,
             # and this subtask fails alone

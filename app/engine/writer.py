@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,12 @@ log = logging.getLogger(__name__)
 
 Pending = tuple[SwarmWrite, asyncio.Future[None]]
 T = TypeVar("T")
+# How long a write nobody waits for (a subtask's start, a status on the way) may wait for one
+# somebody does, to share its commit: a subtask answered within it (a fast model, a cached
+# answer) is written once, started and finished, where it was two commits; a wave's starts
+# commit after its calls are sent, not between the sends. Readers see such a move this much
+# later at most; nothing is reported before its commit. Writes with money in them never wait.
+LINGER_S = 0.05
 
 
 class WriteRejected(Exception):
@@ -50,7 +57,8 @@ class StateWriter:
         self._retry_for_s = retry_for_s
         self._max_batch = max_batch
         self._queue: list[Pending] = []
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # a write is queued
+        self._waited = asyncio.Event()  # ... and somebody waits for one (LINGER_S)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -66,20 +74,24 @@ class StateWriter:
     def task(self) -> asyncio.Task[None] | None:
         return self._task
 
-    def submit(self, write: SwarmWrite) -> asyncio.Future[None]:
-        """Queue a write; await the future for durability (or LeaseLost)."""
+    def submit(self, write: SwarmWrite, *, linger: bool = False) -> asyncio.Future[None]:
+        """Queue a write; await the future for durability (or LeaseLost). `linger`: nobody
+        waits for it, and it may wait up to LINGER_S for a write somebody does."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._closing and self._task is None:
             fut.set_exception(RuntimeError("state writer closed"))
             return fut
         self._queue.append((write, fut))
         self._wake.set()
+        if not linger:
+            self._waited.set()
         return fut
 
     async def close(self) -> None:
         """Flush what is queued, then stop."""
         self._closing = True
         self._wake.set()
+        self._waited.set()
         if self._task is not None:
             await self._task
             self._task = None
@@ -89,11 +101,16 @@ class StateWriter:
     async def _loop(self) -> None:
         while True:
             await self._wake.wait()
+            if not self._waited.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(LINGER_S):
+                        await self._waited.wait()
             # one turn of the loop before taking the queue: the tasks made ready with the
             # first write (a swarm's start and its first wave's write-ahead, the synthesizer's
             # status and its attempt) write too, and go in the same commit, not the next
             await asyncio.sleep(0)
             self._wake.clear()
+            self._waited.clear()
             while self._queue:
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch:]
                 await self._commit(batch)
