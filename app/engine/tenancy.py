@@ -12,13 +12,11 @@ from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from app.aio import run_to_end
 from app.db import quotas
 from app.db.direct import fetchrow_pooled
 from app.db.retry import in_transaction, retrying
-from app.db.session import SessionFactory
+from app.db.session import SessionFactory, postgres_engine
 from app.db.spend import DailyCheck
 from app.engine.budget import BudgetExceeded, Reservation, SharedCap
 from app.tenants import TenantTable
@@ -57,8 +55,7 @@ class TenantDailyCap:
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        engine: AsyncEngine = sessions.kw["bind"]
-        self._engine = engine if engine.dialect.name == "postgresql" else None
+        self._engine = postgres_engine(sessions)
 
     async def reserve(self, amount: Decimal) -> Reservation:
         """Hold `amount` for today, waiting while calls in flight may free money."""

@@ -9,14 +9,14 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.changes import SwarmWrite
 from app.db.direct import DirectConnection
 from app.db.leases import LeaseLost
 from app.db.one_statement import statement
 from app.db.retry import database_unavailable, in_transaction, retrying
-from app.db.session import SessionFactory
+from app.db.session import SessionFactory, postgres_engine
 from app.db.writes import apply_spend_only, apply_writes
 from app.text import storable
 
@@ -49,9 +49,9 @@ class StateWriter:
                  max_batch: int = 500,
                  on_commit: Callable[[str, str | None], None] | None = None) -> None:
         self._sessions = sessions
-        engine: AsyncEngine = sessions.kw["bind"]
-        self._direct = (DirectConnection(engine.url.render_as_string(hide_password=False))
-                        if engine.dialect.name == "postgresql" else None)
+        engine = postgres_engine(sessions)
+        self._direct = (None if engine is None else
+                        DirectConnection(engine.url.render_as_string(hide_password=False)))
         self._on_commit = on_commit
         self._owner = owner
         self._retry_for_s = retry_for_s
