@@ -81,7 +81,7 @@ class SwarmRunner:
         self.finished = False
         self._stop_status: SwarmStatus | None = None
         self._stop_error: dict[str, Any] | None = None
-        # the synthesizer's result, written with the swarm's end (`write_with_end`)
+        # the swarm's last result (synthesizer's or last worker's), written with its end
         self._with_end: tuple[list[Subtask], list[LedgerRow], list[EventRow]] = ([], [], [])
         # during the workers' phase: the workers yet to answer (None outside it), and what to
         # do once none is left (`answered`) when a synthesizer follows
@@ -175,9 +175,10 @@ class SwarmRunner:
 
     def write_with_end(self, subs: Sequence[Subtask], ledger: Sequence[LedgerRow],
                        events: Sequence[EventRow]) -> None:
-        """Hold a write for the swarm's end commit: the synthesizer's result, after which
-        nothing else of the swarm is written (its events' numbers come before the end's) and
-        the end follows at once. A drain writes it alone."""
+        """Hold a write for the swarm's end commit: its last result (the synthesizer's, or
+        the last worker's without one), after which nothing else of the swarm is written
+        (its events' numbers come before the end's) and the end follows at once. A drain
+        writes it alone."""
         held = self._with_end
         held[0].extend(subs)
         held[1].extend(ledger)
@@ -365,7 +366,7 @@ class SwarmRunner:
     async def _finish(self, status: SwarmStatus, err: dict[str, Any] | None) -> None:
         now = utcnow()
         end = end_swarm(self.swarm, self.subs.values(), status, err, now)
-        held, held_ledger, held_events = self._take_held()  # the synthesizer's result
+        held, held_ledger, held_events = self._take_held()  # the last result
         changed, events = [*held, *end.changed], [*held_events, *end.events]
         try:
             await self.commit(changed, held_ledger, events, webhook=end.webhook)
