@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 from sqlalchemy import func, select
 
-from app.db import changes, create, leases
+from app.db import changes, create, leases, one_statement
 from app.db.direct import APPLICATION_NAME
 from app.db.notify import CHANGED
 from app.db.session import asyncpg_dsn
@@ -378,3 +378,40 @@ async def test_a_write_nobody_waits_for_lingers_for_one_somebody_does(
         assert time.monotonic() - t0 < 0.4  # flushed, not lingered out
     finally:
         await writer.close()
+
+
+async def test_a_heartbeat_and_a_group_commit_of_the_same_swarms_never_deadlock(
+        database_url: str) -> None:
+    """PostgreSQL: the heartbeat (a transaction extending several leases) and the group
+    commit (one statement writing several swarms) lock the same swarms' rows; each took them
+    in its plan's order (the heartbeat's scan in the table's, the commit's in its document's)
+    and the two deadlocked (PostgreSQL aborted one, found by CI). Both now lock them in id
+    order. Both at once, many times."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("row locks are PostgreSQL's")
+    h, close = await start_harness(make_settings(database_url), run_engine=False)
+    try:
+        swarms = [await _claimed_swarm(h) for _ in range(4)]  # random ids: an order of
+        # their own in the table, the reverse of it in the commit's document below
+        epochs = dict(swarms)
+        writer = StateWriter(h.app.state.sessions, OWNER, retry_for_s=10)
+        direct = writer._direct
+        assert direct is not None
+        bare = {"ledger": [], "new_subtasks": [], "webhook": None, "events": []}
+
+        async def beats() -> None:
+            for _ in range(150):
+                async with h.app.state.sessions() as s, s.begin():
+                    assert set(await leases.extend_leases(s, OWNER, epochs, 30)) == set(epochs)
+                    await asyncio.sleep(0)  # its locks held across a turn of the loop
+
+        async def commits() -> None:
+            for _ in range(150):
+                stmt = one_statement.statement(
+                    OWNER, [_write(i, e, **bare) for i, e in reversed(swarms)])
+                assert not stmt.fenced(await direct.fetch(stmt.sql, stmt.args))
+
+        await asyncio.gather(beats(), commits())
+        await writer.close()
+    finally:
+        await close()

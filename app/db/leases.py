@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Select,
+    and_,
     func,
     or_,
     select,
@@ -174,6 +175,17 @@ async def claim_new(session: AsyncSession, swarm_id: str, owner: str, lease_s: f
     return epoch
 
 
+def _held_in_order(owner: str, swarm_ids: Sequence[str]) -> ColumnElement[bool]:
+    """The swarms of `swarm_ids` this owner holds, their rows locked in id order before an
+    UPDATE of several touches them: every statement that locks several swarms' rows takes
+    them in that order (the group commit too, `one_statement`), where an UPDATE's own scan
+    locks them in whatever order its plan reads them — a heartbeat and a group commit of the
+    same two swarms deadlocked that way (PostgreSQL aborted one). SQLite: the file's lock."""
+    locked = (select(Swarm.id).where(Swarm.id.in_(list(swarm_ids)), Swarm.lease_owner == owner)
+              .order_by(Swarm.id).with_for_update().cte("locked"))
+    return and_(Swarm.id.in_(select(locked.c.id)), Swarm.lease_owner == owner)
+
+
 async def extend_leases(
     session: AsyncSession, owner: str, epochs: dict[str, int], lease_s: float
 ) -> dict[str, bool]:
@@ -185,7 +197,7 @@ async def extend_leases(
     bound = [idle_limit(lease_s)] if _is_pg(session) else []
     rows = await session.execute(
         update(Swarm)
-        .where(Swarm.id.in_(list(epochs)), Swarm.lease_owner == owner)
+        .where(_held_in_order(owner, list(epochs)))
         .values(lease_expires_at=now + timedelta(seconds=lease_s))
         .returning(Swarm.id, Swarm.lease_epoch, Swarm.cancel_requested, *bound)
     )
@@ -198,7 +210,7 @@ async def release_leases(session: AsyncSession, owner: str, swarm_ids: Sequence[
     if swarm_ids:
         rows = await session.execute(
             update(Swarm)
-            .where(Swarm.id.in_(list(swarm_ids)), Swarm.lease_owner == owner)
+            .where(_held_in_order(owner, swarm_ids))
             .values(lease_owner=None, lease_expires_at=None)
             .returning(Swarm.id)
         )
