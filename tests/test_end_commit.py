@@ -161,7 +161,7 @@ async def test_a_refused_last_worker_fails_alone_as_it_did_before_the_end(
     assert Decimal(data["usage"]["cost_usd"]) == total > 0
     if tolerance:
         assert data["status"] == "succeeded" and data["error"] is None
-        assert data["result"] == subs["a"]["output"] or subs["a"]["output"] in data["result"]
+        assert subs["a"]["output"] in data["result"]
     else:
         assert data["status"] == "failed" and data["result"] is None
         assert data["error"]["code"] == "failure_tolerance_exceeded", data["error"]

@@ -40,6 +40,10 @@ async def _claimed_swarm(h: Harness) -> tuple[str, int]:
     return new.swarm.id, epoch
 
 
+# a write of the swarm's state alone: no ledger, events, new subtasks or webhook
+BARE: dict[str, Any] = {"ledger": [], "new_subtasks": [], "webhook": None, "events": []}
+
+
 def _write(swarm_id: str, epoch: int, **overrides: Any) -> changes.SwarmWrite:
     now = utcnow()
     swarm = {"status": "running", "spent_usd": Decimal("0.01"), "reserved_usd": Decimal(0),
@@ -336,8 +340,7 @@ async def test_writes_made_ready_together_go_in_one_commit(idle: Harness,
     writer.start()
 
     async def wave() -> None:
-        await writer.submit(_write(swarm_id, epoch, ledger=[], new_subtasks=[], webhook=None,
-                                   events=[]))
+        await writer.submit(_write(swarm_id, epoch, **BARE))
 
     try:
         first = writer.submit(_write(swarm_id, epoch))
@@ -357,20 +360,19 @@ async def test_a_write_nobody_waits_for_lingers_for_one_somebody_does(
     writer = StateWriter(idle.app.state.sessions, OWNER, retry_for_s=10)
     batches = _batch_sizes(writer, monkeypatch)
     monkeypatch.setattr(writer_module, "LINGER_S", 0.5)
-    bare = {"ledger": [], "new_subtasks": [], "webhook": None, "events": []}
     writer.start()
     try:
-        soon = writer.submit(_write(swarm_id, epoch, **bare), linger=True)
+        soon = writer.submit(_write(swarm_id, epoch, **BARE), linger=True)
         await asyncio.sleep(0.1)
         assert batches == [] and not soon.done()  # lingering
-        await writer.submit(_write(swarm_id, epoch, **bare))  # somebody waits: both commit
+        await writer.submit(_write(swarm_id, epoch, **BARE))  # somebody waits: both commit
         assert batches == [2] and soon.done()
 
         t0 = time.monotonic()
-        await writer.submit(_write(swarm_id, epoch, **bare), linger=True)  # alone
+        await writer.submit(_write(swarm_id, epoch, **BARE), linger=True)  # alone
         assert 0.45 <= time.monotonic() - t0 < 2.0 and batches == [2, 1]
 
-        last = writer.submit(_write(swarm_id, epoch, **bare), linger=True)
+        last = writer.submit(_write(swarm_id, epoch, **BARE), linger=True)
         await asyncio.sleep(0.05)
         t0 = time.monotonic()
         await writer.close()
@@ -395,9 +397,6 @@ async def test_a_heartbeat_and_a_group_commit_of_the_same_swarms_never_deadlock(
         # their own in the table, the reverse of it in the commit's document below
         epochs = dict(swarms)
         writer = StateWriter(h.app.state.sessions, OWNER, retry_for_s=10)
-        direct = writer._direct
-        assert direct is not None
-        bare = {"ledger": [], "new_subtasks": [], "webhook": None, "events": []}
 
         async def beats() -> None:
             for _ in range(150):
@@ -406,12 +405,16 @@ async def test_a_heartbeat_and_a_group_commit_of_the_same_swarms_never_deadlock(
                     await asyncio.sleep(0)  # its locks held across a turn of the loop
 
         async def commits() -> None:
+            direct = writer._direct
+            assert direct is not None
             for _ in range(150):
                 stmt = one_statement.statement(
-                    OWNER, [_write(i, e, **bare) for i, e in reversed(swarms)])
+                    OWNER, [_write(i, e, **BARE) for i, e in reversed(swarms)])
                 assert not stmt.fenced(await direct.fetch(stmt.sql, stmt.args))
 
-        await asyncio.gather(beats(), commits())
-        await writer.close()
+        try:
+            await asyncio.gather(beats(), commits())
+        finally:
+            await writer.close()
     finally:
         await close()
