@@ -26,9 +26,10 @@ from tests.procs import (
     owner_pid,
     post_swarm,
     sim_stats,
+    wait_http,
     wait_terminal,
 )
-from tests.support import PG_BIN, PrivatePostgres, private_postgres, throwaway_db
+from tests.support import PG_BIN, PrivatePostgres, free_port, private_postgres, throwaway_db
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
 
@@ -71,6 +72,41 @@ async def test_kill_at_crash_point_then_takeover(db_url: str, tmp_path: Path, po
         # same Idempotency-Key (a deduplicating gateway would answer it from its cache)
         await assert_durable_outcome(db, api, sim, swarm_id,
                                      {"b": 2} if point == "after_response" else None)
+
+
+@pytest.mark.parametrize("point", ["before_call", "after_response"])
+async def test_a_creator_killed_before_its_first_commit(db_url: str, tmp_path: Path,
+                                                      point: str) -> None:
+    """A `serve` with its engine claims the swarm as it creates it, and the creation's
+    statement writes its first call ahead (with its reservation against the tenant's daily
+    cap, SPEC §8's defaults). Killed at `point`, before any commit of its own, it leaves the
+    swarm maybe still `queued` with that row in flight. A worker takes it over: the row is
+    billed `unknown` at its reservation, the call goes again as attempt 2, and what the
+    gateway answered is never more than recorded."""
+    db = Db(db_url)
+    async with cluster(db_url, tmp_path) as c:
+        sim = await c.simulator(latency_ms=20)
+        port = free_port()
+        creator = c.spawn("creator", ["serve", "--port", str(port)],
+                          SWARM_CRASH_AT=f"{point}:a")
+        url = f"http://127.0.0.1:{port}"
+        await wait_http(creator, f"{url}/readyz", ok_only=True)
+        api = await c.api()
+        body = {"task": "killed before its first commit", "max_tokens": 100,
+                "agents": [agent("a")], "synthesis": {"strategy": "none"}}
+        swarm_id = (await post_swarm(url, body))["id"]
+        assert await creator.wait_exit(20) == -signal.SIGKILL, creator.log()
+        (ahead,) = await db.ledger(swarm_id)
+        assert (ahead["attempt"], ahead["outcome"]) == (1, "in_flight")
+        assert owner_pid(await db.lease_owner(swarm_id)) == creator.pid
+
+        await c.worker("worker_b")
+        await wait_terminal(api, swarm_id, timeout=30)
+        await assert_durable_outcome(db, api, sim, swarm_id,
+                                     {"a": 2} if point == "after_response" else None)
+        rows = await db.ledger(swarm_id)
+        assert [(r["attempt"], r["outcome"]) for r in rows] == [(1, "unknown"), (2, "ok")]
+        assert rows[0]["cost_usd"] == rows[0]["reserved_usd"] > 0
 
 
 async def test_external_kill_while_calls_are_in_flight(db_url: str, tmp_path: Path) -> None:

@@ -77,6 +77,9 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
     if body.webhook_url is not None:
         await check_webhook_url(body.webhook_url, settings, tenant)
     local = engine if engine is not None and engine.has_capacity() else None
+    # claimed as it is created: its runner now, its first calls written ahead with it
+    runner = local.adoption(new.swarm, new.subtasks) if local is not None else None
+    ahead = runner.first_wave() if runner is not None else None
     position: int | None = None
 
     async def admit(s: AsyncSession) -> None:
@@ -88,7 +91,7 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
         nonlocal position
         position = await create.insert_swarm(
             s, new.swarm, new.subtasks, claim_for=local.owner if local else None,
-            lease_s=settings.lease_seconds, position=True)
+            lease_s=settings.lease_seconds, position=True, ahead=ahead)
 
     if admission.in_statement and not settings.is_sqlite:
         # PostgreSQL: the insert is one statement, a transaction of its own, that checks the
@@ -102,7 +105,7 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
                 state.db_engine, new.swarm, new.subtasks,
                 claim_for=local.owner if local else None, lease_s=settings.lease_seconds,
                 position=True, admit=admission.statement_checks(),
-                key_ttl_s=None if idempotency_key is None else ttl)
+                key_ttl_s=None if idempotency_key is None else ttl, ahead=ahead)
         except quotas.Refused as refused:
             if idempotency_key is not None and (seen := await _replayed(
                     state.sessions, response, tenant, idempotency_key, digest, ttl)):
@@ -125,9 +128,9 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
                 return _answer(seen, 202, response)
     response.headers["Location"] = f"/swarms/{new.swarm.id}"
     view = swarm_json(new.swarm, queries.rows_of(new.subtasks), queue_position=position)
-    if local is not None:  # this process runs it: no wake-up, no reload
+    if local is not None and runner is not None:  # this process runs it: no wake-up, no reload
         # after the view: the runner mutates rows
-        local.adopt(new.swarm, new.subtasks, new.swarm.lease_epoch)
+        local.adopt(runner)
     elif engine is not None:
         engine.wake()
     return _answer(view, 202, response)

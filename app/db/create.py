@@ -5,6 +5,7 @@ transaction, or (`insert_swarm_alone`) the statement is one."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -17,10 +18,11 @@ from app.db import one_statement
 from app.db.batch import executemany
 from app.db.direct import fetchrow_pooled
 from app.db.queries import queued_swarms
-from app.db.quotas import Admit, Refused
+from app.db.quotas import Admit, CapAsk, Refused, tenant_checks
 from app.db.session import bound_engine, db_now
 from app.db.session import is_postgres as _is_pg
-from app.db.tables import LiveSubtask, Subtask, Swarm, column_values
+from app.db.spend import DailyCheck
+from app.db.tables import GatewayCall, LiveSubtask, Subtask, Swarm, column_values
 from app.db.types import utcnow
 
 SUBTASK_INSERT_COLUMNS = (
@@ -32,6 +34,25 @@ SUBTASK_INSERT_COLUMNS = (
 )
 
 
+@dataclass
+class Ahead:
+    """Calls written ahead with a swarm's creation (the first wave of a swarm claimed as it is
+    created, `SwarmRunner.first_wave`): their `gateway_calls` rows, in flight; with `cap`, the
+    reservations against the tenant's daily cap they need, asked in the same transaction (one
+    per row, in order). `checks` is the cap's answer once stored: a row whose reservation
+    did not fit was not written."""
+
+    rows: list[dict[str, Any]]
+    cap: CapAsk | None = None
+    checks: list[DailyCheck] | None = None
+
+    def granted(self, checks: list[DailyCheck]) -> list[dict[str, Any]]:
+        """Keep the cap's answer; the rows it let through."""
+        self.checks = checks
+        return [row for row, check in zip(self.rows, checks, strict=True)
+                if check.reservation_id is not None]
+
+
 def insert_row(sub: Subtask) -> dict[str, Any]:
     """Every column of a new subtask, for Core executemany inserts (instrumented getattrs
     were 15 % of creating a 1,000-agent swarm)."""
@@ -41,6 +62,7 @@ def insert_row(sub: Subtask) -> dict[str, Any]:
 _SWARMS = cast(Table, Swarm.__table__)
 _SUBTASKS = cast(Table, Subtask.__table__)
 _SUBTASK_INSERT = insert(_SUBTASKS)
+_LEDGER_INSERT = insert(cast(Table, GatewayCall.__table__))
 # (attribute, column key) of every mapped column of a swarm row
 _SWARM_COLUMNS = tuple((p.key, p.columns[0].key) for p in sa_inspect(Swarm).column_attrs)
 
@@ -54,9 +76,10 @@ def _swarm_values(swarm: Swarm) -> dict[str, Any]:
 
 async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[Subtask], *,
                        claim_for: str | None = None, lease_s: float = 0.0,
-                       position: bool = False) -> int | None:
-    """Insert a queued swarm and its subtasks in the session's transaction, and wake the
-    workers (on commit) unless it is claimed for the caller's engine.
+                       position: bool = False, ahead: Ahead | None = None) -> int | None:
+    """Insert a queued swarm and its subtasks (and the calls it writes `ahead`) in the
+    session's transaction, and wake the workers (on commit) unless it is claimed for the
+    caller's engine.
 
     Core statements, no unit of work: on PostgreSQL the swarm's row, its subtasks, its NOTIFY
     and (with `position`) its queue position are one statement (`one_statement.creation`).
@@ -64,10 +87,10 @@ async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[S
     1, its lease from the database's clock), and its queue position is then 1: it starts now,
     no swarm of its tenant's queue ahead of it. Returns the queue position when asked."""
     if _is_pg(session):
-        sql, args = _creation(swarm, subtasks, claim_for, lease_s, position)
+        sql, args = _creation(swarm, subtasks, claim_for, lease_s, position, ahead=ahead)
         conn = await session.connection()
         row = (await conn.exec_driver_sql(sql, args)).one()
-        return _created(swarm, row, claim_for, position)
+        return _created(swarm, row, claim_for, position, ahead)
     if claim_for is not None:
         swarm.lease_owner, swarm.lease_epoch = claim_for, 1
         swarm.lease_expires_at = utcnow() + timedelta(seconds=lease_s)
@@ -78,6 +101,10 @@ async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[S
     if subtasks:  # Core, not ORM objects: a hundred of them cost a unit of work each
         await executemany(await session.connection(), _SUBTASK_INSERT,
                           [insert_row(s) for s in subtasks])
+    if ahead is not None and ahead.rows:
+        rows = ahead.rows if ahead.cap is None else ahead.granted(await ahead.cap.apply(session))
+        if rows:
+            await executemany(await session.connection(), _LEDGER_INSERT, rows)
     return found
 
 
@@ -91,7 +118,8 @@ _KEY_CONSTRAINT = "uq_swarms_tenant_idempotency_key"
 async def insert_swarm_alone(engine: AsyncEngine, swarm: Swarm, subtasks: Sequence[Subtask], *,
                              claim_for: str | None = None, lease_s: float = 0.0,
                              position: bool = False, admit: Admit | None = None,
-                             key_ttl_s: float | None = None) -> int | None:
+                             key_ttl_s: float | None = None,
+                             ahead: Ahead | None = None) -> int | None:
     """`insert_swarm` on PostgreSQL as a transaction of its own: its one statement in
     autocommit, sent by the pooled connection's driver (no BEGIN, no COMMIT, none of
     SQLAlchemy's execution around it). For a creation nothing else is written with (no
@@ -100,8 +128,9 @@ async def insert_swarm_alone(engine: AsyncEngine, swarm: Swarm, subtasks: Sequen
     With `admit`, the tenant's quotas are checked in that statement: `Refused` when one is
     reached (nothing stored). With `key_ttl_s` (the swarm carries an Idempotency-Key), an
     expired holder of its key lets go of it in that statement too: `KeyTaken` when a live one
-    (a concurrent request's) has it."""
-    sql, args = _creation(swarm, subtasks, claim_for, lease_s, position, admit, key_ttl_s)
+    (a concurrent request's) has it. `ahead` as `insert_swarm`'s."""
+    sql, args = _creation(swarm, subtasks, claim_for, lease_s, position, admit, key_ttl_s,
+                          ahead)
     try:
         row = await fetchrow_pooled(engine, sql, args)
     except asyncpg.UniqueViolationError as exc:
@@ -113,12 +142,13 @@ async def insert_swarm_alone(engine: AsyncEngine, swarm: Swarm, subtasks: Sequen
             raise refused from None
         raise
     assert row is not None  # the statement answers one row
-    return _created(swarm, row, claim_for, position)
+    return _created(swarm, row, claim_for, position, ahead)
 
 
 def _creation(swarm: Swarm, subtasks: Sequence[Subtask], claim_for: str | None,
               lease_s: float, position: bool, admit: Admit | None = None,
-              key_ttl_s: float | None = None) -> tuple[str, tuple[Any, ...]]:
+              key_ttl_s: float | None = None, ahead: Ahead | None = None
+              ) -> tuple[str, tuple[Any, ...]]:
     if claim_for is not None:
         swarm.lease_owner, swarm.lease_epoch = claim_for, 1
     return one_statement.creation(
@@ -127,12 +157,17 @@ def _creation(swarm: Swarm, subtasks: Sequence[Subtask], claim_for: str | None,
         _swarm_values(swarm), [s.__dict__ if isinstance(s, LiveSubtask) else insert_row(s)
                                for s in subtasks], SUBTASK_INSERT_COLUMNS,
         claim_s=lease_s if claim_for is not None else None,
-        count=position and claim_for is None, admit=admit, key_ttl_s=key_ttl_s)
+        count=position and claim_for is None, admit=admit, key_ttl_s=key_ttl_s,
+        ledger=ahead.rows if ahead is not None else (),
+        cap=ahead.cap if ahead is not None else None)
 
 
-def _created(swarm: Swarm, row: Sequence[Any], claim_for: str | None, position: bool
-             ) -> int | None:
-    """The creation statement's answer: the lease's expiry (database clock), the position."""
+def _created(swarm: Swarm, row: Sequence[Any], claim_for: str | None, position: bool,
+             ahead: Ahead | None = None) -> int | None:
+    """The creation statement's answer: the lease's expiry (database clock), the cap's answer
+    for the calls written ahead, the position."""
+    if ahead is not None and ahead.cap is not None and ahead.rows:
+        ahead.granted(tenant_checks(row[1:5]))
     expires: datetime | None = row[0]
     swarm.lease_expires_at = expires.astimezone(UTC) if expires is not None else None
     if not position:

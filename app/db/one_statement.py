@@ -40,7 +40,7 @@ from sqlalchemy.dialects import postgresql
 from app.db.batch import bind_processor
 from app.db.changes import LEDGER_SETTLED, SwarmWrite
 from app.db.notify import CHANGED, QUEUED
-from app.db.quotas import Admit
+from app.db.quotas import Admit, CapAsk
 from app.db.tables import (
     Event,
     GatewayCall,
@@ -138,7 +138,8 @@ def statement(owner: str, writes: Sequence[SwarmWrite]) -> Statement:
 
 def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
              subtask_keys: tuple[str, ...], *, claim_s: float | None, count: bool,
-             admit: Admit | None = None, key_ttl_s: float | None = None
+             admit: Admit | None = None, key_ttl_s: float | None = None,
+             ledger: Sequence[Mapping[str, Any]] = (), cap: CapAsk | None = None
              ) -> tuple[str, tuple[Any, ...]]:
     """A new swarm as one statement: its row (every column given; with `claim_s` leased for that
     many seconds from the database's clock), its subtasks (`subtask_keys` of each), its NOTIFY
@@ -157,16 +158,27 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
     0014's `tenant_admit`, which the swarm's INSERT reads before it writes): a refusal raises
     (quotas.Refused.of) and nothing of the statement stays, the token taken included. With
     `key_ttl_s`, the swarm's Idempotency-Key is first freed from an older swarm that holds it
-    past that TTL (that swarm keeps its data), before the new row takes it."""
-    sql, sw_cols, st_cols, alike_cols = _creation(
+    past that TTL (that swarm keeps its data), before the new row takes it. `ledger`: rows of
+    `gateway_calls` written with it (its first calls' attempts, written ahead: a claimed
+    swarm's `SwarmRunner.first_wave`). With `cap`, each row's reservation against the tenant's
+    daily cap is asked first (`tenant_cap_apply`, after the swarm's row: every creation takes
+    the tenant's bucket, then its day row), a row whose reservation does not fit is not
+    written, and the answer row carries the cap's (day, ids, left, live) after the lease's
+    expiry (`quotas.tenant_checks`)."""
+    sql, sw_cols, st_cols, alike_cols, ledger_cols = _creation(
         tuple(swarm), _split(subtasks, subtask_keys) if subtasks else None,
-        claim_s is not None, count, admit is not None, key_ttl_s is not None)
+        claim_s is not None, count, admit is not None, key_ttl_s is not None,
+        tuple(ledger[0]) if ledger else None, cap is not None and bool(ledger))
     args: list[Any] = [_document([swarm], sw_cols)]
     args += [_json(swarm[key]) for key in _OWN_PARAMETER if key in swarm]
     if st_cols is not None:
         args.append(_document(subtasks, st_cols))
     if alike_cols is not None:
         args.append(_document(subtasks[:1], alike_cols))
+    if ledger_cols is not None:
+        args.append(_document(ledger, ledger_cols))
+        if cap is not None:
+            args += [cap.cap, list(cap.amounts), cap.owner, float(cap.lease_s), list(cap.keys)]
     if claim_s is not None:
         args.append(float(claim_s))
     if admit is not None:
@@ -225,8 +237,9 @@ def _alike(a: Any, b: Any) -> bool:
 @functools.lru_cache(maxsize=256)
 def _creation(swarm_keys: tuple[str, ...],
               subtask_keys: tuple[tuple[str, ...], tuple[str, ...]] | None, claim: bool,
-              count: bool, admit: bool, expire_key: bool
-              ) -> tuple[str, _Columns, _Columns | None, _Columns | None]:
+              count: bool, admit: bool, expire_key: bool, ledger_keys: tuple[str, ...] | None,
+              capped: bool) -> tuple[str, _Columns, _Columns | None, _Columns | None,
+                                     _Columns | None]:
     params = iter(range(1, 100))
     own = [k for k in _OWN_PARAMETER if k in swarm_keys]
     sw_cols, sw_source = _recordset(_SWARMS, tuple(k for k in swarm_keys if k not in own),
@@ -245,6 +258,8 @@ def _creation(swarm_keys: tuple[str, ...],
                                                   given=varying, alias="a")
             selected += [f"a.{_Q(k)}" for k in alike_cols.keys]
             source += f" CROSS JOIN {alike_source}"
+    ledger_cols, ahead = (None, []) if ledger_keys is None else _ahead(ledger_keys, capped,
+                                                                       params)
     if claim:
         values["lease_expires_at"] = f"now() + make_interval(secs => ${next(params)}::float8)"
     # One lock order for every creation, this statement's and the session paths' alike (a
@@ -275,6 +290,7 @@ def _creation(swarm_keys: tuple[str, ...],
         ctes.append(f"new_subtasks AS (INSERT INTO {_Q(_SUBTASKS.name)} "
                     f"({', '.join(map(_Q, columns))}) SELECT {', '.join(selected)} "
                     f"FROM {source})")
+    ctes += ahead  # the ledger's rows: their swarm's foreign key checked at the end, as theirs
     out = ["n.lease_expires_at"]
     if not claim:
         out.append(f"pg_notify('{QUEUED}', n.id)")
@@ -282,8 +298,33 @@ def _creation(swarm_keys: tuple[str, ...],
         # row's trigger has not counted it), from the trigger-kept counts (tables.TenantQueue)
         out.append(f"(SELECT coalesce(sum(q.queued), 0) FROM {_Q(_QUEUES.name)} q "
                    "WHERE q.tenant = n.tenant)")
-    sql = f"WITH {', '.join(ctes)} SELECT {', '.join(out)} FROM new_swarm n"
-    return sql, sw_cols, st_cols, alike_cols
+    source = "new_swarm n"
+    if ledger_keys is not None and capped:  # the cap's answer, before the count (read last)
+        out[1:1] = ["cap.o_day", "cap.o_ids", "cap.o_left", "cap.o_live"]
+        source += " CROSS JOIN cap"
+    sql = f"WITH {', '.join(ctes)} SELECT {', '.join(out)} FROM {source}"
+    return sql, sw_cols, st_cols, alike_cols, ledger_cols
+
+
+def _ahead(keys: tuple[str, ...], capped: bool, params: Iterator[int]
+           ) -> tuple[_Columns, list[str]]:
+    """The creation's calls written ahead: their document's columns, and the CTEs that insert
+    them (`capped`: each only if the tenant's cap, asked first, reserved it)."""
+    cols, source = _recordset(_LEDGER, keys, params, defaults=True)
+    ctes = []
+    if capped:  # the cap, the amounts, the owner, the lease, the rows' keys
+        cap, amounts, owner, lease, row_keys = (f"${next(params)}" for _ in range(5))
+        # lateral to the new row: asked after its insert, which took the tenant's lock
+        ctes.append("cap AS (SELECT c.o_day, c.o_ids, c.o_left, c.o_live FROM new_swarm n "
+                    f"CROSS JOIN LATERAL tenant_cap_apply(n.tenant, {cap}::numeric, "
+                    "'{}'::varchar[], '{}'::numeric[], '{}'::date[], "
+                    f"{amounts}::numeric[], {owner}::varchar, {lease}::float8) AS c)")
+        source += (" WHERE v.idempotency_key IN (SELECT u.key FROM cap CROSS JOIN LATERAL "
+                   f"unnest({row_keys}::varchar[], cap.o_ids) AS u(key, rid) "
+                   "WHERE u.rid IS NOT NULL)")
+    ctes.append(f"new_ledger AS (INSERT INTO {_Q(_LEDGER.name)} "
+                f"({', '.join(map(_Q, cols.keys))}) SELECT * FROM {source})")
+    return cols, ctes
 
 
 @dataclass(frozen=True, slots=True)

@@ -288,6 +288,25 @@ class Settle:
     actual: Decimal
 
 
+@dataclass(frozen=True, slots=True)
+class CapAsk:
+    """Reservations against a tenant's daily cap asked by another statement than the cap's
+    batches (a swarm's creation, for the calls it writes ahead: `create.Ahead`), one per
+    ledger row, by its `idempotency_key`, in order."""
+
+    tenant: str
+    cap: Decimal
+    owner: str
+    lease_s: float
+    amounts: tuple[Decimal, ...]
+    keys: tuple[str, ...]
+
+    async def apply(self, session: AsyncSession) -> list[DailyCheck]:
+        """In the caller's transaction (SQLite's creation, which runs statement by statement)."""
+        return await apply_tenant_ops(session, self.tenant, self.cap, self.amounts, (),
+                                      self.owner, self.lease_s)
+
+
 async def apply_tenant_ops(session: AsyncSession, tenant: str, cap: Decimal,
                            reserves: Sequence[Decimal], settles: Sequence[Settle],
                            owner: str, lease_s: float) -> list[DailyCheck]:

@@ -168,6 +168,13 @@ async def settle_lost_attempts(session: AsyncSession, swarm_id: str, epoch: int,
     held = await lock_leases(session, [swarm_id], lease_s)
     if held.get(swarm_id) != (epoch, owner):
         return None
+    return await settle_in_flight(session, swarm_id)
+
+
+async def settle_in_flight(session: AsyncSession, swarm_id: str) -> Takeover:
+    """`settle_lost_attempts` without the lease: for the caller that ends a swarm whose owner
+    lapsed (a cancel of a queued swarm, which may hold the calls its creation wrote ahead:
+    `create.Ahead`), in its transaction."""
     rows = (await session.execute(
         select(GatewayCall.subtask_name, GatewayCall.model, GatewayCall.prompt_tokens,
                GatewayCall.completion_tokens, GatewayCall.reserved_usd)

@@ -61,22 +61,44 @@ class CallMeter:
         (its `before(1)` then has nothing left to do): the commit overlaps the calls in
         flight instead of idling a slot. Until it is sent, `release` settles it `cancelled`;
         a crash meanwhile bills it `unknown` at its reservation, like any written-ahead
-        attempt whose outcome is lost."""
+        attempt whose outcome is lost. Nothing to do for a row written with the swarm's
+        creation (`reserve_ahead`)."""
+        if self._ahead:
+            return
         await self._write_ahead()
         self._ahead = True
 
-    def prepare_now(self) -> asyncio.Future[None] | None:
-        """`prepare` in the caller's turn, when it needs no wait (no shared cap to ask, room
-        in the swarm's budget): the row is queued before the caller's next write, and the
-        future resolves once it is durable. None: nothing was done (call `prepare`)."""
-        if self._daily is not None:
+    def reserve_ahead(self, cap_asked: bool = False) -> LedgerRow | None:
+        """The first attempt opened in the caller's turn, when that needs no wait (no shared
+        cap to ask, unless the caller asks it: `cap_asked`; room in the swarm's budget): its
+        row, which the caller writes before the call is sent (until then `release` cancels it
+        like any row ahead). None: nothing was done."""
+        if self._daily is not None and not cap_asked:
             return None
         reservation = self.handle.budget.reserve_now(self.worst)
         if reservation is None:
             return None
-        row = self._open_attempt(reservation)
-        self._ahead = True  # until it is durable, `release` cancels it like any row ahead
-        return self.handle.submit(ledger=[row])
+        self._ahead = True
+        return self._open_attempt(reservation)
+
+    def hold_daily(self, reservation: Reservation) -> None:
+        """The shared cap's reservation the caller of `reserve_ahead(cap_asked=True)` made."""
+        self._held_daily.append(reservation)
+
+    def withdraw_ahead(self) -> None:
+        """`reserve_ahead`'s row was never written (the shared cap refused it): its budget
+        reservation is given back, and the call is prepared again at its turn."""
+        self._ahead = False
+        for r in self._held:
+            self.handle.budget.settle(r, Decimal(0))
+        self._held.clear()
+
+    def prepare_now(self) -> asyncio.Future[None] | None:
+        """`prepare` in the caller's turn, when it needs no wait (`reserve_ahead`): the row is
+        queued before the caller's next write, and the future resolves once it is durable.
+        None: nothing was done (call `prepare`)."""
+        row = self.reserve_ahead()
+        return None if row is None else self.handle.submit(ledger=[row])
 
     async def before(self, attempt: int) -> None:
         if self._ahead:  # prepared: durable already

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, replace
 
 from app import tracing
+from app.db.create import Ahead
 from app.db.tables import Subtask
 from app.db.types import utcnow
 from app.engine import planner as plans
@@ -20,9 +21,10 @@ from app.engine.context import (
 )
 from app.engine.faults import crash_point
 from app.engine.handle import LedgerRow, Outcome, SwarmHandle, failure
-from app.engine.layout import COMPRESSOR_PREFIX, new_subtask, synthesizer_for
+from app.engine.layout import COMPRESSOR_PREFIX, PLANNER, new_subtask, synthesizer_for
 from app.engine.steps import CALL_FAILURES, SubtaskSteps
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
+from app.engine.tenancy import TenantDailyCap
 from app.engine.turns import TurnLoop
 from app.engine.writer import WriteRejected
 from app.states import SubtaskKind, SubtaskStatus
@@ -71,6 +73,8 @@ class SubtaskExecutor:
         self._compressions: dict[str, asyncio.Task[str | None]] = {}
         self.turns = TurnLoop(handle, self.steps)
         self._prepared: asyncio.Task[Prepared | None] | None = None
+        # workers whose first attempt's row was written with the swarm's creation
+        self._first: dict[str, tuple[list[dict[str, str]], CallMeter]] = {}
 
     async def run(self, sub: Subtask) -> Outcome:
         """Never raises but for cancellation and a lost lease."""
@@ -84,6 +88,9 @@ class SubtaskExecutor:
         if sub.kind == SubtaskKind.planner:
             async with self.steps.slots(sub):
                 return await self._plan(sub)
+        if (first := self._first.pop(sub.name, None)) is not None:
+            messages, meter = first
+            return await self._call(sub, messages, written=meter)
         call_no = 1
         if sub.kind == SubtaskKind.synthesizer and self._prepared is not None:
             prepared = await self._take_prepared()
@@ -94,6 +101,60 @@ class SubtaskExecutor:
         if sub.tools:  # the turn loop takes a slot per turn, never while tools run
             return await self.turns.run(sub, self._messages(sub, inputs))
         return await self._call(sub, self._messages(sub, inputs), call_no=call_no)
+
+    # ---- the first wave written with the swarm's creation -------------------------------
+
+    def first_wave(self) -> Ahead:
+        """The first attempts of the workers a new swarm sends first (no dependency, no
+        tools; in launch order, as many as its concurrency), opened now for the creation's
+        statement to write: their calls are then sent as soon as the swarm starts, with no
+        write-ahead commit of their own (a 100-agent fan-out's first sends waited ~7 ms for
+        it; a 1-agent swarm made two commits where one is left, bench/RESULTS.md session
+        28). The tenant's daily cap, when it has one, is asked in that statement too. Until
+        it is sent, each is released like any row written ahead; if the creation fails,
+        nothing was written. None behind the process-wide daily cap (a statement of its
+        own), nor past what the swarm's budget holds now."""
+        handle = self.handle
+        cap = handle.ctx.cap_for(handle.swarm.tenant)
+        if (cap is not None and not isinstance(cap, TenantDailyCap)) or PLANNER in handle.subs:
+            return Ahead([])
+        rows: list[LedgerRow] = []
+        ready = sorted((s for s in handle.subs.values() if s.kind == SubtaskKind.worker
+                        and s.status == SubtaskStatus.pending and not s.depends_on
+                        and not s.tools), key=lambda s: s.position)
+        for sub in ready[:int(handle.limits["concurrency"])]:
+            messages = self._messages(sub, [])
+            meter = self.steps.meter(sub, messages, 1)
+            row = meter.reserve_ahead(cap_asked=cap is not None)
+            if row is None:
+                break
+            rows.append(row)
+            self._first[sub.name] = (messages, meter)
+            # counted once the swarm runs (`first_wave_opened`): the creation's answer and its
+            # row say, as for any subtask not started, that no attempt was made yet
+            sub.attempts -= 1
+        ask = None
+        if cap is not None and rows:
+            ask = cap.ask([m.worst for _, m in self._first.values()],
+                          [row["idempotency_key"] for row in rows])
+        return Ahead(rows, ask)
+
+    def first_wave_opened(self, ahead: Ahead | None) -> None:
+        """The swarm runs, its creation stored: its first wave's attempts count, each with
+        its reservation against the tenant's cap; one the cap refused was never written, and
+        is prepared again at its turn."""
+        checks = ahead.checks if ahead is not None else None
+        cap = self.handle.ctx.cap_for(self.handle.swarm.tenant)
+        for k, (name, (_, meter)) in enumerate(list(self._first.items())):
+            if checks is not None:
+                check = checks[k]
+                if check.reservation_id is None:
+                    meter.withdraw_ahead()
+                    del self._first[name]
+                    continue
+                assert isinstance(cap, TenantDailyCap)
+                meter.hold_daily(cap.held(check.reservation_id, check.day, meter.worst))
+            meter.sub.attempts += 1
 
     # ---- the synthesizer prepared on the workers' answers --------------------------------
 
@@ -157,7 +218,11 @@ class SubtaskExecutor:
         return None
 
     async def discard_prepared(self) -> None:
-        """The synthesizer is not called (the swarm stops): a prepared attempt is cancelled."""
+        """The synthesizer is not called (the swarm stops): a prepared attempt is cancelled,
+        as is a first attempt written with the creation whose worker was never started."""
+        first, self._first = self._first, {}
+        for _, meter in first.values():
+            await meter.release()
         task, self._prepared = self._prepared, None
         if task is None:
             return
@@ -169,13 +234,15 @@ class SubtaskExecutor:
     # ---- one gateway call ---------------------------------------------------------------
 
     async def _call(self, sub: Subtask, messages: list[dict[str, str]],
-                    prepared: CallMeter | None = None, call_no: int = 1) -> Outcome:
+                    prepared: CallMeter | None = None, call_no: int = 1,
+                    written: CallMeter | None = None) -> Outcome:
         steps = self.steps
         # The slots count gateway calls in flight: the first attempt's ledger row is written
         # ahead before they are taken, they are given back once the answer is in, and the
         # result's commit is awaited outside them (under load a group commit takes tens of
-        # milliseconds: inside, each idled the slot that long per subtask).
-        meter = prepared or steps.meter(sub, messages, call_no)
+        # milliseconds: inside, each idled the slot that long per subtask). A row `written`
+        # with the creation waits for its slots as one written ahead here would.
+        meter = prepared or written or steps.meter(sub, messages, call_no)
         try:
             async with steps.slots(sub, ahead=None if prepared else meter):
                 if self.handle.stopping:  # stopped while it waited: never sent (no cost)

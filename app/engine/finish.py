@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db import queries
+from app.db import queries, spend
+from app.db.changes import SWARM_TOTAL_COLUMNS
 from app.db.notify import CANCEL, notify
 from app.db.session import db_now
 from app.db.tables import Event as EventTable
@@ -81,6 +83,13 @@ async def cancel(session: AsyncSession, swarm: Swarm) -> bool:
         # and run a swarm ended here (its writes passing the fence, a second end stored)
         swarm.lease_epoch += 1
         swarm.lease_owner = swarm.lease_expires_at = None
+        if swarm.reserved_usd:
+            # its creation wrote its first calls ahead (create.Ahead), which that owner may
+            # have sent before it lapsed: billed `unknown` at their reservations, as a
+            # takeover bills a dead owner's (settled in the database: the totals read back)
+            await spend.settle_in_flight(session, swarm.id)
+            await session.refresh(swarm, list(SWARM_TOTAL_COLUMNS))
+            swarm.reserved_usd = Decimal(0)
         subs = (await queries.get_subtasks(session, [swarm.id], outputs=False))[swarm.id]
         end = end_swarm(swarm, subs, SwarmStatus.cancelled, None, now)
         await session.execute(insert(EventTable), end.events)

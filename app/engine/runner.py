@@ -14,7 +14,7 @@ from typing import Any
 from app import metrics, tracing
 from app.db import spend
 from app.db.changes import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite
-from app.db.create import insert_row
+from app.db.create import Ahead, insert_row
 from app.db.leases import LeaseLost
 from app.db.tables import Subtask, Swarm, column_values, live_subtask, live_swarm
 from app.db.types import utcnow
@@ -87,6 +87,21 @@ class SwarmRunner:
         # do once none is left (`answered`) when a synthesizer follows
         self._unanswered: int | None = None
         self._on_all_answered: Callable[[], None] | None = None
+        self._early: SubtaskExecutor | None = None  # first_wave's, until the run takes it
+        self._ahead: Ahead | None = None  # ... and the calls it had the creation write
+        # until when (monotonic) the lease the creation took surely holds: half of it
+        self._fresh_until = 0.0
+
+    def first_wave(self) -> Ahead:
+        """For a new swarm this process claims as it creates it, before the creation's
+        statement: its first calls to write ahead in that statement
+        (`SubtaskExecutor.first_wave`), their reservations in the swarm's `reserved_usd`."""
+        self._early = SubtaskExecutor(self)
+        self._ahead = self._early.first_wave()
+        self.swarm.reserved_usd = self.budget.reserved
+        # the statement's lease runs from after now (the database's clock, its start)
+        self._fresh_until = time.monotonic() + self.ctx.settings.lease_seconds / 2
+        return self._ahead
 
     def add_subtasks(self, subs: Sequence[Subtask]) -> None:
         for s in map(live_subtask, subs):
@@ -213,7 +228,10 @@ class SwarmRunner:
             metrics.runs_in_progress.dec()
 
     async def _run(self) -> None:
-        if self.swarm.status != SwarmStatus.queued:  # queued: nothing was ever sent
+        # queued: nothing was ever sent, unless its creation wrote calls ahead (reserving
+        # them) that its first owner may have sent before it died
+        if self._early is None and (self.swarm.status != SwarmStatus.queued
+                                    or self.swarm.reserved_usd):
             await self._settle_lost()
         if self.rescues > self.ctx.settings.max_rescues:
             await self._finish(SwarmStatus.failed, failure(
@@ -225,8 +243,11 @@ class SwarmRunner:
         # the executor refers to this runner, so it is the run's, never the runner's: a
         # reference back would make a cycle of the whole swarm (its rows, outputs, events),
         # freed only by the collector's rare full passes (a 1,000-agent swarm's ~2 MB stayed
-        # for up to ~20 swarms, bench/RESULTS.md session 15)
-        executor = SubtaskExecutor(self)
+        # for up to ~20 swarms, bench/RESULTS.md session 15); the one `first_wave` made is
+        # held only until here (a new swarm's, which has no rescue to settle before)
+        executor, self._early = self._early or SubtaskExecutor(self), None
+        executor.first_wave_opened(self._ahead)
+        self._ahead = None
         try:
             for phase in (self._plan, self._run_workers, self._synthesize):
                 if self._stop.is_set():
@@ -285,6 +306,13 @@ class SwarmRunner:
         back = [s for s in self.subs.values() if s.status == SubtaskStatus.running]
         for s in back:
             move_subtask(s, SubtaskStatus.pending, now)
+        if self._ahead is not None and self._ahead.rows and (
+                time.monotonic() >= self._fresh_until):
+            # its first calls were written with its creation, whose lease may have lapsed
+            # since (this process stalled): they are sent only once a fenced write proves the
+            # swarm still ours, as a write-ahead commit proves it for any other call
+            await self.commit(back, events=events)
+            return
         # not awaited: every later write of this swarm commits after it, and a crash before it
         # leaves the swarm claimable as it was
         self.commit_soon(back, events=events)

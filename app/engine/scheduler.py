@@ -193,9 +193,15 @@ class Scheduler:
         return (not self._claims_stopped.is_set()
                 and len(self.runners) < self.settings.max_running_swarms)
 
-    def adopt(self, swarm: Swarm, subtasks: list[Subtask], epoch: int) -> None:
+    def adoption(self, swarm: Swarm, subtasks: list[Subtask]) -> SwarmRunner:
+        """The runner of a swarm this process is about to claim as it creates it (epoch 1),
+        not started: its `first_wave` rows go in the creation's statement, and `adopt`
+        drives it once that statement committed (dropped, it leaves nothing behind)."""
+        return SwarmRunner(self.ctx, swarm, subtasks, 1, 0)
+
+    def adopt(self, runner: SwarmRunner) -> None:
         """Drive a swarm this process claimed as it created it: no wake-up, no reload."""
-        self._drive(SwarmRunner(self.ctx, swarm, subtasks, epoch, 0))
+        self._drive(runner)
 
     def _drive(self, runner: SwarmRunner) -> None:
         swarm_id = runner.swarm.id

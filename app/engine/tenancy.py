@@ -73,6 +73,19 @@ class TenantDailyCap:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(settled.wait(), random.uniform(*self.poll_s))
 
+    def ask(self, amounts: list[Decimal], keys: list[str]) -> quotas.CapAsk:
+        """Reservations of these amounts (one per ledger row, by its key) for another
+        statement to make in this cap's name (a swarm's creation): `held` takes them on."""
+        return quotas.CapAsk(self.tenant, self.limit, self.owner, self.lease_s, tuple(amounts),
+                             tuple(keys))
+
+    def held(self, reservation_id: str, day: date, amount: Decimal) -> Reservation:
+        """A reservation `ask` had made, held (refreshed, settled) as one of this cap's own."""
+        reservation = Reservation(amount)
+        self._held[reservation] = (reservation_id, day)
+        self._start()
+        return reservation
+
     async def settle(self, reservation: Reservation, actual: Decimal) -> None:
         """Drop the reservation and add the real cost to the day it was reserved on."""
         entry = self._held.pop(reservation, None)
@@ -97,10 +110,13 @@ class TenantDailyCap:
     def _future(self) -> asyncio.Future[DailyCheck | None]:
         return asyncio.get_running_loop().create_future()
 
-    async def _submit(self, op: _Op) -> DailyCheck | None:
+    def _start(self) -> None:
         if not self._tasks:
             self._tasks = [asyncio.create_task(self._batches(), name="tenant-cap-batches"),
                            asyncio.create_task(self._refresh_loop(), name="tenant-cap-refresh")]
+
+    async def _submit(self, op: _Op) -> DailyCheck | None:
+        self._start()
         self._queue.append(op)
         self._wake.set()
         return await op.future
