@@ -83,6 +83,8 @@ class SwarmRunner:
         self._stop_error: dict[str, Any] | None = None
         # the swarm's last result (synthesizer's or last worker's), written with its end
         self._with_end: tuple[list[Subtask], list[LedgerRow], list[EventRow]] = ([], [], [])
+        # subtasks started since the last write, and their events (`started`)
+        self._starting: tuple[list[Subtask], list[EventRow]] = ([], [])
         # during the workers' phase: the workers yet to answer (None outside it), and what to
         # do once none is left (`answered`) when a synthesizer follows
         self._unanswered: int | None = None
@@ -162,6 +164,10 @@ class SwarmRunner:
                events: Sequence[EventRow], new: Sequence[Subtask],
                webhook: WebhookRow | None = None, tools: ToolRows | None = None,
                linger: bool = False) -> asyncio.Future[None]:
+        if self._starting[0]:  # they come first: their events' numbers are lower
+            (starting, begun), self._starting = self._starting, ([], [])
+            subs = [*(sub for sub in starting if sub not in subs), *subs]
+            events = [*begun, *events]
         s = self.swarm
         s.spent_usd, s.reserved_usd = self.budget.spent, self.budget.reserved
         return self.ctx.writer.submit(SwarmWrite(
@@ -187,6 +193,21 @@ class SwarmRunner:
         without money in it, it may wait for the next awaited write (writer.LINGER_S)."""
         self._write(subs, ledger, events, (), tools=tools, linger=not ledger and not tools
                     ).add_done_callback(retrieve_exception)
+
+    def started(self, sub: Subtask, event: EventRow) -> None:
+        """A subtask's start (its event numbered), written with this swarm's next write: at
+        the latest one loop turn later (`commit_soon`). The tasks of a wave all run in that
+        turn, so their starts make one write after their sends, not a write each before
+        them (~50 us of the CPU before each of a 100-agent fan-out's sends)."""
+        subs, events = self._starting
+        if not subs:
+            asyncio.get_running_loop().call_soon(self._write_starts)
+        subs.append(sub)
+        events.append(event)
+
+    def _write_starts(self) -> None:
+        if self._starting[0]:  # not taken by a write meanwhile
+            self.commit_soon()
 
     def write_with_end(self, subs: Sequence[Subtask], ledger: Sequence[LedgerRow],
                        events: Sequence[EventRow]) -> None:

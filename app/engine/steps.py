@@ -109,7 +109,7 @@ class SubtaskSteps:
         waited = max((started - (sub.ready_at or started)).total_seconds(), 0.0)
         metrics.child(metrics.queue_wait, sub.kind).observe(waited)
         tracing.event("queue_wait", seconds=waited)
-        self.handle.commit_soon([sub], events=[self.handle.event(event)])
+        self.handle.started(sub, self.handle.event(event))
         return time.monotonic()
 
     def meter(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
