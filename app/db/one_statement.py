@@ -299,7 +299,7 @@ def _creation(swarm_keys: tuple[str, ...],
         out.append(f"(SELECT coalesce(sum(q.queued), 0) FROM {_Q(_QUEUES.name)} q "
                    "WHERE q.tenant = n.tenant)")
     source = "new_swarm n"
-    if ledger_keys is not None and capped:  # the cap's answer, before the count (read last)
+    if capped:  # the cap's answer, before the count (read last)
         out[1:1] = ["cap.o_day", "cap.o_ids", "cap.o_left", "cap.o_live"]
         source += " CROSS JOIN cap"
     sql = f"WITH {', '.join(ctes)} SELECT {', '.join(out)} FROM {source}"

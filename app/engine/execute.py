@@ -133,11 +133,7 @@ class SubtaskExecutor:
             # counted once the swarm runs (`first_wave_opened`): the creation's answer and its
             # row say, as for any subtask not started, that no attempt was made yet
             sub.attempts -= 1
-        ask = None
-        if cap is not None and rows:
-            ask = cap.ask([m.worst for _, m in self._first.values()],
-                          [row["idempotency_key"] for row in rows])
-        return Ahead(rows, ask)
+        return Ahead(rows, cap.ask(rows) if cap is not None and rows else None)
 
     def first_wave_opened(self, ahead: Ahead | None) -> None:
         """The swarm runs, its creation stored: its first wave's attempts count, each with

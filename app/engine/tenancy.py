@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
+from typing import Any
 
 from app.aio import run_to_end
 from app.db import quotas
@@ -63,9 +64,7 @@ class TenantDailyCap:
             check = await self._submit(_Op(self._future(), amount=amount))
             assert check is not None
             if check.reservation_id is not None:
-                reservation = Reservation(amount)
-                self._held[reservation] = (check.reservation_id, check.day)
-                return reservation
+                return self.held(check.reservation_id, check.day, amount)
             if check.live == 0:
                 raise BudgetExceeded("tenant", amount, max(check.left, Decimal(0)))
             # our own settlements wake us at once; other processes' are seen by polling
@@ -73,14 +72,17 @@ class TenantDailyCap:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(settled.wait(), random.uniform(*self.poll_s))
 
-    def ask(self, amounts: list[Decimal], keys: list[str]) -> quotas.CapAsk:
-        """Reservations of these amounts (one per ledger row, by its key) for another
-        statement to make in this cap's name (a swarm's creation): `held` takes them on."""
-        return quotas.CapAsk(self.tenant, self.limit, self.owner, self.lease_s, tuple(amounts),
-                             tuple(keys))
+    def ask(self, rows: list[dict[str, Any]]) -> quotas.CapAsk:
+        """A reservation of each written-ahead ledger row's worst case (`reserved_usd`, by its
+        key) for another statement to make in this cap's name (a swarm's creation): `held`
+        takes them on."""
+        return quotas.CapAsk(self.tenant, self.limit, self.owner, self.lease_s,
+                             tuple(row["reserved_usd"] for row in rows),
+                             tuple(row["idempotency_key"] for row in rows))
 
     def held(self, reservation_id: str, day: date, amount: Decimal) -> Reservation:
-        """A reservation `ask` had made, held (refreshed, settled) as one of this cap's own."""
+        """A reservation made for `amount` (by `reserve`, or in another statement from `ask`),
+        held (refreshed, settled) as this cap's own."""
         reservation = Reservation(amount)
         self._held[reservation] = (reservation_id, day)
         self._start()
