@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from app.db.session import (
     asyncpg_dsn,
     db_now,
 )
-from app.db.tables import Subtask, Swarm
+from app.db.tables import GatewayCall, Subtask, Swarm
 from app.db.types import utcnow
 from app.engine.specs import NewSwarm, build_swarm
 from app.schemas import SwarmCreate
@@ -101,6 +102,35 @@ async def test_every_subtask_column_is_stored_as_built(
     assert stored == [create.insert_row(x) for x in new.subtasks]
     assert len({(x["model"], x["temperature"], x["kind"]) for x in stored}) == \
         len({(x.model, x.temperature, x.kind) for x in new.subtasks})
+
+
+def first_calls(new: NewSwarm, models: list[str]) -> list[dict[str, Any]]:
+    """`gateway_calls` rows in flight for the first subtasks, as a first wave writes them: a
+    model (and so the worst case) per row, the rest of a row's values alike or not."""
+    at = utcnow()
+    return [{"swarm_id": new.swarm.id, "tenant": new.swarm.tenant, "subtask_name": sub.name,
+             "model": model, "idempotency_key": f"{new.swarm.id}:{sub.name}:1", "attempt": 1,
+             "http_status": None, "outcome": "in_flight", "prompt_tokens": 90 + len(model),
+             "completion_tokens": 200, "cached_tokens": 0, "latency_ms": 0.0,
+             "cost_usd": Decimal(0), "reserved_usd": Decimal("0.0005") * (1 + len(model)),
+             "at_bound": True, "created_at": at + timedelta(microseconds=k)}
+            for k, (sub, model) in enumerate(zip(new.subtasks, models, strict=False))]
+
+
+@pytest.mark.parametrize("models", [["kimi-k2.5"] * 3, ["kimi-k2.5", "gpt-4.1", "kimi-k2.5"],
+                                    ["gpt-4.1"]], ids=["alike", "mixed", "one"])
+async def test_every_first_call_column_is_stored_as_built(
+        sessions: SessionFactory, pg_url: str, models: list[str]) -> None:
+    """The columns every first call has alike go once, not per row (as the subtasks'):
+    each ledger row is still stored with every column as it was built."""
+    new = new_swarm(pg_url)
+    rows = first_calls(new, models)
+    await insert_alone(sessions, new, claim_for="w1", lease_s=30, ahead=create.Ahead(rows))
+    async with sessions() as s:
+        stored = (await s.execute(select(GatewayCall).where(
+            GatewayCall.swarm_id == new.swarm.id).order_by(GatewayCall.subtask_name)
+        )).scalars().all()
+    assert [{k: getattr(call, k) for k in rows[0]} for call in stored] == rows
 
 
 def test_values_alike_only_as_a_document_would_store_them() -> None:

@@ -165,10 +165,11 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
     the tenant's bucket, then its day row), a row whose reservation does not fit is not
     written, and the answer row carries the cap's (day, ids, left, live) after the lease's
     expiry (`quotas.tenant_checks`)."""
-    sql, sw_cols, st_cols, alike_cols, ledger_cols = _creation(
+    sql, sw_cols, st_cols, alike_cols, ledger_cols, ledger_alike = _creation(
         tuple(swarm), _split(subtasks, subtask_keys) if subtasks else None,
         claim_s is not None, count, admit is not None, key_ttl_s is not None,
-        tuple(ledger[0]) if ledger else None, cap is not None and bool(ledger))
+        _split(ledger, tuple(ledger[0]), _LEDGER_PER_ROW) if ledger else None,
+        cap is not None and bool(ledger))
     args: list[Any] = [_document([swarm], sw_cols)]
     args += [_json(swarm[key]) for key in _OWN_PARAMETER if key in swarm]
     if st_cols is not None:
@@ -177,6 +178,8 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
         args.append(_document(subtasks[:1], alike_cols))
     if ledger_cols is not None:
         args.append(_document(ledger, ledger_cols))
+        if ledger_alike is not None:
+            args.append(_document(ledger[:1], ledger_alike))
         if cap is not None:
             args += [cap.cap, list(cap.amounts), cap.owner, float(cap.lease_s), list(cap.keys)]
     if claim_s is not None:
@@ -188,8 +191,10 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
     return sql, tuple(args)
 
 
-# always sent per row: unique to each, so the rows' document is never empty
+# always sent per row: unique to each, so the rows' document is never empty (a subtask's,
+# a call's written ahead)
 _PER_ROW = ("name", "position")
+_LEDGER_PER_ROW = ("idempotency_key",)
 # the swarm's columns sent as a `jsonb` parameter of their own: inside the row's document the
 # spec (every agent: ~200 KB for 1,000) was parsed as `json`, then again as `jsonb` (6.4 ms)
 _OWN_PARAMETER = ("spec",)
@@ -200,19 +205,21 @@ def _json(value: Any) -> str | None:
     return None if value is None else _encode(value)
 
 
-def _split(rows: Sequence[Mapping[str, Any]], keys: tuple[str, ...]
-           ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(the keys whose values differ between rows, the keys every row has alike)."""
+def _split(rows: Sequence[Mapping[str, Any]], keys: tuple[str, ...],
+           per_row: tuple[str, ...] = _PER_ROW) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the keys whose values differ between rows, the keys every row has alike); `per_row`
+    are taken as differing without a look."""
     if len(rows) == 1:  # nothing to compare (a 1-agent swarm): ~a third of its statement's CPU
-        return _one_row_split(keys)
-    varying = tuple(k for k in keys if k in _PER_ROW or _varies(rows, k))
+        return _one_row_split(keys, per_row)
+    varying = tuple(k for k in keys if k in per_row or _varies(rows, k))
     return varying, tuple(k for k in keys if k not in varying)
 
 
 @functools.lru_cache(maxsize=64)
-def _one_row_split(keys: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _one_row_split(keys: tuple[str, ...], per_row: tuple[str, ...]
+                   ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """`_split` of a single row: only the per-row keys vary."""
-    return (tuple(k for k in keys if k in _PER_ROW), tuple(k for k in keys if k not in _PER_ROW))
+    return (tuple(k for k in keys if k in per_row), tuple(k for k in keys if k not in per_row))
 
 
 def _varies(rows: Sequence[Mapping[str, Any]], key: str) -> bool:
@@ -237,9 +244,10 @@ def _alike(a: Any, b: Any) -> bool:
 @functools.lru_cache(maxsize=256)
 def _creation(swarm_keys: tuple[str, ...],
               subtask_keys: tuple[tuple[str, ...], tuple[str, ...]] | None, claim: bool,
-              count: bool, admit: bool, expire_key: bool, ledger_keys: tuple[str, ...] | None,
-              capped: bool) -> tuple[str, _Columns, _Columns | None, _Columns | None,
-                                     _Columns | None]:
+              count: bool, admit: bool, expire_key: bool,
+              ledger_keys: tuple[tuple[str, ...], tuple[str, ...]] | None, capped: bool
+              ) -> tuple[str, _Columns, _Columns | None, _Columns | None, _Columns | None,
+                         _Columns | None]:
     params = iter(range(1, 100))
     own = [k for k in _OWN_PARAMETER if k in swarm_keys]
     sw_cols, sw_source = _recordset(_SWARMS, tuple(k for k in swarm_keys if k not in own),
@@ -258,8 +266,8 @@ def _creation(swarm_keys: tuple[str, ...],
                                                   given=varying, alias="a")
             selected += [f"a.{_Q(k)}" for k in alike_cols.keys]
             source += f" CROSS JOIN {alike_source}"
-    ledger_cols, ahead = (None, []) if ledger_keys is None else _ahead(ledger_keys, capped,
-                                                                       params)
+    ledger_cols, ledger_alike, ahead = ((None, None, []) if ledger_keys is None
+                                        else _ahead(ledger_keys, capped, params))
     if claim:
         values["lease_expires_at"] = f"now() + make_interval(secs => ${next(params)}::float8)"
     # One lock order for every creation, this statement's and the session paths' alike (a
@@ -303,14 +311,26 @@ def _creation(swarm_keys: tuple[str, ...],
         out[1:1] = ["cap.o_day", "cap.o_ids", "cap.o_left", "cap.o_live"]
         source += " CROSS JOIN cap"
     sql = f"WITH {', '.join(ctes)} SELECT {', '.join(out)} FROM {source}"
-    return sql, sw_cols, st_cols, alike_cols, ledger_cols
+    return sql, sw_cols, st_cols, alike_cols, ledger_cols, ledger_alike
 
 
-def _ahead(keys: tuple[str, ...], capped: bool, params: Iterator[int]
-           ) -> tuple[_Columns, list[str]]:
-    """The creation's calls written ahead: their document's columns, and the CTEs that insert
-    them (`capped`: each only if the tenant's cap, asked first, reserved it)."""
-    cols, source = _recordset(_LEDGER, keys, params, defaults=True)
+def _ahead(keys: tuple[tuple[str, ...], tuple[str, ...]], capped: bool, params: Iterator[int]
+           ) -> tuple[_Columns, _Columns | None, list[str]]:
+    """The creation's calls written ahead: their documents' columns (the keys that vary by
+    row, then those alike in one row with the columns' defaults: a 100-call wave's document
+    was 42 KB of 16 keys a row, where four vary), and the CTEs that insert them (`capped`:
+    each only if the tenant's cap, asked first, reserved it)."""
+    varying, alike = keys
+    cols, source = _recordset(_LEDGER, varying, params, defaults=False)
+    columns = list(cols.keys)
+    selected = [f"v.{_Q(k)}" for k in cols.keys]
+    alike_cols = None
+    if alike or _defaults(_LEDGER, varying):  # (rows of one swarm: its id at least is alike)
+        alike_cols, alike_source = _recordset(_LEDGER, alike, params, defaults=True,
+                                              given=varying, alias="a")
+        columns += alike_cols.keys
+        selected += [f"a.{_Q(k)}" for k in alike_cols.keys]
+        source += f" CROSS JOIN {alike_source}"
     ctes = []
     if capped:  # the cap, the amounts, the owner, the lease, the rows' keys
         cap, amounts, owner, lease, row_keys = (f"${next(params)}" for _ in range(5))
@@ -323,8 +343,9 @@ def _ahead(keys: tuple[str, ...], capped: bool, params: Iterator[int]
                    f"unnest({row_keys}::varchar[], cap.o_ids) AS u(key, rid) "
                    "WHERE u.rid IS NOT NULL)")
     ctes.append(f"new_ledger AS (INSERT INTO {_Q(_LEDGER.name)} "
-                f"({', '.join(map(_Q, cols.keys))}) SELECT * FROM {source})")
-    return cols, ctes
+                f"({', '.join(map(_Q, columns))}) "
+                f"SELECT {', '.join(selected)} FROM {source})")
+    return cols, alike_cols, ctes
 
 
 @dataclass(frozen=True, slots=True)
