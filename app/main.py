@@ -79,6 +79,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
             app.state.sessions = runtime.sessions
             app.state.notifier = runtime.notifier
             runtime.notifier.stopping = shutting_down
+            runtime.notifier.renderer = swarms.ended_answer
             app.state.engine = runtime.engine
             app.state.gateway = runtime.gateway  # the facade's passthrough calls use both
             app.state.daily = runtime.daily

@@ -382,6 +382,75 @@ async def test_a_write_nobody_waits_for_lingers_for_one_somebody_does(
         await writer.close()
 
 
+async def test_work_asked_meanwhile_runs_once_while_the_commit_is_out(
+        idle: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`submit(meanwhile=...)`: the work runs after the batch's statement went out and before
+    its commit resolved the write, once even when the batch is retried per swarm; its error
+    is logged, and the write commits regardless."""
+    a, a_epoch = await _claimed_swarm(idle)
+    writer = StateWriter(idle.app.state.sessions, OWNER, retry_for_s=10)
+    log: list[str] = []
+    apply = writer._apply
+    refuse = [True]
+
+    async def traced(writes: list[changes.SwarmWrite]) -> set[str]:
+        log.append("sent")
+        await asyncio.sleep(0.05)  # the database at work
+        if refuse:  # the first batch fails: it is retried per swarm
+            refuse.pop()
+            raise ValueError("refused")
+        fenced = await apply(writes)
+        log.append("committed")
+        return fenced
+
+    def work() -> None:
+        log.append("work")
+        raise RuntimeError("the work's own failure")
+
+    monkeypatch.setattr(writer, "_apply", traced)
+    writer.start()
+    try:
+        await writer.submit(_write(a, a_epoch, **BARE), meanwhile=work)
+        assert log == ["sent", "work", "sent", "committed"]
+    finally:
+        await writer.close()
+
+
+async def test_a_young_lingering_write_waits_for_its_own_swarm_not_anothers_commit(
+        idle: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Swarm a's start lingers; swarm b's awaited write commits without it while it is
+    younger than HOLD_S, and a's own awaited write (its result) takes it: a's move is one
+    commit. Older than HOLD_S, a lingering write goes with any swarm's commit, as before."""
+    a, a_epoch = await _claimed_swarm(idle)
+    b, b_epoch = await _claimed_swarm(idle)
+    writer = StateWriter(idle.app.state.sessions, OWNER, retry_for_s=10)
+    applied: list[list[str]] = []
+    apply = writer._apply
+
+    async def recorded(writes: list[changes.SwarmWrite]) -> set[str]:
+        applied.append([w.swarm_id for w in writes])
+        return await apply(writes)
+
+    monkeypatch.setattr(writer, "_apply", recorded)
+    monkeypatch.setattr(writer_module, "LINGER_S", 5.0)
+    monkeypatch.setattr(writer_module, "HOLD_S", 0.3)
+    writer.start()
+    try:
+        start = writer.submit(_write(a, a_epoch, **BARE), linger=True)
+        await writer.submit(_write(b, b_epoch, **BARE))  # b's commit: a's start held back
+        assert applied == [[b]] and not start.done()
+        await writer.submit(_write(a, a_epoch, **BARE))  # a's own: both in one commit
+        assert applied == [[b], [a, a]] and start.done()
+
+        old = writer.submit(_write(a, a_epoch, **BARE), linger=True)
+        await asyncio.sleep(0.4)  # past HOLD_S, long before LINGER_S
+        assert not old.done()
+        await writer.submit(_write(b, b_epoch, **BARE))  # now any commit takes it
+        assert applied[2:] == [[a, b]] and old.done()
+    finally:
+        await writer.close()
+
+
 async def test_a_heartbeat_and_a_group_commit_of_the_same_swarms_never_deadlock(
         database_url: str) -> None:
     """PostgreSQL: the heartbeat (a transaction extending several leases) and the group

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -36,6 +36,7 @@ from app.api.sse import (
 from app.config import Settings
 from app.db import create, queries, quotas, retry_copy
 from app.db.session import SessionFactory
+from app.db.tables import Subtask, Swarm
 from app.engine import finish
 from app.engine.scheduler import Scheduler
 from app.engine.specs import build_swarm
@@ -217,11 +218,17 @@ async def get_swarm(
         return await _status_or_404(session, swarm_id, tenant)
 
     ended = await notifier.until_ended(swarm_id, time.monotonic() + wait, status, FALLBACK_S)
+    if ended.answer is not None:  # its runner built it from the rows it committed
+        return _answer(ended.answer)
     if ended.rows is not None:  # it ended here: its runner's rows are what was committed
-        swarm, subtasks = ended.rows
-        return _answer(swarm_json(swarm, queries.rows_of(
-            sorted(subtasks, key=lambda s: s.position))))
+        return _answer(ended_answer(*ended.rows))
     return _answer(await _read(session, swarm_id, tenant))
+
+
+def ended_answer(swarm: Swarm, subtasks: Iterable[Subtask]) -> bytes:
+    """A swarm that ended in this process, answered from its runner's rows (what its end
+    committed; it cannot have been retried yet): `SwarmNotifier.renderer`."""
+    return swarm_json(swarm, queries.rows_of(sorted(subtasks, key=lambda s: s.position)))
 
 
 @router.post("/{swarm_id}/cancel", status_code=202, response_model=SwarmRead,

@@ -163,7 +163,8 @@ class SwarmRunner:
     def _write(self, subs: Sequence[Subtask], ledger: Sequence[LedgerRow],
                events: Sequence[EventRow], new: Sequence[Subtask],
                webhook: WebhookRow | None = None, tools: ToolRows | None = None,
-               linger: bool = False) -> asyncio.Future[None]:
+               linger: bool = False, meanwhile: Callable[[], None] | None = None
+               ) -> asyncio.Future[None]:
         if self._starting[0]:  # they come first: their events' numbers are lower
             (starting, begun), self._starting = self._starting, ([], [])
             subs = [*(sub for sub in starting if sub not in subs), *subs]
@@ -175,13 +176,15 @@ class SwarmRunner:
             [{"name_": sub.name, "position_": sub.position,
               **column_values(sub, SUBTASK_STATE_COLUMNS)} for sub in subs],
             list(ledger), list(events), [insert_row(n) for n in new], webhook,
-            *(tools or ([], []))), linger=linger)
+            *(tools or ([], []))), linger=linger, meanwhile=meanwhile)
 
     async def commit(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
                      events: Sequence[EventRow] = (), new: Sequence[Subtask] = (),
-                     webhook: WebhookRow | None = None, tools: ToolRows | None = None) -> None:
-        """Write and wait until durable (raises LeaseLost when fenced out)."""
-        await self._write(subs, ledger, events, new, webhook, tools)
+                     webhook: WebhookRow | None = None, tools: ToolRows | None = None,
+                     meanwhile: Callable[[], None] | None = None) -> None:
+        """Write and wait until durable (raises LeaseLost when fenced out); `meanwhile`: CPU
+        work done while its statement runs (`StateWriter.submit`)."""
+        await self._write(subs, ledger, events, new, webhook, tools, meanwhile=meanwhile)
 
     def submit(self, ledger: Sequence[LedgerRow]) -> asyncio.Future[None]:
         """Queue ledger rows now; the future resolves once they are durable."""
@@ -417,18 +420,30 @@ class SwarmRunner:
         end = end_swarm(self.swarm, self.subs.values(), status, err, now)
         held, held_ledger, held_events = self._take_held()  # the last result
         changed, events = [*held, *end.changed], [*held_events, *end.events]
+        notifier = self.ctx.notifier
+        answer: list[bytes] = []
+
+        def render() -> None:  # a waiting reader's answer, built while the end commits
+            if notifier is not None and (
+                    view := notifier.render(self.swarm.id, self.swarm, self.subs.values())):
+                answer.append(view)
+
         try:
-            await self.commit(changed, held_ledger, events, webhook=end.webhook)
+            await self.commit(changed, held_ledger, events, webhook=end.webhook,
+                              meanwhile=render)
         except WriteRejected as exc:  # the result, say: end failed without it, not in a loop
+            answer.clear()  # it showed the end refused
             status, err = self._refused_end(status, held, held_events, exc)
             completed = end.events[-1]
             completed["data"] = {**completed["data"], "status": status.value, "error": err}
-            await self.commit(changed, held_ledger, events, webhook=end.webhook)
+            await self.commit(changed, held_ledger, events, webhook=end.webhook,
+                              meanwhile=render)
         for sub in held:
             crash_point("after_commit", sub.name)
         self.finished = True
-        if self.ctx.notifier is not None:  # committed: what a waiting reader may answer with
-            self.ctx.notifier.ended(self.swarm.id, self.swarm, list(self.subs.values()))
+        if notifier is not None:  # committed: what a waiting reader may answer with
+            notifier.ended(self.swarm.id, self.swarm, list(self.subs.values()),
+                           answer[0] if answer else None)
         started = self.swarm.started_at or self.swarm.created_at
         metrics.runs_total.labels(status.value).inc()
         metrics.run_duration.labels(status.value).observe((now - started).total_seconds())

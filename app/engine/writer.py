@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -23,6 +24,8 @@ from app.text import storable
 log = logging.getLogger(__name__)
 
 Pending = tuple[SwarmWrite, asyncio.Future[None]]
+# a queued write: its future, when it was queued (time.monotonic) and whether it lingers
+_Queued = tuple[SwarmWrite, asyncio.Future[None], float, bool]
 T = TypeVar("T")
 # How long a write nobody waits for (a subtask's start, a status on the way) may wait for one
 # somebody does, to share its commit: a subtask answered within it (a fast model, a cached
@@ -30,6 +33,11 @@ T = TypeVar("T")
 # commit after its calls are sent, not between the sends. Readers see such a move this much
 # later at most; nothing is reported before its commit. Writes with money in them never wait.
 LINGER_S = 0.05
+# A lingering write younger than this stays out of a commit that other swarms' writes start:
+# the next write of its own swarm is likely near (a fast call's answer), and with it the
+# move is one commit, not two (a 1-agent swarm on a 0 ms gateway was 1.66 commits, its start
+# taken by the previous swarm's end). Older, it goes with any commit, as before.
+HOLD_S = 0.01
 
 
 class WriteRejected(Exception):
@@ -56,7 +64,9 @@ class StateWriter:
         self._owner = owner
         self._retry_for_s = retry_for_s
         self._max_batch = max_batch
-        self._queue: list[Pending] = []
+        self._queue: list[_Queued] = []
+        # work to do while a write's statement runs (`submit`'s `meanwhile`), by its future
+        self._meanwhile: dict[asyncio.Future[None], Callable[[], None]] = {}
         self._wake = asyncio.Event()  # a write is queued
         self._waited = asyncio.Event()  # ... and somebody waits for one (LINGER_S)
         self._task: asyncio.Task[None] | None = None
@@ -74,14 +84,19 @@ class StateWriter:
     def task(self) -> asyncio.Task[None] | None:
         return self._task
 
-    def submit(self, write: SwarmWrite, *, linger: bool = False) -> asyncio.Future[None]:
+    def submit(self, write: SwarmWrite, *, linger: bool = False,
+               meanwhile: Callable[[], None] | None = None) -> asyncio.Future[None]:
         """Queue a write; await the future for durability (or LeaseLost). `linger`: nobody
-        waits for it, and it may wait up to LINGER_S for a write somebody does."""
+        waits for it, and it may wait up to LINGER_S for a write somebody does. `meanwhile`:
+        CPU work for once the write's statement is on its way (at most once, its errors
+        logged): it runs while the database works, not after it answered."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._closing and self._task is None:
             fut.set_exception(RuntimeError("state writer closed"))
             return fut
-        self._queue.append((write, fut))
+        if meanwhile is not None:
+            self._meanwhile[fut] = meanwhile
+        self._queue.append((write, fut, time.monotonic(), linger))
         self._wake.set()
         if not linger:
             self._waited.set()
@@ -101,9 +116,16 @@ class StateWriter:
     async def _loop(self) -> None:
         while True:
             await self._wake.wait()
-            if not self._waited.is_set():
+            if not self._queue:  # taken by the last round already
+                if self._closing:
+                    return
+                self._wake.clear()
+                continue
+            if not self._waited.is_set() and not self._closing:
+                # nobody waits for what is queued: until somebody does, or its oldest is due
+                first = min(queued for _, _, queued, _ in self._queue)
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(LINGER_S):
+                    async with asyncio.timeout(max(first + LINGER_S - time.monotonic(), 0.0)):
                         await self._waited.wait()
             # one turn of the loop before taking the queue: the tasks made ready with the
             # first write (a swarm's start and its first wave's write-ahead, the synthesizer's
@@ -111,11 +133,30 @@ class StateWriter:
             await asyncio.sleep(0)
             self._wake.clear()
             self._waited.clear()
-            while self._queue:
-                batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch:]
-                await self._commit(batch)
-            if self._closing and not self._queue:
+            while batch := self._take():
+                for at in range(0, len(batch), self._max_batch):
+                    await self._commit(batch[at:at + self._max_batch])
+            if self._queue:  # young lingering writes held back: wait again, for them
+                self._wake.set()
+            elif self._closing:
                 return
+
+    def _take(self) -> list[Pending]:
+        """The queued writes of every swarm that has one due (awaited, or lingering for
+        HOLD_S or more; all when closing), in order; the other swarms' stay queued."""
+        queue, now = self._queue, time.monotonic()
+        if self._closing:
+            due = None
+        else:
+            due = {w.swarm_id for w, _, queued, linger in queue
+                   if not linger or now - queued >= HOLD_S}
+            if len(due) == len({w.swarm_id for w, _, _, _ in queue}):
+                due = None  # every swarm's: the whole queue
+        if due is None:
+            self._queue = []
+            return [(w, f) for w, f, _, _ in queue]
+        self._queue = [q for q in queue if q[0].swarm_id not in due]
+        return [(w, f) for w, f, _, _ in queue if w.swarm_id in due]
 
     async def transact(self, op: Callable[[AsyncSession], Awaitable[T]]) -> T:
         """One transaction of its own (not group-committed), retried like the batches."""
@@ -136,7 +177,8 @@ class StateWriter:
 
     async def _commit(self, batch: list[Pending]) -> None:
         try:
-            fenced = await self._apply([w for w, _ in batch])
+            fenced = await self._applied([w for w, _ in batch], [
+                self._meanwhile.pop(f) for _, f in batch if f in self._meanwhile])
         except Exception as exc:
             if database_unavailable(exc):
                 self._lost(batch, exc)
@@ -152,6 +194,26 @@ class StateWriter:
                 await self._commit_alone(pending, whole=len(swarms) > 1)
             return
         self._resolve(batch, fenced)
+
+    async def _applied(self, writes: list[SwarmWrite], meanwhile: list[Callable[[], None]]
+                       ) -> set[str]:
+        """`_apply`, with the work asked to run meanwhile done once its statement is sent
+        (the statement's task takes its first step, up to its first wait on the database,
+        before this one resumes)."""
+        if not meanwhile:
+            return await self._apply(writes)
+        applying = asyncio.ensure_future(self._apply(writes))
+        try:
+            await asyncio.sleep(0)
+            for work in meanwhile:
+                try:
+                    work()
+                except Exception:  # the write is not its business: it commits regardless
+                    log.exception("work done while a commit ran failed")
+            return await applying
+        finally:
+            if not applying.done():  # cancelled (shutdown): the statement's task with it
+                applying.cancel()
 
     async def _commit_alone(self, pending: list[Pending], whole: bool) -> None:
         if whole:

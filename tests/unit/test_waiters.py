@@ -8,7 +8,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from app.engine.waiters import SwarmNotifier
+from app.engine.waiters import Ended, SwarmNotifier
 from app.states import SwarmStatus
 
 
@@ -62,7 +62,7 @@ async def test_until_ended_reads_when_a_change_did_not_say_or_nothing_came() -> 
     task = asyncio.create_task(bare())
     got = await n.until_ended("s", time.monotonic() + 5, read, fallback_s=0.05)
     await task
-    assert got == (SwarmStatus.failed, None)
+    assert got == Ended(SwarmStatus.failed)
 
 
 async def test_the_rows_of_the_runner_that_ended_it_reach_its_waiters_only() -> None:
@@ -87,6 +87,31 @@ async def test_the_rows_of_the_runner_that_ended_it_reach_its_waiters_only() -> 
     await task
     assert got.status == SwarmStatus.succeeded and got.rows == rows
     assert not n._waiters  # disarmed: the rows went with the reader
+
+
+async def test_an_answer_is_rendered_only_for_a_waiting_reader_and_reaches_it() -> None:
+    """`render` builds the answer only while somebody waits on the swarm and the API set a
+    renderer; the answer the runner offers with its rows is the waiter's."""
+    n = SwarmNotifier()
+    rows: Any = (SimpleNamespace(status=SwarmStatus.succeeded), [object()])
+    assert n.render("s", *rows) is None  # no renderer
+    n.renderer = lambda swarm, subtasks: b"answer"
+    assert n.render("s", *rows) is None  # nobody waits
+
+    async def read() -> SwarmStatus:
+        return SwarmStatus.running
+
+    async def runner() -> None:
+        await asyncio.sleep(0.01)
+        answer = n.render("s", *rows)  # while its end commits
+        assert answer == b"answer"
+        n.notify("s", "succeeded")
+        n.ended("s", *rows, answer)
+
+    task = asyncio.create_task(runner())
+    got = await n.until_ended("s", time.monotonic() + 5, read, fallback_s=5)
+    await task
+    assert got == Ended(SwarmStatus.succeeded, rows, b"answer")
 
 
 async def test_rows_offered_while_the_first_status_is_read_are_answered() -> None:
@@ -157,4 +182,4 @@ async def test_a_local_runner_that_stops_without_rows_leaves_its_waiter_to_read(
     task = asyncio.create_task(stops())
     got = await n.until_ended("s", time.monotonic() + 5, read, fallback_s=5)
     await task
-    assert got == (SwarmStatus.succeeded, None) and len(reads) == 2
+    assert got == Ended(SwarmStatus.succeeded) and len(reads) == 2
