@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 from sqlalchemy import event, select
 
+from app.api import swarms
 from app.db import create, one_statement
 from app.db.notify import QUEUED
 from app.db.session import (
@@ -215,6 +216,45 @@ async def test_post_is_one_statement_when_nothing_else_is_written(pg_url: str, t
         assert (await h.post(AGENTS, headers={"Idempotency-Key": "k1"})).json()["id"] \
             == keyed["id"]
     finally:
+        await close()
+
+
+async def test_a_wide_swarms_answer_is_built_while_its_statement_runs(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From `_WIDE` subtasks the answer's fields are built while the creation's statement is at
+    the database (in a task of its own): still one statement, no BEGIN, and the answer is
+    what is stored, its queue position the statement's."""
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(NO_QUOTAS)
+    h, close = await start_harness(make_settings(pg_url, tenants_file=str(tenants)),
+                                   run_engine=False)
+    began: list[str] = []
+    request = asyncio.current_task()  # the ASGI transport runs the POST in this task
+
+    def on_begin(_conn: Any) -> None:  # the POST's, or its statement's task's
+        task = asyncio.current_task()
+        coro = task.get_coro() if task is not None else None
+        if task is request or getattr(coro, "__name__", "") == "insert_swarm_alone":
+            began.append(str(task))
+
+    engine = h.app.state.db_engine.sync_engine
+    event.listen(engine, "begin", on_begin)
+
+    def not_after(*_: Any) -> bytes:
+        raise AssertionError("the wide swarm's answer was built after its statement")
+
+    monkeypatch.setattr(swarms, "swarm_json", not_after)
+    try:
+        wide = {"task": "t", "agents": [{"name": f"a{i}"} for i in range(swarms._WIDE)]}
+        first = (await h.post(wide)).json()
+        r = await h.post(wide)
+        assert r.status_code == 202, r.text
+        created = r.json()
+        assert began == []
+        assert (first["queue_position"], created["queue_position"]) == (1, 2)
+        assert created == (await h.client.get(f"/swarms/{created['id']}")).json()
+    finally:
+        event.remove(engine, "begin", on_begin)
         await close()
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -39,7 +40,7 @@ from app.db.session import SessionFactory
 from app.db.tables import Subtask, Swarm
 from app.engine import finish
 from app.engine.scheduler import Scheduler
-from app.engine.specs import build_swarm
+from app.engine.specs import NewSwarm, build_swarm
 from app.errors import AlreadyTerminal, RequestInvalid
 from app.schemas import SwarmCreate, SwarmList, SwarmRead
 from app.states import SwarmStatus
@@ -82,6 +83,7 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
     runner = local.adoption(new.swarm, new.subtasks) if local is not None else None
     ahead = runner.first_wave() if runner is not None else None
     position: int | None = None
+    fields: dict[str, Any] | None = None  # the answer's, built while it is inserted
 
     async def admit(s: AsyncSession) -> None:
         await admission.check_in(s)  # first: a refusal rolls it all back
@@ -102,11 +104,11 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
         # replay is answered whatever the quotas say
         digest, ttl = new.swarm.request_hash or "", settings.idempotency_ttl_s
         try:
-            position = await create.insert_swarm_alone(
+            position, fields = await _inserted(create.insert_swarm_alone(
                 state.db_engine, new.swarm, new.subtasks,
                 claim_for=local.owner if local else None, lease_s=settings.lease_seconds,
                 position=True, admit=admission.statement_checks(),
-                key_ttl_s=None if idempotency_key is None else ttl, ahead=ahead)
+                key_ttl_s=None if idempotency_key is None else ttl, ahead=ahead), new)
         except quotas.Refused as refused:
             if idempotency_key is not None and (seen := await _replayed(
                     state.sessions, response, tenant, idempotency_key, digest, ttl)):
@@ -128,13 +130,32 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
                                          settings.idempotency_ttl_s, insert, admit):
                 return _answer(seen, 202, response)
     response.headers["Location"] = f"/swarms/{new.swarm.id}"
-    view = swarm_json(new.swarm, queries.rows_of(new.subtasks), queue_position=position)
+    view = (swarm_json(new.swarm, queries.rows_of(new.subtasks), queue_position=position)
+            if fields is None else to_json({**fields, "queue_position": position}))
     if local is not None and runner is not None:  # this process runs it: no wake-up, no reload
         # after the view: the runner mutates rows
         local.adopt(runner)
     elif engine is not None:
         engine.wake()
     return _answer(view, 202, response)
+
+
+async def _inserted(insert: Coroutine[Any, Any, int | None], new: NewSwarm
+                   ) -> tuple[int | None, dict[str, Any] | None]:
+    """The creation's statement awaited (its queue position); for a wide swarm (`_WIDE`) its
+    answer's fields, all but that position, built while the statement runs (its task's first
+    step builds and sends it) instead of after it: ~0.25 ms of a 100-agent `POST`, ~2.5 ms of
+    a 1,000-agent one."""
+    if len(new.subtasks) < _WIDE:
+        return await insert, None
+    inserting = asyncio.ensure_future(insert)
+    try:
+        await asyncio.sleep(0)
+        fields = swarm_fields(new.swarm, queries.rows_of(new.subtasks))
+    except BaseException:
+        inserting.cancel()  # as a cancelled await of it would
+        raise
+    return await inserting, fields
 
 
 async def _replayed(sessions: SessionFactory, response: Response, tenant: str, key: str,
@@ -144,6 +165,9 @@ async def _replayed(sessions: SessionFactory, response: Response, tenant: str, k
         return await replay(session, response, tenant, key, digest, ttl_s)
 
 
+# from this many subtasks a creation's answer is built while its statement runs: below, its
+# fields cost less than the task and the loop turn that overlap takes (~2.5 us a subtask)
+_WIDE = 16
 _BODY = TypeAdapter(SwarmCreate)
 _KEY = TypeAdapter(IdempotencyKey)
 
