@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 async def run_to_end(aw: Awaitable[T]) -> T:
@@ -37,3 +38,18 @@ async def cancel_and_wait(task: asyncio.Task[T]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def alongside(coro: Coroutine[Any, Any, T], work: Callable[[], U]) -> tuple[T, U]:
+    """`coro` as a task whose first step runs first (up to its first real wait: a statement
+    built and sent to the database), `work` done in this task meanwhile, then both results:
+    CPU spent while the database works, not after it answered. A failure or cancellation of
+    `work` cancels the task, as a cancelled await of it would."""
+    task = asyncio.ensure_future(coro)
+    try:
+        await asyncio.sleep(0)  # the task's first step was scheduled before this one's resumption
+        done = work()
+    except BaseException:
+        task.cancel()
+        raise
+    return await task, done

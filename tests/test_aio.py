@@ -1,12 +1,13 @@
-"""app.aio.run_to_end: what a cancelled caller waits for."""
+"""app.aio: what a cancelled caller of run_to_end waits for; alongside's order."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from app.aio import run_to_end
+from app.aio import alongside, run_to_end
 
 
 async def test_a_cancelled_caller_goes_on_only_after_the_work_ended() -> None:
@@ -50,3 +51,38 @@ async def test_work_cancelled_itself_cancels_the_caller() -> None:
     inner.cancel()
     with pytest.raises(asyncio.CancelledError):
         await outer
+
+
+async def test_alongside_runs_the_coroutines_first_step_then_the_work() -> None:
+    """The coroutine's first step (up to its first wait) runs before the work; both results
+    come back; a failing work cancels the coroutine's task and its error is raised."""
+    seen: list[str] = []
+    release = asyncio.Event()
+
+    async def statement() -> int:
+        seen.append("sent")
+        await release.wait()  # the database at work
+        seen.append("answered")
+        return 7
+
+    def work() -> str:
+        seen.append("work")
+        release.set()
+        return "built"
+
+    assert await alongside(statement(), work) == (7, "built")
+    assert seen == ["sent", "work", "answered"]
+
+    started: list[asyncio.Task[Any]] = []
+
+    async def never_answered() -> None:
+        started.append(asyncio.current_task())  # type: ignore[arg-type]
+        await asyncio.Event().wait()
+
+    def failing() -> None:
+        raise ValueError("work failed")
+
+    with pytest.raises(ValueError, match="work failed"):
+        await alongside(never_answered(), failing)
+    await asyncio.sleep(0)
+    assert started and started[0].cancelled()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -17,6 +16,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 
 from app import tracing
+from app.aio import alongside
 from app.api.admission import AdmissionInInsertDep, StreamGateDep, WaitSlotDep, admit_in_insert
 from app.api.deps import EngineDep, NotifierDep, SessionDep, TenantDep, tenant_of
 from app.api.errors import error_responses
@@ -143,19 +143,13 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
 async def _inserted(insert: Coroutine[Any, Any, int | None], new: NewSwarm
                    ) -> tuple[int | None, dict[str, Any] | None]:
     """The creation's statement awaited (its queue position); for a wide swarm (`_WIDE`) its
-    answer's fields, all but that position, built while the statement runs (its task's first
-    step builds and sends it) instead of after it: ~0.25 ms of a 100-agent `POST`, ~2.5 ms of
-    a 1,000-agent one."""
+    answer's fields, all but that position, built while the statement runs (`aio.alongside`:
+    its task's first step builds and sends it) instead of after it: ~0.25 ms of a 100-agent
+    `POST`, ~2.5 ms of a 1,000-agent one."""
     if len(new.subtasks) < _WIDE:
         return await insert, None
-    inserting = asyncio.ensure_future(insert)
-    try:
-        await asyncio.sleep(0)
-        fields = swarm_fields(new.swarm, queries.rows_of(new.subtasks))
-    except BaseException:
-        inserting.cancel()  # as a cancelled await of it would
-        raise
-    return await inserting, fields
+    return await alongside(insert, lambda: swarm_fields(new.swarm,
+                                                        queries.rows_of(new.subtasks)))
 
 
 async def _replayed(sessions: SessionFactory, response: Response, tenant: str, key: str,

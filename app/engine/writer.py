@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.aio import alongside
 from app.db.changes import SwarmWrite
 from app.db.direct import DirectConnection
 from app.db.leases import LeaseLost
@@ -145,18 +146,10 @@ class StateWriter:
         """The queued writes of every swarm that has one due (awaited, or lingering for
         HOLD_S or more; all when closing), in order; the other swarms' stay queued."""
         queue, now = self._queue, time.monotonic()
-        if self._closing:
-            due = None
-        else:
-            due = {w.swarm_id for w, _, queued, linger in queue
-                   if not linger or now - queued >= HOLD_S}
-            if len(due) == len({w.swarm_id for w, _, _, _ in queue}):
-                due = None  # every swarm's: the whole queue
-        if due is None:
-            self._queue = []
-            return [(w, f) for w, f, _, _ in queue]
-        self._queue = [q for q in queue if q[0].swarm_id not in due]
-        return [(w, f) for w, f, _, _ in queue if w.swarm_id in due]
+        due = None if self._closing else {w.swarm_id for w, _, queued, linger in queue
+                                          if not linger or now - queued >= HOLD_S}
+        self._queue = [] if due is None else [q for q in queue if q[0].swarm_id not in due]
+        return [(w, f) for w, f, _, _ in queue if due is None or w.swarm_id in due]
 
     async def transact(self, op: Callable[[AsyncSession], Awaitable[T]]) -> T:
         """One transaction of its own (not group-committed), retried like the batches."""
@@ -198,22 +191,19 @@ class StateWriter:
     async def _applied(self, writes: list[SwarmWrite], meanwhile: list[Callable[[], None]]
                        ) -> set[str]:
         """`_apply`, with the work asked to run meanwhile done once its statement is sent
-        (the statement's task takes its first step, up to its first wait on the database,
-        before this one resumes)."""
+        (`aio.alongside`); that work's errors are logged, the write commits regardless."""
         if not meanwhile:
             return await self._apply(writes)
-        applying = asyncio.ensure_future(self._apply(writes))
-        try:
-            await asyncio.sleep(0)
-            for work in meanwhile:
+
+        def work() -> None:
+            for each in meanwhile:
                 try:
-                    work()
-                except Exception:  # the write is not its business: it commits regardless
+                    each()
+                except Exception:  # the write is not its business
                     log.exception("work done while a commit ran failed")
-            return await applying
-        finally:
-            if not applying.done():  # cancelled (shutdown): the statement's task with it
-                applying.cancel()
+
+        fenced, _ = await alongside(self._apply(writes), work)
+        return fenced
 
     async def _commit_alone(self, pending: list[Pending], whole: bool) -> None:
         if whole:
