@@ -1,8 +1,9 @@
 """The group commit's statement finds each row it writes with one index probe, whether the
-tables are new (no statistics yet) or hold history (analyzed): PostgreSQL's plan, read with
-EXPLAIN on the real statement and its real arguments (bench/RESULTS.md, session 9: on a new
-database the subtasks' update read half a swarm's rows per row; against 20,000 swarms every
-commit scanned the swarms table)."""
+tables are new (no statistics yet) or hold history (analyzed), and in the plan a prepared
+statement keeps, made once on a new database's tables and used while they grow: PostgreSQL's
+plan, read with EXPLAIN on the real statement and its real arguments (bench/RESULTS.md,
+session 9: on a new database the subtasks' update read half a swarm's rows per row; against
+20,000 swarms every commit scanned the swarms table; session 30: the kept plan scanned it)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,43 @@ async def _plan(conn: asyncpg.Connection) -> list[dict[str, Any]]:
     return list(_nodes(plan))
 
 
+def _literal(value: str | list[str]) -> str:
+    if isinstance(value, list):
+        return f"ARRAY[{', '.join(map(_literal, value))}]::varchar[]"
+    return "'" + value.replace("'", "''") + "'"
+
+
+async def _generic_plan(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    """The plan PostgreSQL keeps for the statement once prepared (asyncpg prepares every
+    statement; after five runs the server plans it once for any arguments and keeps that
+    plan until the tables' statistics change, which they never do where autovacuum is off)."""
+    stmt = statement(OWNER, _writes())
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    await conn.execute(f"PREPARE kept AS {stmt.sql}")
+    try:
+        args = ", ".join(_literal(a) for a in stmt.args)
+        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE kept({args})")
+    finally:
+        await conn.execute("DEALLOCATE kept")
+        await conn.execute("RESET plan_cache_mode")
+    return list(_nodes(pydantic_core.from_json(raw)[0]["Plan"]))
+
+
+def _probes_only(nodes: list[dict[str, Any]], stats: str) -> None:
+    scans = [n for n in nodes if n.get("Relation Name") in ("swarms", "subtasks")
+             and n["Node Type"] != "ModifyTable"]
+    assert {n["Relation Name"] for n in scans} == {"swarms", "subtasks"}, stats
+    for n in scans:
+        # never the whole table, never every row of a swarm filtered by name, never an index
+        # read whole for a column it does not lead with
+        assert n["Node Type"] in ("Index Scan", "Index Only Scan"), (stats, n)
+        cond = n.get("Index Cond", "")
+        if n["Relation Name"] == "subtasks":
+            assert "name" in cond or "position" in cond, (stats, n["Index Name"], cond)
+        else:
+            assert n["Index Name"] == "pk_swarms" and "id" in cond, (stats, n["Index Name"])
+
+
 @pytest.mark.skipif(SKIP_PG, reason="the group commit's one statement is PostgreSQL's")
 async def test_the_group_commit_probes_one_row_per_row_written(db_url: str) -> None:
     conn = await asyncpg.connect(asyncpg_dsn(db_url))
@@ -105,17 +143,8 @@ async def test_the_group_commit_probes_one_row_per_row_written(db_url: str) -> N
         for stats in ("none yet", "analyzed"):
             if stats == "analyzed":
                 await conn.execute("ANALYZE")
-            nodes = await _plan(conn)
-            scans = [n for n in nodes if n.get("Relation Name") in ("swarms", "subtasks")
-                     and n["Node Type"] != "ModifyTable"]
-            assert {n["Relation Name"] for n in scans} == {"swarms", "subtasks"}, stats
-            for n in scans:
-                # never the whole table, never every row of a swarm filtered by name
-                assert n["Node Type"] in ("Index Scan", "Index Only Scan"), (stats, n)
-                cond = n.get("Index Cond", "")
-                exact = "name" in cond or "position" in cond if n["Relation Name"] == \
-                    "subtasks" else "id" in cond
-                assert exact, (stats, n["Index Name"], cond)
+            _probes_only(await _plan(conn), stats)
+            _probes_only(await _generic_plan(conn), f"{stats}, kept")
         # and the statement does what it plans: 50 subtasks settled, their ledger rows too
         stmt = statement(OWNER, _writes())
         assert {r[0] for r in await conn.fetch(stmt.sql, *stmt.args)} == {WIDE}
@@ -124,5 +153,31 @@ async def test_the_group_commit_probes_one_row_per_row_written(db_url: str) -> N
             WIDE) == 50
         assert await conn.fetchval(
             "SELECT count(*) FROM gateway_calls WHERE outcome = 'ok'") == 50
+    finally:
+        await conn.close()
+
+
+@pytest.mark.skipif(SKIP_PG, reason="the group commit's one statement is PostgreSQL's")
+async def test_the_plan_kept_from_a_new_database_probes_as_the_tables_grow(db_url: str) -> None:
+    """Prepared on a new database (two swarms, no statistics), the statement's kept plan is
+    the one every later commit runs: it must find rows by key, not scan what is there."""
+    conn = await asyncpg.connect(asyncpg_dsn(db_url))
+    try:
+        await conn.execute("""
+            INSERT INTO swarms (id, tenant, status, task, spec, metadata, spent_usd,
+                                reserved_usd, unresolved_usd, prompt_tokens,
+                                completion_tokens, gateway_calls, created_at, lease_epoch,
+                                event_seq, rescues, cancel_requested, lease_owner)
+            SELECT s, 'default', 'running', 't', '{}', '{}', 0, 0, 0, 0, 0, 0, now(), 1, 0, 0,
+                   false, $2
+            FROM unnest(ARRAY[$1, 'other']) AS s""", WIDE, OWNER)
+        await conn.execute("""
+            INSERT INTO subtasks (swarm_id, name, position, kind, model, depends_on,
+                                  max_tokens, weight, status, attempts, truncated,
+                                  prompt_tokens, completion_tokens, cost_usd)
+            SELECT $1, 'agent-' || i, i, 'worker', 'kimi-k2.5', '[]', 100, 1, 'running', 1,
+                   false, 0, 0, 0
+            FROM generate_series(500, 549) AS i""", WIDE)
+        _probes_only(await _generic_plan(conn), "new database, kept")
     finally:
         await conn.close()

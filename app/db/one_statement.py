@@ -386,9 +386,17 @@ def _encode(value: Any) -> str:
 def _statement(shape: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, list[_Columns]]:
     params = iter(range(3, 100))  # $1 is the owner, $2 the swarms' ids
     # the swarms' rows locked in id order first, as every statement that locks several takes
-    # them (leases._held_in_order): the UPDATE's own scan locks them in its plan's order
-    ctes: list[str] = [f"locked AS (SELECT id FROM {_Q(_SWARMS.name)} WHERE id = "
-                       "ANY($2::varchar[]) AND lease_owner = $1 ORDER BY id FOR UPDATE)"]
+    # them (leases._held_in_order): the UPDATE's own scan locks them in its plan's order.
+    # One probe per id, its row locked as the ordered ids are walked: the plan PostgreSQL
+    # keeps for this prepared statement is made once, on the tables as they are then (new,
+    # on a new database); `WHERE id = ANY($2)` was planned there as a scan of the whole
+    # table, kept while the table grew (~0.7 ms a commit at 2,650 swarms, where autovacuum
+    # never analyzes; bench/RESULTS.md, session 30). A lateral probe by id is planned as a
+    # primary-key lookup at any size.
+    ctes: list[str] = [
+        "locked AS (SELECT l.id FROM (SELECT id FROM unnest($2::varchar[]) AS k(id) "
+        f"ORDER BY id) AS k CROSS JOIN LATERAL (SELECT id FROM {_Q(_SWARMS.name)} "
+        "WHERE id = k.id AND lease_owner = $1 FOR UPDATE) AS l)"]
     columns: list[_Columns] = []
     for name, keys in shape:
         table = _TABLES[name]
@@ -450,13 +458,12 @@ def _dml(name: str, table: Table, keys: Sequence[str], source: str) -> str:
     t = _Q(table.name)
     if name == "sw":
         sets = ", ".join(f"{_Q(k)} = v.{_Q(k)}" for k in keys if k not in ("id", "epoch"))
-        # `s.id = ANY($2)`, which the join already implies, is what the planner can estimate:
-        # the document's rows it guesses at 100, and against a table of 20,000 swarms
-        # (analyzed) it scanned the whole table per commit (2.5 ms, not 0.3; at 200,000 it
-        # probed the index again)
-        return (f"UPDATE {t} AS s SET {sets} FROM {source} WHERE s.id = v.id "
-                "AND s.id = ANY($2::varchar[]) AND s.id IN (SELECT id FROM locked) "
-                "AND s.lease_epoch = v.epoch AND s.lease_owner = $1 "
+        # driven by the locked ids: each row found by its primary key whatever the plan saw
+        # when it was made (`s.id = v.id` alone, against a new table, took the (tenant,
+        # created_at, id) index, read whole as the table grew; `s.id = ANY($2)` against
+        # 20,000 analyzed swarms, a scan of the table: bench/RESULTS.md, sessions 9 and 30)
+        return (f"UPDATE {t} AS s SET {sets} FROM locked AS l JOIN {source} ON v.id = l.id "
+                "WHERE s.id = l.id AND s.lease_epoch = v.epoch AND s.lease_owner = $1 "
                 f"RETURNING s.id, pg_notify('{CHANGED}', s.id || ' ' || s.status)")
     if name == "st":
         sets = ", ".join(f"{_Q(k)} = v.{_Q(k)}" for k in keys if not k.endswith("_"))
