@@ -13,11 +13,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
+import pydantic_core
 
 from app.db.migrate import upgrade_head
 from app.db.session import asyncpg_dsn
@@ -163,3 +165,33 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         yield server
     finally:
         server.close()
+
+
+def _literal(value: str | list[str]) -> str:
+    if isinstance(value, list):
+        return f"ARRAY[{', '.join(map(_literal, value))}]::varchar[]"
+    return "'" + value.replace("'", "''") + "'"
+
+
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """An EXPLAIN (FORMAT JSON) plan's nodes, depth first."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+async def kept_plan(conn: asyncpg.Connection, sql: str, args: Sequence[str | list[str]]
+                    ) -> list[dict[str, Any]]:
+    """The plan PostgreSQL keeps for a statement once prepared, as its nodes (asyncpg prepares
+    every statement; after five runs the server plans it once for any arguments and keeps
+    that plan until the tables' statistics change, which they never do where autovacuum is
+    off). `args`: strings and lists of strings, sent as literals."""
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    await conn.execute(f"PREPARE kept AS {sql}")
+    try:
+        raw = await conn.fetchval(
+            f"EXPLAIN (FORMAT JSON) EXECUTE kept({', '.join(map(_literal, args))})")
+    finally:
+        await conn.execute("DEALLOCATE kept")
+        await conn.execute("RESET plan_cache_mode")
+    return list(plan_nodes(pydantic_core.from_json(raw)[0]["Plan"]))

@@ -7,7 +7,6 @@ session 9: on a new database the subtasks' update read half a swarm's rows per r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -20,16 +19,11 @@ from app.db.changes import SwarmWrite
 from app.db.one_statement import statement
 from app.db.session import asyncpg_dsn
 from tests.conftest import SKIP_PG
+from tests.support import kept_plan, plan_nodes
 
 OWNER = "plan-owner"
 WIDE = "wide-swarm"
 AGENTS = 1000
-
-
-def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
 
 
 def _writes() -> list[SwarmWrite]:
@@ -95,29 +89,12 @@ async def _plan(conn: asyncpg.Connection) -> list[dict[str, Any]]:
     stmt = statement(OWNER, _writes())
     raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {stmt.sql}", *stmt.args)
     plan = pydantic_core.from_json(raw)[0]["Plan"]
-    return list(_nodes(plan))
-
-
-def _literal(value: str | list[str]) -> str:
-    if isinstance(value, list):
-        return f"ARRAY[{', '.join(map(_literal, value))}]::varchar[]"
-    return "'" + value.replace("'", "''") + "'"
+    return list(plan_nodes(plan))
 
 
 async def _generic_plan(conn: asyncpg.Connection) -> list[dict[str, Any]]:
-    """The plan PostgreSQL keeps for the statement once prepared (asyncpg prepares every
-    statement; after five runs the server plans it once for any arguments and keeps that
-    plan until the tables' statistics change, which they never do where autovacuum is off)."""
     stmt = statement(OWNER, _writes())
-    await conn.execute("SET plan_cache_mode = force_generic_plan")
-    await conn.execute(f"PREPARE kept AS {stmt.sql}")
-    try:
-        args = ", ".join(_literal(a) for a in stmt.args)
-        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE kept({args})")
-    finally:
-        await conn.execute("DEALLOCATE kept")
-        await conn.execute("RESET plan_cache_mode")
-    return list(_nodes(pydantic_core.from_json(raw)[0]["Plan"]))
+    return await kept_plan(conn, stmt.sql, stmt.args)
 
 
 def _probes_only(nodes: list[dict[str, Any]], stats: str) -> None:

@@ -33,7 +33,13 @@ from app.states import TERMINAL_SWARM, SubtaskKind, SubtaskStatus, SwarmStatus
 
 TERMINAL_VALUES = tuple(s.value for s in TERMINAL_SWARM)
 
-
+# A swarm is looked up by its id alone and its tenant compared here, not in the statement:
+# PostgreSQL plans a prepared statement once and keeps that plan until the tables' statistics
+# change (never, without autovacuum), and `id = $1 AND tenant = $2` planned on a new database
+# read the tenant's (tenant, status, created_at) index and filtered it by id, every swarm of
+# the tenant per lookup as they accumulated (bench/RESULTS.md, session 30). By id alone the
+# plan is the primary key's at any size. (A row of another tenant locked `for_update` is
+# released with the caller's transaction, which answers 404.)
 
 
 async def get_swarm(session: AsyncSession, swarm_id: str, tenant: str | None, *,
@@ -42,18 +48,16 @@ async def get_swarm(session: AsyncSession, swarm_id: str, tenant: str | None, *,
     stmt = select(Swarm).where(Swarm.id == swarm_id)
     if for_update:
         stmt = stmt.with_for_update()
-    if tenant is not None:
-        stmt = stmt.where(Swarm.tenant == tenant)
-    return (await session.execute(stmt)).scalar_one_or_none()
+    swarm = (await session.execute(stmt)).scalar_one_or_none()
+    return swarm if swarm is not None and tenant in (None, swarm.tenant) else None
 
 
 async def get_status(session: AsyncSession, swarm_id: str, tenant: str | None
                      ) -> SwarmStatus | None:
     """Just the status (cheap enough to poll)."""
-    stmt = select(Swarm.status).where(Swarm.id == swarm_id)
-    if tenant is not None:
-        stmt = stmt.where(Swarm.tenant == tenant)
-    return (await session.execute(stmt)).scalar_one_or_none()
+    row = (await session.execute(select(Swarm.status, Swarm.tenant)
+                                 .where(Swarm.id == swarm_id))).one_or_none()
+    return row[0] if row is not None and tenant in (None, row[1]) else None
 
 
 async def get_subtasks(session: AsyncSession, swarm_ids: Sequence[str], *,
