@@ -16,6 +16,7 @@ import pydantic_core
 import pytest
 
 from app.db.changes import SwarmWrite
+from app.db.direct import DirectConnection
 from app.db.one_statement import statement
 from app.db.session import asyncpg_dsn
 from tests.conftest import SKIP_PG
@@ -158,3 +159,20 @@ async def test_the_plan_kept_from_a_new_database_probes_as_the_tables_grow(db_ur
         _probes_only(await _generic_plan(conn), "new database, kept")
     finally:
         await conn.close()
+
+
+@pytest.mark.skipif(SKIP_PG, reason="the group commit's one statement is PostgreSQL's")
+async def test_the_group_commits_connection_plans_each_statement_once(db_url: str) -> None:
+    """On the writer's own connection a statement is planned once and that plan kept, from
+    its first run: never planned anew per commit (~0.55 ms of the server's CPU each, where the
+    generic plan's estimate came out above the custom ones')."""
+    direct = DirectConnection(db_url)
+    try:
+        stmt = statement(OWNER, _writes())
+        for _ in range(8):
+            await direct.fetch(stmt.sql, stmt.args)
+        rows = await direct.fetch("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                                  "WHERE statement = $1", [stmt.sql])
+        assert [tuple(r) for r in rows] == [(8, 0)]
+    finally:
+        await direct.close()
