@@ -348,8 +348,13 @@ def _date_in(seconds: float) -> str:
         (lambda: {"Retry-After": _date_in(1.2)}, 0.15, 1.25),
         # retry-after-ms is the finer hint and wins over Retry-After.
         (lambda: {"retry-after-ms": "200", "Retry-After": "30"}, 0.2, 0.2),
+        # LiteLLM renames the provider's hints with its `llm_provider-` prefix (SPEC §4).
+        (lambda: {"llm_provider-retry-after-ms": "300"}, 0.3, 0.3),
+        (lambda: {"llm_provider-retry-after": "0.3"}, 0.3, 0.3),
+        (lambda: {"llm_provider-retry-after": "9", "Retry-After": "0.2"}, 0.2, 0.2),
     ],
-    ids=["retry-after-ms", "seconds", "http-date", "ms-wins"],
+    ids=["retry-after-ms", "seconds", "http-date", "ms-wins", "litellm-ms", "litellm-seconds",
+         "plain-wins"],
 )
 async def test_server_wait_hints_are_honoured(
     make_client: Callable[..., GatewayClient],

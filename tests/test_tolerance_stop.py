@@ -49,3 +49,24 @@ async def test_a_subtask_written_ahead_and_never_sent_counts_no_attempt(
         rows = (await s.execute(select(GatewayCall.subtask_name, GatewayCall.outcome)
                                 .where(GatewayCall.swarm_id == done["id"]))).all()
     assert sorted(rows) == [("a", "client_error"), ("b", "cancelled")]  # b was written ahead
+
+
+async def test_a_swarm_its_subtasks_failed_names_their_causes(harness: Harness) -> None:
+    """SPEC §3: the swarm's error counts its failed subtasks' codes and names one, so the cause
+    (a model the gateway refuses, an outage) is read on the swarm, not only on each subtask."""
+    body = {"task": "t", "synthesis": {"strategy": "none"},
+            "limits": {"failure_tolerance": 0.5, "max_attempts": 1},
+            "agents": [{"name": "a", "prompt": "[[sim fail=400]]"},
+                       {"name": "b", "prompt": "[[sim fail=400 latency_ms=100]]"},
+                       {"name": "c", "prompt": "[[sim fail=503 retry_after=0 latency_ms=200]]"},
+                       {"name": "d", "prompt": "[[sim latency_ms=300]]"}]}
+    done = await harness.run(body)
+    err = done["error"]
+    assert (done["status"], err["code"]) == ("failed", "failure_tolerance_exceeded")
+    details = err["details"]
+    failed = sorted(details["failed"])
+    assert failed == ["a", "b", "c"], details
+    assert details["causes"] == {"gateway_rejected": 2, "gateway_unavailable": 1}, details
+    cause = details["cause"]
+    assert cause["subtask"] in failed and cause["code"] == by_name(done)[cause["subtask"]][
+        "error"]["code"], details

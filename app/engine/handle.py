@@ -6,7 +6,8 @@ module, never the runner."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
@@ -35,6 +36,16 @@ ToolRows = tuple[list[ToolRow], list[TranscriptRow]]
 def failure(code: str, message: str, **details: Any) -> dict[str, Any]:
     """The `error` of a swarm or subtask as stored and shown: SPEC's code, message, details."""
     return {"code": code, "message": message, "details": details or None}
+
+
+def failure_causes(errors: Mapping[str, dict[str, Any] | None]) -> dict[str, Any]:
+    """`causes` (how many failed subtasks per error code) and `cause` (the first failed
+    subtask's error, named): the details of a swarm that its subtasks' failures ended."""
+    codes = Counter(str((e or {}).get("code", "unknown")) for e in errors.values())
+    name, first = next(iter(errors.items()), ("", None))
+    cause = {"subtask": name, "code": (first or {}).get("code", "unknown"),
+             "message": (first or {}).get("message", "")}
+    return {"causes": dict(codes), "cause": cause if name else None}
 
 
 class Outcome(Enum):
@@ -113,7 +124,7 @@ class SwarmHandle(Protocol):
     @property
     def stopping(self) -> bool: ...
 
-    def failing(self, name: str) -> None: ...
+    def failing(self, name: str, error: dict[str, Any]) -> None: ...
 
     def deadline_error(self) -> dict[str, Any]: ...
 

@@ -31,6 +31,7 @@ from app.engine.handle import (
     ToolRows,
     WebhookRow,
     failure,
+    failure_causes,
 )
 from app.engine.layout import PLANNER
 from app.engine.steps import refused_result, unstorable
@@ -573,26 +574,28 @@ class SwarmRunner:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def failing(self, name: str) -> None:
+    def failing(self, name: str, error: dict[str, Any]) -> None:
         """A worker's call failed for good, its slot still held: when its failure passes the
         tolerance the swarm stops now, so that a subtask waiting for that slot is not sent
         (`_on_failure`, after the failure's commit, came a turn too late)."""
         if self.subs[name].kind == SubtaskKind.worker:
-            self._past_tolerance(failing=name)
+            self._past_tolerance(failing=(name, error))
 
-    def _past_tolerance(self, failing: str | None = None) -> bool:
-        """Whether the failed workers (and `failing`) exceed the tolerance: then the swarm
-        stops, failed `failure_tolerance_exceeded`."""
-        workers = [self.subs[n] for n in self.worker_names()]
-        failed = [s.name for s in workers
-                  if s.status == SubtaskStatus.failed or s.name == failing]
+    def _past_tolerance(self, failing: tuple[str, dict[str, Any]] | None = None) -> bool:
+        """Whether the failed workers (and `failing`, a name and its error) exceed the
+        tolerance: then the swarm stops, failed `failure_tolerance_exceeded`, its details
+        counting the subtasks' error codes so the cause is read on the swarm."""
+        errors = {s.name: s.error for s in (self.subs[n] for n in self.worker_names())
+                  if s.status == SubtaskStatus.failed}
+        if failing is not None:
+            errors[failing[0]] = failing[1]
         tolerance = float(self.limits["failure_tolerance"])
-        if len(failed) / len(workers) <= tolerance:
+        if len(errors) / len(self.worker_names()) <= tolerance:
             return False
         self.stop_with(SwarmStatus.failed, failure(
             "failure_tolerance_exceeded",
-            f"{len(failed)} of {len(workers)} subtasks failed (tolerance {tolerance})",
-            failed=failed))
+            f"{len(errors)} of {len(self.worker_names())} subtasks failed "
+            f"(tolerance {tolerance})", failed=list(errors), **failure_causes(errors)))
         return True
 
     def _skip_dependents(self, name: str) -> None:

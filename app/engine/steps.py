@@ -159,7 +159,7 @@ class SubtaskSteps:
         if isinstance(exc, GatewayUnavailable) and exc.deadline_hit:
             return
         if isinstance(exc, GatewayRejected | GatewayUnavailable | WriteRejected):
-            self.handle.failing(sub.name)
+            self.handle.failing(sub.name, _error_of(exc))
 
     async def call_failed(self, sub: Subtask, t0: float, exc: Exception) -> Outcome:
         """Map a call's failure onto the subtask and, where it must, the swarm."""
@@ -174,16 +174,10 @@ class SubtaskSteps:
             return self.stop_swarm(sub, failure(code, str(exc), **scope))
         if isinstance(exc, GatewayUnavailable) and exc.deadline_hit:
             return self.stop_swarm(sub, None, self.handle.deadline_error())
-        if isinstance(exc, WriteRejected):
-            return await self.fail(sub, t0, unstorable(exc))
-        if isinstance(exc, GatewayRejected):
-            err = failure("gateway_rejected", str(exc), status=exc.status_code)
-            if exc.status_code in (401, 403):
-                self.handle.stop_with(SwarmStatus.failed, err)
-        else:
-            assert isinstance(exc, GatewayUnavailable)
-            err = failure("gateway_unavailable", str(exc), status=exc.status_code,
-                          outcome=exc.outcome)
+        assert isinstance(exc, GatewayRejected | GatewayUnavailable | WriteRejected)
+        err = _error_of(exc)
+        if isinstance(exc, GatewayRejected) and exc.status_code in (401, 403):
+            self.handle.stop_with(SwarmStatus.failed, err)
         return await self.fail(sub, t0, err)
 
     def stop_swarm(self, sub: Subtask, err: dict[str, Any] | None,
@@ -240,3 +234,11 @@ class SubtaskSteps:
             sub.latency_ms / 1000)
         return sub.latency_ms
 
+
+def _error_of(exc: GatewayRejected | GatewayUnavailable | WriteRejected) -> dict[str, Any]:
+    """The subtask's `error` for a call that failed it alone."""
+    if isinstance(exc, WriteRejected):
+        return unstorable(exc)
+    if isinstance(exc, GatewayRejected):
+        return failure("gateway_rejected", str(exc), status=exc.status_code)
+    return failure("gateway_unavailable", str(exc), status=exc.status_code, outcome=exc.outcome)

@@ -279,8 +279,10 @@ def _tool_calls_of(raw: Any) -> tuple[ToolCallRequest, ...] | None:
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
-    """The server's wait hint in seconds: retry-after-ms, else Retry-After (seconds or date)."""
-    millis = headers.get("retry-after-ms")
+    """The server's wait hint in seconds: retry-after-ms, else Retry-After (seconds or date);
+    a proxy's renamed copies (LiteLLM's `llm_provider-` prefix) count when the plain ones are
+    absent."""
+    millis = headers.get("retry-after-ms") or headers.get("llm_provider-retry-after-ms")
     if millis is not None:
         try:
             value = float(millis) / 1000
@@ -288,7 +290,7 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
             value = math.nan
         if math.isfinite(value):
             return max(value, 0.0)
-    text = headers.get("retry-after")
+    text = headers.get("retry-after") or headers.get("llm_provider-retry-after")
     if text is None:
         return None
     try:
