@@ -4,6 +4,7 @@ list) and OpenAI's error body."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
@@ -58,6 +59,17 @@ class AgentSwarmOptions(BaseModel):
         default=None, max_length=100,
         description="MCP tools the planner may hand to sub-agents (SPEC §9): `server` or "
                     "`server.tool`")
+    concurrency: Int | None = Field(
+        default=None, ge=1, le=1000, description="sub-agents in flight at once: "
+                                                 "limits.concurrency")
+    budget_usd: Decimal | None = Field(
+        default=None, gt=0, max_digits=20, decimal_places=12,
+        description="the swarm's hard cap in USD: limits.budget_usd")
+    deadline_s: Number | None = Field(
+        default=None, gt=0, le=86_400, description="the swarm's deadline: limits.deadline_s")
+    routing: Literal["pinned", "auto"] = Field(
+        default="pinned", description="pinned: every worker runs on `model`; auto: the "
+                                      "planner's model hints pick workers' models")
 
 
 class ChatMessage(BaseModel):

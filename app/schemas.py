@@ -145,6 +145,9 @@ class OrchestratorOptions(Strict):
                                             "instructions")
     max_subtasks: Int = Field(default=8, ge=1, le=1000)
     max_depth: Int = Field(default=3, ge=1, le=20)
+    routing: Literal["auto", "pinned"] = Field(
+        default="auto", description="auto: a planned subtask runs on the planner's priced "
+                                    "model hint; pinned: every worker on the swarm's model")
 
 
 class SynthesisOptions(Strict):

@@ -48,7 +48,10 @@ FIELDS = (("orchestrator.max_subtasks", "agent_swarm.max_sub_agents"),
           ("synthesis.max_tokens", "max_tokens"),
           ("max_tokens", "agent_swarm.per_sub_agent_max_tokens"),
           ("tools", "agent_swarm.tools"), ("task", "messages"),
-          ("orchestrator.system_prompt", "messages"))
+          ("orchestrator.system_prompt", "messages"),
+          ("limits.concurrency", "agent_swarm.concurrency"),
+          ("limits.budget_usd", "agent_swarm.budget_usd"),
+          ("limits.deadline_s", "agent_swarm.deadline_s"))
 WAIT_GRACE_S = 30.0  # beyond the swarm's deadline: queueing, synthesis, the final commit
 FRAME_END = "[/SUB_AGENT]"
 
@@ -84,15 +87,19 @@ def swarm_request(req: ChatCompletionCreate) -> SwarmCreate:
     task = turns[0][1] if len(turns) == 1 else "\n\n".join(f"{r}: {t}" for r, t in turns)
     spec: dict[str, Any] = {
         "task": task, "model": req.model, "temperature": req.temperature,
-        "orchestrator": {"system_prompt": "\n\n".join(guidance)},
+        # the caller's model runs every worker unless it asks the planner to route
+        "orchestrator": {"system_prompt": "\n\n".join(guidance), "routing": options.routing},
         "synthesis": {"strategy": FAN_IN[options.fan_in_strategy],
                       "max_tokens": req.max_tokens or req.max_completion_tokens},
         "metadata": {"source": "openai.chat.completions"},
     }
     if options.max_sub_agents is not None:
         spec["orchestrator"]["max_subtasks"] = options.max_sub_agents
-    if options.failure_tolerance is not None:
-        spec["limits"] = {"failure_tolerance": options.failure_tolerance}
+    limits = {"failure_tolerance": options.failure_tolerance,
+              "concurrency": options.concurrency, "budget_usd": options.budget_usd,
+              "deadline_s": options.deadline_s}
+    if any(v is not None for v in limits.values()):
+        spec["limits"] = {k: v for k, v in limits.items() if v is not None}
     if options.per_sub_agent_max_tokens is not None:
         spec["max_tokens"] = options.per_sub_agent_max_tokens
     if options.tools is not None:

@@ -309,9 +309,10 @@ class SubtaskExecutor:
         spec, swarm_id = self.handle.spec, self.handle.swarm.id
         base = len(self.handle.subs)
         prices = self.handle.ctx.prices
+        routed = spec.get("orchestrator", {}).get("routing", "auto") == "auto"
         subs: list[Subtask] = [
             new_subtask(swarm_id, p.id, base + i, SubtaskKind.worker,
-                        p.model_hint if p.model_hint and p.model_hint in prices
+                        p.model_hint if routed and p.model_hint and p.model_hint in prices
                         else str(spec["model"]),
                         spec["max_tokens"], depends_on=list(p.depends_on),
                         system_prompt=None,  # worker_system_prompt(task), when called

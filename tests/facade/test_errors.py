@@ -131,6 +131,14 @@ INVALID: list[tuple[dict[str, Any], int, str, str]] = [
      "validation_error", "agent_swarm.per_sub_agent_max_tokens"),
     ({**SWARM, "stream": True, "stream_options": {"include_usage": "true"}}, 422,
      "validation_error", "stream_options.include_usage"),
+    ({**SWARM, "agent_swarm": {"enabled": True, "concurrency": 0}}, 422, "validation_error",
+     "agent_swarm.concurrency"),
+    ({**SWARM, "agent_swarm": {"enabled": True, "budget_usd": "-1"}}, 422, "validation_error",
+     "agent_swarm.budget_usd"),
+    ({**SWARM, "agent_swarm": {"enabled": True, "deadline_s": 0}}, 422, "validation_error",
+     "agent_swarm.deadline_s"),
+    ({**SWARM, "agent_swarm": {"enabled": True, "routing": "cheapest"}}, 422,
+     "validation_error", "agent_swarm.routing"),
 ]
 
 
