@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 from fastapi import Request, Response
@@ -19,6 +20,8 @@ from app.config import Settings
 from app.db import queries
 from app.db.session import SessionFactory
 from app.db.tables import Swarm
+from app.db.types import utcnow
+from app.engine.specs import FACADE_SOURCE, request_hash
 from app.engine.waiters import SwarmNotifier
 from app.errors import ApiError, Refused, RequestInvalid
 from app.openai_schemas import (
@@ -91,7 +94,7 @@ def swarm_request(req: ChatCompletionCreate) -> SwarmCreate:
         "orchestrator": {"system_prompt": "\n\n".join(guidance), "routing": options.routing},
         "synthesis": {"strategy": FAN_IN[options.fan_in_strategy],
                       "max_tokens": req.max_tokens or req.max_completion_tokens},
-        "metadata": {"source": "openai.chat.completions"},
+        "metadata": {"source": FACADE_SOURCE},
     }
     if options.max_sub_agents is not None:
         spec["orchestrator"]["max_subtasks"] = options.max_sub_agents
@@ -113,6 +116,12 @@ def swarm_request(req: ChatCompletionCreate) -> SwarmCreate:
         first = exc.errors()[0]
         field = request_field(".".join(str(p) for p in first["loc"]))
         raise RequestInvalid(f"{field}: {first['msg']}", details={"field": field}) from exc
+
+
+def _sdk_retry(request: Request) -> bool:
+    """Whether the OpenAI SDK sent this as a retry (`x-stainless-retry-count` >= 1)."""
+    count = request.headers.get("x-stainless-retry-count", "")
+    return count.isdigit() and int(count) >= 1
 
 
 def request_field(field: str) -> str:
@@ -160,6 +169,12 @@ class SwarmCall:
         """The swarm, created by the very code of `POST /swarms` (validation, prices, idempotency,
         local adoption); returns its id."""
         body = swarm_request(self.req)
+        if idempotency_key is None and _sdk_retry(request):
+            # a proxy timed the first try out: the SDK's retry answers from that swarm
+            twin = await self._twin(admission.swarm(body))  # hashed as it is stored
+            if twin is not None:
+                self.deadline = time.monotonic() + body.limits.deadline_s + WAIT_GRACE_S
+                return twin
         try:
             # SPEC §8: it creates a swarm: `max_active_swarms` is counted in the insert's
             # transaction (RateLimitDep took the token: no second one)
@@ -173,6 +188,12 @@ class SwarmCall:
             raise
         self.deadline = time.monotonic() + body.limits.deadline_s + WAIT_GRACE_S
         return answer.headers["location"].removeprefix("/swarms/")  # a new one's, or a replay's
+
+    async def _twin(self, body: SwarmCreate) -> str | None:
+        """A swarm this tenant created from the same body within its deadline."""
+        since = utcnow() - timedelta(seconds=body.limits.deadline_s)
+        async with self.sessions() as s, s.begin():
+            return await queries.recent_twin(s, self.tenant, request_hash(body), since)
 
     async def _swarm(self, swarm_id: str) -> Swarm | None:
         async with self.sessions() as s, s.begin():

@@ -52,6 +52,16 @@ async def get_swarm(session: AsyncSession, swarm_id: str, tenant: str | None, *,
     return swarm if swarm is not None and tenant in (None, swarm.tenant) else None
 
 
+async def recent_twin(session: AsyncSession, tenant: str, digest: str,
+                      since: datetime) -> str | None:
+    """The newest swarm of `tenant` created since `since` from a body of hash `digest`."""
+    stmt = (select(Swarm.id)
+            .where(Swarm.tenant == tenant, Swarm.created_at >= since,
+                   Swarm.request_hash == digest)
+            .order_by(Swarm.created_at.desc()).limit(1))
+    return (await session.execute(stmt)).scalar_one_or_none()
+
+
 async def get_status(session: AsyncSession, swarm_id: str, tenant: str | None
                      ) -> SwarmStatus | None:
     """Just the status (cheap enough to poll)."""

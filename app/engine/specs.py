@@ -28,6 +28,9 @@ class NewSwarm:
     subtasks: list[Subtask]
 
 
+FACADE_SOURCE = "openai.chat.completions"  # the `metadata.source` of a facade's swarm
+
+
 def request_hash(body: SwarmCreate) -> str:
     """Stable hash of what the client asked for (for Idempotency-Key reuse checks)."""
     canon = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
@@ -134,9 +137,11 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
         synth = synthesizer_for(swarm_id, spec, len(subtasks), [a.name for a in body.agents])
         if synth is not None:
             subtasks.append(synth)
+    # a facade swarm keeps its body's hash too: an SDK's retry of the request finds it by that
+    keep_hash = idempotency_key is not None or body.metadata.get("source") == FACADE_SOURCE
     swarm = new_swarm_row(swarm_id, tenant, body.task, spec, body.metadata,
                           body.limits.budget_usd, idempotency_key,
-                          request_hash(body) if idempotency_key else None)
+                          request_hash(body) if keep_hash else None)
     return NewSwarm(swarm, subtasks)
 
 
