@@ -7,7 +7,7 @@ PORT   ?= 8000
 # pytest workers: half the suite's time is processes, leases and restarts waited on, not CPU
 TEST_WORKERS ?= 2
 
-.PHONY: run test lint install bench clean
+.PHONY: run test lint install bench clean interop
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,5 +42,18 @@ test: lint
 bench: $(VENV)/.installed-test .venv-bench/bin/python
 	$(BIN)/python -m bench.bench_table
 
+# the interop suite's neighbours, each in a virtualenv of its own (never a dependency of the
+# service): LiteLLM's proxy as the gateway, the PyPI MCP servers as tools
+.venv-litellm/bin/litellm:
+	$(PYTHON) -m venv .venv-litellm
+	.venv-litellm/bin/pip install --quiet 'litellm[proxy]==1.108.*'
+
+.venv-mcp/bin/mcp-server-git:
+	$(PYTHON) -m venv .venv-mcp
+	.venv-mcp/bin/pip install --quiet 'mcp-server-time==2026.10.19' 'mcp-server-git==2026.10.19'
+
+interop: $(VENV)/.installed-test .venv-litellm/bin/litellm .venv-mcp/bin/mcp-server-git
+	SWARM_INTEROP=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal tests/interop
+
 clean:
-	rm -rf $(VENV) .venv-bench .pytest_cache .mypy_cache .ruff_cache swarm.db swarm.db-*
+	rm -rf $(VENV) .venv-bench .venv-litellm .venv-mcp .pytest_cache .mypy_cache .ruff_cache swarm.db swarm.db-*
