@@ -52,9 +52,10 @@ class AgentSwarmOptions(BaseModel):
         default=None, ge=0, le=1, description="limits.failure_tolerance")
     per_sub_agent_max_tokens: MaxTokens | None = Field(
         default=None, description="each worker's max_tokens")
-    streaming: StrictBool = Field(
-        default=True, description="with `stream: true`, frame each worker's output as it "
-                                  "finishes; false streams only the result")
+    streaming: StrictBool | None = Field(
+        default=None, description="with `stream: true`: absent, each worker's output framed "
+                                  "whole as it finishes; true, workers' tokens framed as they "
+                                  "come (limits.stream_tokens); false, only the result")
     tools: list[str] | None = Field(
         default=None, max_length=100,
         description="MCP tools the planner may hand to sub-agents (SPEC §9): `server` or "

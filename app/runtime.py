@@ -16,9 +16,10 @@ from app.config import Settings
 from app.db.migrate import upgrade_head_async
 from app.db.notify import CHANGED
 from app.db.retry import log_db_failure
-from app.db.session import SessionFactory, make_db_engine, make_session_factory
+from app.db.session import SessionFactory, asyncpg_dsn, make_db_engine, make_session_factory
 from app.engine import faults
 from app.engine.budget import DailyCap
+from app.engine.deltas import CHANNEL as DELTAS
 from app.engine.listener import PgListener
 from app.engine.passthrough import settle_stale
 from app.engine.scheduler import Scheduler, process_owner
@@ -165,8 +166,13 @@ class Runtime:
                 self.tenants = TenantGates(settings.tenants, self.sessions, process_owner(),
                                            settings.lease_seconds, self.daily)
                 stack.push_async_callback(self.tenants.close)
+            if not settings.is_sqlite:  # the readers of this process's swarms' tokens
+                self.notifier.deltas.send_to(asyncpg_dsn(settings.database_url))
+                stack.push_async_callback(self.notifier.deltas.close)
             if self._listen:
-                listener = PgListener(settings.database_url, {CHANGED: self.notifier.notified},
+                listener = PgListener(settings.database_url,
+                                      {CHANGED: self.notifier.notified,
+                                       DELTAS: self.notifier.deltas.received},
                                       on_connect=self.notifier.notify_all)
                 listener.start()
                 stack.push_async_callback(listener.stop)

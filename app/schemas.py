@@ -166,6 +166,9 @@ class Limits(Strict):
     subtask_timeout_s: Number = Field(default=60.0, gt=0, le=3600)
     deadline_s: Number = Field(default=900.0, gt=0, le=86_400)
     max_tool_calls: Int = Field(default=1000, ge=1, le=1_000_000)
+    # workers' tokens as they come (`subtask.delta` events, the facade's frames): the calls
+    # stream from the gateway; off, each output arrives whole when its worker ends
+    stream_tokens: bool = False
 
     @field_validator("budget_usd", mode="before")
     @classmethod

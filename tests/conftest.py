@@ -6,7 +6,7 @@ import asyncio
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,11 @@ from starlette.applications import Starlette
 from app.config import Settings
 from app.db.migrate import upgrade_head
 from app.db.session import SessionFactory, asyncpg_dsn, make_db_engine, make_session_factory
+from app.gateway import client as client_module
 from app.gateway.client import GatewayClient
 from app.main import create_app
 from app.simulator import SimulatorConfig, create_simulator
+from tests import gateway_support
 from tests.support import PG_URL, drop_db, pg_admin, throwaway_db, with_db
 
 SKIP_PG = os.environ.get("SWARM_TEST_SKIP_POSTGRES") == "1"
@@ -220,3 +222,33 @@ async def api(sqlite_url: str) -> AsyncIterator[Harness]:
     h, close = await start_harness(make_settings(sqlite_url))
     yield h
     await close()
+
+
+# ---- GatewayClient against a scripted gateway (tests/gateway_support.py) ----
+
+
+@pytest.fixture
+async def make_client() -> AsyncIterator[Callable[..., GatewayClient]]:
+    clients: list[GatewayClient] = []
+
+    def make(gateway: gateway_support.Gateway,
+             api_key: str = gateway_support.API_KEY) -> GatewayClient:
+        clients.append(GatewayClient(gateway_support.BASE_URL, api_key,
+                                     transport=httpx.MockTransport(gateway)))
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        await client.aclose()
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Retry waits the client asked for, recorded instead of slept."""
+    asked: list[float] = []
+
+    async def record(seconds: float) -> None:
+        asked.append(seconds)
+
+    monkeypatch.setattr(client_module, "_sleep", record)
+    return asked

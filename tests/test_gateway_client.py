@@ -7,7 +7,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -24,85 +24,16 @@ from app.gateway.client import (
     GatewayRejected,
     GatewayUnavailable,
 )
-from tests.helpers import until
-
-BASE_URL = "http://gateway.test/v1"
-API_KEY = "sk-test-SECRET-0123456789"
-REQUEST = ChatRequest(
-    model="kimi-k2.5",
-    messages=[{"role": "user", "content": "hello"}],
-    max_tokens=64,
-    idempotency_key="swarm-1:task-a:1",
+from tests.gateway_support import (
+    API_KEY,
+    BASE_URL,
+    REQUEST,
+    Gateway,
+    Reply,
+    completion,
+    ok_response,
 )
-
-Reply = httpx.Response | Exception | Callable[[httpx.Request], Awaitable[httpx.Response]]
-
-
-def completion(
-    content: str | None = "hi",
-    finish_reason: str = "stop",
-    usage: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": usage if usage is not None else {"prompt_tokens": 12, "completion_tokens": 3},
-    }
-
-
-def ok_response() -> httpx.Response:
-    return httpx.Response(200, json=completion())
-
-
-class Gateway:
-    """A scripted gateway: answers each request with the next reply, recording when it came."""
-
-    def __init__(self, *replies: Reply) -> None:
-        self.replies = list(replies)
-        self.requests: list[httpx.Request] = []
-        self.times: list[float] = []
-
-    async def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        self.times.append(time.monotonic())
-        reply = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
-        if isinstance(reply, Exception):
-            raise reply
-        if isinstance(reply, httpx.Response):
-            return reply
-        return await reply(request)
-
-
-@pytest.fixture
-async def make_client() -> AsyncIterator[Callable[..., GatewayClient]]:
-    clients: list[GatewayClient] = []
-
-    def make(gateway: Gateway, api_key: str = API_KEY) -> GatewayClient:
-        clients.append(GatewayClient(BASE_URL, api_key, transport=httpx.MockTransport(gateway)))
-        return clients[-1]
-
-    yield make
-    for client in clients:
-        await client.aclose()
-
-
-@pytest.fixture
-def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Retry waits the client asked for, recorded instead of slept."""
-    asked: list[float] = []
-
-    async def record(seconds: float) -> None:
-        asked.append(seconds)
-
-    monkeypatch.setattr(client_module, "_sleep", record)
-    return asked
+from tests.helpers import until
 
 
 async def test_ok_parses_content_finish_reason_and_usage(

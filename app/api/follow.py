@@ -4,11 +4,13 @@ facade's streams, so a stream works whichever process runs the swarm."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
+from app.aio import cancel_and_wait
 from app.db import queries
 from app.db.session import SessionFactory
 from app.db.tables import Event
+from app.engine.deltas import Delta
 from app.engine.waiters import SwarmNotifier, woken
 
 # the OpenAI facade's swarm answers (app/api/openai_swarm.py) re-read the status this often
@@ -25,7 +27,7 @@ HOLE_S = 1.0
 
 
 async def follow_events(sessions: SessionFactory, notifier: SwarmNotifier, swarm_id: str,
-                        tenant: str | None, after: int = 0) -> AsyncIterator[Event]:
+                        tenant: str | None, after: int = 0) -> AsyncGenerator[Event, None]:
     """The swarm's events after seq `after`, as they are committed; ends after
     `swarm.completed` (or when the swarm is terminal or gone and nothing is left to read).
 
@@ -76,3 +78,37 @@ async def follow_events(sessions: SessionFactory, notifier: SwarmNotifier, swarm
             armed = notifier.arm(swarm_id)
     finally:
         notifier.disarm(swarm_id, armed)
+
+
+async def follow_with_deltas(sessions: SessionFactory, notifier: SwarmNotifier, swarm_id: str,
+                             tenant: str | None, after: int = 0
+                             ) -> AsyncIterator[Event | Delta]:
+    """`follow_events`, and the workers' tokens as they come between them (SPEC §10). Deltas
+    waiting when an event is read go out before it: a subtask's text before its end."""
+    with notifier.deltas.reading(swarm_id) as deltas:
+        events = follow_events(sessions, notifier, swarm_id, tenant, after)
+        next_event: asyncio.Task[Event] = asyncio.ensure_future(anext(events))
+        next_delta: asyncio.Task[Delta] = asyncio.ensure_future(deltas.get())
+        try:
+            while True:
+                await asyncio.wait((next_event, next_delta),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if next_delta.done():
+                    yield next_delta.result()
+                    next_delta = asyncio.ensure_future(deltas.get())
+                    continue
+                try:
+                    ev = next_event.result()
+                except StopAsyncIteration:
+                    return
+                while not deltas.empty():
+                    yield deltas.get_nowait()
+                yield ev
+                next_event = asyncio.ensure_future(anext(events))
+        finally:
+            for task in (next_delta, next_event):
+                if not task.done():
+                    await cancel_and_wait(task)
+                elif not task.cancelled():
+                    task.exception()  # seen: the end of the events, or what ended them
+            await events.aclose()

@@ -21,7 +21,7 @@ from app.engine.passthrough import MAX_STREAM_S, PassthroughMeter, prompt_bound
 from app.errors import RequestInvalid
 from app.gateway import streaming
 from app.gateway.client import GatewayClient, GatewayError, GatewayRejected
-from app.gateway.streaming import DONE
+from app.gateway.eventstream import DONE
 from app.openai_schemas import ChatCompletionCreate
 
 MAX_ATTEMPTS = 3

@@ -14,13 +14,15 @@ from sse_starlette.sse import EventSourceResponse
 
 from app.api import swarms
 from app.api.admission import Admission
-from app.api.follow import POLL_S, follow_events
+from app.api.follow import POLL_S, follow_events, follow_with_deltas
+from app.api.frames import Frames
 from app.api.openai_errors import openai_error, seconds_to_midnight
 from app.config import Settings
 from app.db import queries
 from app.db.session import SessionFactory
 from app.db.tables import Swarm
 from app.db.types import utcnow
+from app.engine.deltas import Delta
 from app.engine.specs import FACADE_SOURCE, request_hash
 from app.engine.waiters import SwarmNotifier
 from app.errors import ApiError, Refused, RequestInvalid
@@ -56,7 +58,6 @@ FIELDS = (("orchestrator.max_subtasks", "agent_swarm.max_sub_agents"),
           ("limits.budget_usd", "agent_swarm.budget_usd"),
           ("limits.deadline_s", "agent_swarm.deadline_s"))
 WAIT_GRACE_S = 30.0  # beyond the swarm's deadline: queueing, synthesis, the final commit
-FRAME_END = "[/SUB_AGENT]"
 
 
 def _text(message: ChatMessage, index: int) -> str:
@@ -100,7 +101,8 @@ def swarm_request(req: ChatCompletionCreate) -> SwarmCreate:
         spec["orchestrator"]["max_subtasks"] = options.max_sub_agents
     limits = {"failure_tolerance": options.failure_tolerance,
               "concurrency": options.concurrency, "budget_usd": options.budget_usd,
-              "deadline_s": options.deadline_s}
+              "deadline_s": options.deadline_s,
+              "stream_tokens": True if options.streaming and req.stream else None}
     if any(v is not None for v in limits.values()):
         spec["limits"] = {k: v for k, v in limits.items() if v is not None}
     if options.per_sub_agent_max_tokens is not None:
@@ -234,16 +236,11 @@ class SwarmCall:
         return {"data": chunk.model_dump_json(exclude_none=True)}
 
     async def _chunks(self, swarm_id: str) -> AsyncIterator[dict[str, str]]:
-        frames = self.req.agent_swarm is not None and self.req.agent_swarm.streaming
+        streaming = self.req.agent_swarm.streaming if self.req.agent_swarm else None
         yield self._chunk(swarm_id, ChunkDelta(role="assistant", content=""))
-        async for ev in follow_events(self.sessions, self.notifier, swarm_id, self.tenant):
-            if ev.type == "subtask.succeeded" and ev.data.get("kind") == "worker" and frames:
-                name = str(ev.data.get("name"))
-                output = await self._output(swarm_id, name)
-                # an output that closes the frame itself must not end it early for the reader
-                text = (output or "").replace(FRAME_END, "[/SUB_AGENT\u200b]")
-                yield self._chunk(swarm_id, ChunkDelta(
-                    content=f"[SUB_AGENT_{name}]{text}{FRAME_END}\n"))
+        if streaming is not False:  # each worker's frame; its tokens too when asked
+            async for text in self._frames(swarm_id, tokens=streaming is True):
+                yield self._chunk(swarm_id, ChunkDelta(content=text))
         swarm = await self._swarm(swarm_id)
         if swarm is None or swarm.status != SwarmStatus.succeeded:
             failure = _failure(swarm) if swarm is not None else openai_error(
@@ -256,6 +253,28 @@ class SwarmCall:
         if options is not None and options.include_usage:
             yield self._chunk(swarm_id, ChunkDelta(), usage=_usage(swarm), empty=True)
         yield {"data": "[DONE]"}
+
+    async def _frames(self, swarm_id: str, tokens: bool) -> AsyncIterator[str]:
+        """Workers' frames until the swarm ends: whole as each worker succeeds or, with
+        `tokens`, filled as their text comes, one open at a time (app/api/frames.py)."""
+        frames = Frames()
+        follow = follow_with_deltas if tokens else follow_events
+        async for ev in follow(self.sessions, self.notifier, swarm_id, self.tenant):
+            if isinstance(ev, Delta):
+                out = frames.delta(ev.name, ev.text)
+            elif ev.data.get("kind") != "worker":
+                continue
+            elif ev.type == "subtask.succeeded":
+                name = str(ev.data.get("name"))
+                out = frames.end(name, await self._output(swarm_id, name) or "")
+            elif ev.type in ("subtask.failed", "subtask.skipped"):
+                out = frames.end(str(ev.data.get("name")), None)
+            else:
+                continue
+            for text in out:
+                yield text
+        for text in frames.finish():
+            yield text
 
     async def _output(self, swarm_id: str, name: str) -> str | None:
         async with self.sessions() as s, s.begin():

@@ -72,12 +72,32 @@ EVENT_SCHEMA: dict[str, Any] = {
     "example": {"id": "3", "event": "subtask.succeeded",
                 "data": '{"seq": 3, "swarm_id": "0b6f…", "name": "code_analyst"}'},
 }
+# `?deltas=true` on a swarm with `limits.stream_tokens`: a worker's text as it comes, not
+# stored, so without `id:` (a resume does not replay it; `subtask.succeeded` has it whole)
+DELTA_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string", "const": "subtask.delta"},
+        "data": {
+            "type": "string", "contentMediaType": "application/json",
+            "contentSchema": {
+                "type": "object", "required": ["swarm_id", "name", "text"],
+                "properties": {"swarm_id": {"type": "string", "format": "uuid"},
+                               "name": {"type": "string"}, "text": {"type": "string"}},
+            },
+        },
+    },
+    "example": {"event": "subtask.delta",
+                "data": '{"swarm_id": "0b6f…", "name": "code_analyst", "text": "The auth"}'},
+}
 
 EVENT_STREAM_RESPONSE: dict[str, Any] = {
     "description": "Server-Sent Events, one per state change; the stream ends after "
                    "`swarm.completed`. While nothing happens a `: ping` comment line comes "
                    "every `SWARM_SSE_PING_S` seconds (15 by default): not an event",
-    "content": {"text/event-stream": {"schema": EVENT_SCHEMA}},
+    "content": {"text/event-stream": {"schema": {"anyOf": [EVENT_SCHEMA,
+                                                            DELTA_EVENT_SCHEMA]}}},
 }
 
 

@@ -20,7 +20,7 @@ from app.aio import alongside
 from app.api.admission import AdmissionInInsertDep, StreamGateDep, WaitSlotDep, admit_in_insert
 from app.api.deps import EngineDep, NotifierDep, SessionDep, TenantDep, tenant_of
 from app.api.errors import error_responses
-from app.api.follow import FALLBACK_S, follow_events
+from app.api.follow import FALLBACK_S, follow_events, follow_with_deltas
 from app.api.hand_parsed import hand_parsed, header, json_body
 from app.api.shared import IdempotencyKey, TraceParent, insert_once, replay
 from app.api.shared import check_id as _check_id
@@ -39,6 +39,7 @@ from app.db import create, queries, quotas, retry_copy
 from app.db.session import SessionFactory
 from app.db.tables import Subtask, Swarm
 from app.engine import finish
+from app.engine.deltas import Delta
 from app.engine.scheduler import Scheduler
 from app.engine.specs import NewSwarm, build_swarm
 from app.errors import AlreadyTerminal, RequestInvalid
@@ -269,6 +270,10 @@ async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
     return _answer(await _read(session, swarm_id, tenant), 202)
 
 
+DELTAS_DOC = ("true: also the workers' tokens as they come (`subtask.delta`, no `id:`), for a "
+              "swarm created with `limits.stream_tokens`")
+
+
 @router.get("/{swarm_id}/events", response_class=EventSourceResponse, responses={
     200: EVENT_STREAM_RESPONSE, **error_responses(400, 401, 404, 422, 429)},
     summary="Stream a swarm's events")
@@ -279,9 +284,12 @@ async def stream_swarm_events(
         alias="Last-Event-ID", description=LAST_EVENT_ID_DOC,
         # documented, not enforced by FastAPI: resume_after answers 400 invalid_last_event_id
         json_schema_extra={"pattern": LAST_EVENT_ID_PATTERN})] = None,
+    deltas: Annotated[bool, Query(description=DELTAS_DOC)] = False,
 ) -> EventSourceResponse:
     """`id:` is the per-swarm sequence number; `Last-Event-ID` resumes after it; the stream
-    ends after `swarm.completed`."""
+    ends after `swarm.completed`. With `?deltas=true`, a swarm created with
+    `limits.stream_tokens` also sends its workers' text as it comes: `subtask.delta` events
+    `{name, text}` without `id:` (not stored, not resumed)."""
     after = resume_after(last_event_id)
     await _status_or_404(session, swarm_id, tenant)
     sessions = request.app.state.sessions
@@ -289,7 +297,13 @@ async def stream_swarm_events(
 
     async def stream() -> AsyncIterator[dict[str, Any]]:
         try:
-            async for ev in follow_events(sessions, notifier, swarm_id, tenant, after):
+            follow = follow_with_deltas if deltas else follow_events
+            async for ev in follow(sessions, notifier, swarm_id, tenant, after):
+                if isinstance(ev, Delta):
+                    yield {"event": "subtask.delta",
+                           "data": json.dumps({"swarm_id": swarm_id, "name": ev.name,
+                                               "text": ev.text})}
+                    continue
                 yield {"id": str(ev.seq), "event": ev.type,
                        "data": json.dumps({"seq": ev.seq, "swarm_id": swarm_id, **ev.data},
                                           default=str)}

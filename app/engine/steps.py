@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from app import metrics, tracing
@@ -139,7 +140,7 @@ class SubtaskSteps:
             result = await ctx.gateway.complete(
                 ChatRequest(model=sub.model, messages=messages, max_tokens=sub.max_tokens,
                             temperature=sub.temperature, response_format=response_format,
-                            idempotency_key=key, tools=tools),
+                            idempotency_key=key, tools=tools, on_delta=self._deltas(sub)),
                 max_attempts=int(handle.limits["max_attempts"]),
                 timeout_s=float(handle.limits["subtask_timeout_s"]),
                 deadline=handle.deadline, before_attempt=meter.before, after_attempt=meter.after)
@@ -149,6 +150,15 @@ class SubtaskSteps:
         finish = metrics.finish_label(result.finish_reason)
         metrics.child(metrics.finish_reasons, label, finish).inc()
         return result, meter.ok_rows
+
+    def _deltas(self, sub: Subtask) -> Callable[[str], None] | None:
+        """Where a worker's tokens go as they come, when its swarm streams them (SPEC §10)."""
+        handle, notifier = self.handle, self.handle.ctx.notifier
+        if (notifier is None or sub.kind is not SubtaskKind.worker
+                or not handle.limits.get("stream_tokens")):
+            return None
+        hub, swarm_id, name = notifier.deltas, handle.swarm.id, sub.name
+        return lambda text: hub.publish(swarm_id, name, text)
 
     def failing(self, sub: Subtask, exc: Exception) -> None:
         """A call failed, its slot still held: a failure that fails the subtask alone (not a

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from app.db.tables import Subtask, Swarm
+from app.engine.deltas import DeltaHub
 from app.states import SwarmStatus
 
 _STATUSES = {s.value: s for s in SwarmStatus}
@@ -70,6 +71,7 @@ class SwarmNotifier:
         # how a reader answers with a swarm's rows (the API says): an ended swarm's runner
         # builds the answer while its end commits, for the readers waiting then (`render`)
         self.renderer: Render | None = None
+        self.deltas = DeltaHub()  # workers' tokens, to the readers that asked (SPEC §10)
 
     def notify(self, swarm_id: str, status: str | None = None) -> None:
         """The swarm changed; `status` is its status after the change, when known."""

@@ -20,6 +20,7 @@ import pydantic_core
 from tenacity import AsyncRetrying, RetryCallState
 
 from app import tracing
+from app.gateway.deltas import REFUSED, post_streamed
 from app.gateway.redact import MASK, Redactor
 from app.gateway.wire import AiohttpWire, Answer, HttpxWire, Wire, WireError
 from app.text import storable
@@ -75,6 +76,8 @@ class ChatRequest:
     response_format: dict[str, str] | None = None
     idempotency_key: str | None = None
     tools: list[dict[str, Any]] | None = None  # OpenAI `tools` (function definitions)
+    # given: the call streams, and each piece of its text is handed here as it comes
+    on_delta: Callable[[str], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +333,9 @@ class _Call:
     accept: Callable[[Any], _Choice | None] = _choice_of
     request: ChatRequest | None = None  # what `chat` spans describe (None: a forwarded body)
     secret: str = ""  # the gateway's key: masked in what an answer echoes of it
+    # the body asking for a stream (ChatRequest.on_delta); None once the gateway refused one
+    stream_body: bytes | None = None
+    on_delta: Callable[[str], None] | None = None
 
     def retry(self, state: RetryCallState) -> bool:
         return state.outcome is not None and isinstance(state.outcome.exception(), _Retryable)
@@ -378,6 +384,15 @@ class _Call:
                 f"gateway rejected the request: {record.error}", tuple(self.attempts)
             )
         raise _Retryable(record.error)
+
+
+def _storable_deltas(sink: Callable[[str], None], secret: str) -> Callable[[str], None]:
+    """`sink` handed each piece as the answer's content will be stored: made storable, the
+    gateway's key masked."""
+    def handed(text: str) -> None:
+        text = storable(text)[0]
+        sink(text.replace(secret, MASK) if secret and secret in text else text)
+    return handed
 
 
 def _chat_span(call: _Call, server: str) -> Any:
@@ -495,6 +510,11 @@ class GatewayClient:
         call = self.new_call(body, request.idempotency_key, max_attempts, timeout_s, deadline,
                              before_attempt, after_attempt)
         call.request = request
+        if request.on_delta is not None:
+            payload["stream"] = True
+            payload["stream_options"] = {"include_usage": True}
+            call.stream_body = pydantic_core.to_json(payload)
+            call.on_delta = _storable_deltas(request.on_delta, self._secret)
         return await self._run(call)
 
     async def forward(
@@ -582,7 +602,7 @@ class GatewayClient:
         try:
             # httpx's timeouts are per read (and ASGITransport ignores them): one for the attempt
             async with asyncio.timeout(timeout):
-                answer = await self._wire.post(call.body, headers, timeout)
+                answer = await self._post(call, headers, timeout)
         except TimeoutError:
             outcome: Outcome = "timeout"
             error = f"no response within {timeout:.3g} s"
@@ -599,6 +619,17 @@ class GatewayClient:
         return await call.finish(
             AttemptRecord(number, None, outcome, _NO_USAGE, latency, error, None)
         )
+
+    async def _post(self, call: _Call, headers: dict[str, str] | None,
+                    timeout: float) -> Answer:
+        if call.stream_body is None or call.on_delta is None:
+            return await self._wire.post(call.body, headers, timeout)
+        answer = await post_streamed(self.stream_client(), self._url, call.stream_body,
+                                     headers, timeout, call.on_delta)
+        if answer.status not in REFUSED:
+            return answer
+        call.stream_body = None  # a gateway that does not stream: asked plainly from now on
+        return await self._wire.post(call.body, headers, timeout)
 
     async def _classified(
         self, call: _Call, number: int, answer: Answer, latency: float

@@ -12,7 +12,6 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import cast
 
 import httpx
 from httpx_sse import EventSource, ServerSentEvent, SSEError
@@ -30,8 +29,8 @@ from app.gateway.client import (
     _loads,
     _usage_of,
 )
+from app.gateway.eventstream import DONE, capped
 
-DONE = "[DONE]"
 _ERROR_BODY_BYTES = 64 * 1024  # what is read of a failed attempt's body
 
 
@@ -213,7 +212,7 @@ async def _attempt(gateway: GatewayClient, call: _Call) -> _Opened:
                                                    response.headers, raw,
                                                    time.perf_counter() - started)
                 else:
-                    events = EventSource(_capped(response)).aiter_sse()
+                    events = EventSource(capped(response)).aiter_sse()
                     first = await anext(events)
                     handed = True
                     return _Opened(number, response, events, first, started)
@@ -251,43 +250,6 @@ def _failed(number: int, response: httpx.Response | None, outcome: Outcome, erro
     status = response.status_code if response is not None else None
     return AttemptRecord(number, status, outcome, Usage(), time.perf_counter() - started,
                          error, None)
-
-
-# the longest event a stream may send (its lines together): an event is a few hundred bytes;
-# an endless line, or endless `data:` lines with no blank line between them, would be held
-# whole by the SSE decoder, and take the process's memory with it
-MAX_EVENT_CHARS = 8 * 1024 * 1024
-
-
-def _last_blank_line(text: str) -> int:
-    """Where the last blank line (the end of an event) starts in `text`, or -1. Line breaks
-    are CRLF, CR or LF, so two in a row show as LF LF, CR CR or LF CR (CRLF CRLF holds the
-    last; a lone CR LF is one break)."""
-    return max(text.rfind("\n\n"), text.rfind("\r\r"), text.rfind("\n\r"))
-
-
-class _CappedText:
-    """A streamed response as EventSource reads it (its headers, its text), refusing an event
-    longer than MAX_EVENT_CHARS (SSEError: the attempt's, or the stream's, failure)."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self.headers = response.headers
-        self._response = response
-
-    async def aiter_text(self) -> AsyncIterator[str]:
-        run, tail = 0, ""  # characters since the last blank line; the text's last character
-        async for text in self._response.aiter_text():
-            window = tail + text  # a blank line split between two pieces
-            cut = _last_blank_line(window)
-            run = len(window) - cut - 2 if cut >= 0 else run + len(text)
-            if run > MAX_EVENT_CHARS:
-                raise SSEError(f"a stream event over {MAX_EVENT_CHARS} characters")
-            tail = text[-1:] or tail
-            yield text
-
-
-def _capped(response: httpx.Response) -> httpx.Response:
-    return cast(httpx.Response, _CappedText(response))
 
 
 def _text_bytes(delta: object) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import AsyncIterator
 from email.utils import formatdate
 from typing import Any
 
@@ -114,12 +115,27 @@ class _Simulator:
                 events = events[: max(1, len(events) // 3)]
             else:
                 self._count_ok(key, swarm, completion)
+            if d.stream_ms:
+                return StreamingResponse(self._paced(events, d.stream_ms / 1000, key),
+                                         media_type="text/event-stream")
             return StreamingResponse(iter(events), media_type="text/event-stream")
         body = dumps(completion)
         if fault == "truncated":
             return Response(body[: len(body) // 2], media_type=JSON)
         self._count_ok(key, swarm, completion)
         return Response(body, media_type=JSON)
+
+    async def _paced(self, events: list[bytes], over_s: float, key: str
+                     ) -> AsyncIterator[bytes]:
+        """The events spread over `over_s` as a model generates them; the Unix time the
+        first piece of text went out is kept as the call's `first_piece_at`."""
+        gap = over_s / max(len(events) - 1, 1)
+        for i, event in enumerate(events):
+            if i:
+                await asyncio.sleep(gap)
+            if i == 1 and key in self.stats.by_key:
+                self.stats.by_key[key]["first_piece_at"] = time.time()
+            yield event
 
     def _count_ok(self, key: str, swarm: str | None, completion: dict[str, Any]) -> None:
         self.stats.ok += 1

@@ -39,6 +39,7 @@ class Directives:
     turns: int | None = None  # tool-calling turns before the final answer (default 1)
     extra_tool: str | None = None  # also call this (unoffered) tool on the first turn
     poison: int = 0  # 1: answers and error bodies carry a NUL and a lone surrogate
+    stream_ms: float | None = None  # a streamed answer's pieces spread over this many ms
 
 
 # name -> converter, read from the annotations above ("int | None" -> int)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from app.gateway import client as gateway_client
-from app.gateway import streaming
+from app.gateway import eventstream, streaming
 from app.gateway.client import (
     AttemptRecord,
     GatewayClient,
@@ -163,7 +163,7 @@ async def test_a_line_past_the_cap_fails_the_attempt_or_the_stream(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """An endless line would be held whole by the SSE decoder: past the cap it is refused —
     before the first event a failed attempt (retried), after it a broken stream."""
-    monkeypatch.setattr(streaming, "MAX_EVENT_CHARS", 200)
+    monkeypatch.setattr(eventstream, "MAX_EVENT_CHARS", 200)
     long = chunk("x" * 300)
     pieces = [long[i:i + 50] for i in range(0, len(long), 50)]  # as a network delivers it
     gw = Gateway([ok(pieces), ok()])
@@ -184,7 +184,7 @@ async def test_an_event_of_endless_lines_is_capped_whole_events_are_not(
     """The decoder holds every `data:` line of an event until its blank line: an event of
     short lines past the cap is refused as one long line is; a stream of many events, each
     under it, is read however long it is and wherever the network splits its blank lines."""
-    monkeypatch.setattr(streaming, "MAX_EVENT_CHARS", 200)
+    monkeypatch.setattr(eventstream, "MAX_EVENT_CHARS", 200)
 
     def split(raw: str) -> list[bytes]:
         data = raw.replace("\n", newline).encode()
