@@ -52,8 +52,14 @@ bench: $(VENV)/.installed-test .venv-bench/bin/python
 	$(PYTHON) -m venv .venv-mcp
 	.venv-mcp/bin/pip install --quiet 'mcp-server-time==2026.10.19' 'mcp-server-git==2026.10.19'
 
-interop: $(VENV)/.installed-test .venv-litellm/bin/litellm .venv-mcp/bin/mcp-server-git
+# the npm filesystem MCP server (the machine's Node.js and npm; skipped with the reason printed
+# where npm is missing)
+.interop-npm/node_modules/.bin/mcp-server-filesystem:
+	command -v npm >/dev/null && npm install --prefix .interop-npm --no-audit --no-fund --silent \
+		'@modelcontextprotocol/server-filesystem@2026.8.31' || echo "npm missing: the filesystem MCP server's test is skipped"
+
+interop: $(VENV)/.installed-test .venv-litellm/bin/litellm .venv-mcp/bin/mcp-server-git .interop-npm/node_modules/.bin/mcp-server-filesystem
 	SWARM_INTEROP=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal tests/interop
 
 clean:
-	rm -rf $(VENV) .venv-bench .venv-litellm .venv-mcp .pytest_cache .mypy_cache .ruff_cache swarm.db swarm.db-*
+	rm -rf $(VENV) .venv-bench .venv-litellm .venv-mcp .interop-npm .pytest_cache .mypy_cache .ruff_cache swarm.db swarm.db-*
