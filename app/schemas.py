@@ -321,6 +321,16 @@ class Timing(BaseModel):
     subtask_latency_s: LatencyPercentiles
 
 
+class VoteRead(BaseModel):
+    """`synthesis.strategy: vote` (SPEC §3): majority (the winner holds more than half the
+    weight), plurality, or no_majority (no two answers agree: the result is synthesized)."""
+
+    outcome: Literal["majority", "plurality", "no_majority"]
+    winner: str | None = Field(description="the earliest agent of the winning answer")
+    weights: dict[str, float] = Field(
+        description="each distinct answer's total weight, under the earliest agent that gave it")
+
+
 class SwarmRead(BaseModel):
     id: str
     status: str
@@ -337,6 +347,7 @@ class SwarmRead(BaseModel):
     queue_position: int | None
     result: str | None
     error: dict[str, Any] | None
+    vote: VoteRead | None = Field(default=None, description="a voted swarm's count")
     retry_of: str | None = Field(default=None, description="the swarm this one retries")
     retried_by: str | None = Field(default=None, description="the newest retry of this swarm")
 

@@ -121,6 +121,7 @@ def swarm_fields(swarm: Swarm, subtasks: Sequence[SubtaskView], *, with_outputs:
         "result": swarm.result if (with_outputs if with_result is None else with_result)
         else None,
         "error": swarm.error,
+        "vote": swarm.vote,
         "retry_of": swarm.retry_of,
         "retried_by": retried_by,
     }

@@ -221,11 +221,40 @@ async def test_vote_picks_the_heaviest_normalised_answer(harness: Harness) -> No
     assert data["result"] == "yes"  # 3 votes beat a weight of 2.5; the earliest wording wins
 
 
+    assert data["vote"] == {"outcome": "majority", "winner": "b",
+                            "weights": {"a": 2.5, "b": 3.0}}
+    assert [s["name"] for s in data["subtasks"]] == ["a", "b", "c", "d"]  # no synthesizer
+
+
 async def test_vote_tie_goes_to_the_earliest_agent(harness: Harness) -> None:
     body = {"task": "t", "agents": [agent("a", '[[sim answer="blue"]]'),
-                                    agent("b", '[[sim answer="red"]]')],
+                                    agent("b", '[[sim answer="red"]]'),
+                                    agent("c", '[[sim answer="red"]]'),
+                                    agent("d", '[[sim answer="Blue"]]')],
             "synthesis": {"strategy": "vote"}}
-    assert (await harness.run(body))["result"] == "blue"
+    data = await harness.run(body)
+    assert data["result"] == "blue"
+    assert data["vote"] == {"outcome": "plurality", "winner": "a",
+                            "weights": {"a": 2.0, "b": 2.0}}
+
+
+async def test_a_vote_of_answers_that_all_differ_is_synthesized(harness: Harness) -> None:
+    """SPEC §3: when no two answers agree the result is synthesized instead, and the swarm's
+    vote says no_majority (five different file reviews have no winner)."""
+    body = {"task": "t", "agents": [agent(f"r{i}", f"review file {i}") for i in range(5)],
+            "synthesis": {"strategy": "vote"}}
+    data = await harness.run(body)
+    assert data["status"] == "succeeded"
+    assert data["vote"] == {"outcome": "no_majority", "winner": None,
+                            "weights": {f"r{i}": 1.0 for i in range(5)}}
+    synth = data["subtasks"][-1]
+    assert (synth["name"], synth["kind"], synth["status"]) == (
+        "@synthesizer", "synthesizer", "succeeded")
+    assert data["result"] == synth["output"]
+    assert synth["depends_on"] == [f"r{i}" for i in range(5)]
+    assert data["usage"]["gateway_calls"] == 6  # the five answers and the synthesis
+    outputs = {s["output"] for s in data["subtasks"][:5]}
+    assert data["result"] not in outputs
 
 
 async def test_strategy_none_has_no_result(harness: Harness) -> None:

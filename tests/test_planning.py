@@ -106,13 +106,21 @@ async def test_model_hints_route_only_to_priced_models(harness: Harness) -> None
     assert (await harness.stats())["by_model"].get("gpt-99-ultra") is None
 
 
-@pytest.mark.parametrize("strategy", ["concatenate", "vote"])
-async def test_no_llm_strategies_work_on_planned_swarms(harness: Harness, strategy: str) -> None:
-    data = await harness.run({"task": "t", "synthesis": {"strategy": strategy}})
+async def test_no_llm_strategies_work_on_planned_swarms(harness: Harness) -> None:
+    data = await harness.run({"task": "t", "synthesis": {"strategy": "concatenate"}})
     assert data["status"] == "succeeded"
     assert data["result"]
     assert "synthesizer" not in [s["kind"] for s in data["subtasks"]]
     assert data["usage"]["gateway_calls"] == 5
+
+
+async def test_a_planned_vote_without_agreement_is_synthesized(harness: Harness) -> None:
+    # the planned workers' answers all differ: no majority, a synthesizer merges them
+    data = await harness.run({"task": "t", "synthesis": {"strategy": "vote"}})
+    assert data["status"] == "succeeded" and data["vote"]["outcome"] == "no_majority"
+    assert [s["kind"] for s in data["subtasks"]][-1] == "synthesizer"
+    assert data["result"] == data["subtasks"][-1]["output"]
+    assert data["usage"]["gateway_calls"] == 6
 
 
 async def test_truncated_worker_is_kept_flagged_and_named_to_the_synthesizer(

@@ -265,3 +265,26 @@ def test_every_subtask_column_is_copied_or_reset() -> None:
     into the retry) or of what it did (reset), or a retry would silently drop it."""
     columns = copy_columns("new", datetime.now(UTC))
     assert set(columns) == set(Subtask.__table__.c.keys()) - {"id"}
+
+
+async def test_a_vote_synthesized_for_want_of_a_majority_is_synthesized_again(
+        harness: Harness) -> None:
+    """The synthesizer a vote added (no two answers agreed) failed: the retry counts the
+    reused answers again and runs the copied synthesizer, not a second one."""
+    harness.simulator.state.config.flags.add("flaky")
+    # three different answers that carry the flaky directive: only the synthesizer's prompt,
+    # which quotes them, fails while the flag is set
+    body = {"task": "t", "agents": [agent(f"r{i}", f'[[sim answer="r{i} {FLAKY_400}"]]')
+                                    for i in range(3)],
+            "synthesis": {"strategy": "vote"}}
+    first = await harness.run(body)
+    assert first["status"] == "failed" and first["vote"]["outcome"] == "no_majority"
+    assert first["subtasks"][-1]["status"] == "failed"
+    harness.simulator.state.config.flags.discard("flaky")
+    again = await harness.wait((await retry(harness, first["id"]))["id"])
+    assert again["status"] == "succeeded", again["error"]
+    assert again["vote"] == first["vote"]
+    assert [s["name"] for s in again["subtasks"]] == ["r0", "r1", "r2", "@synthesizer"]
+    assert [s["reused"] for s in again["subtasks"]] == [True, True, True, False]
+    assert again["result"] == again["subtasks"][-1]["output"]
+    assert await sim_calls(harness, again["id"]) == {"@synthesizer": 1}

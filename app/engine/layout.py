@@ -45,6 +45,12 @@ def synthesizer_for(swarm_id: str, spec: dict[str, Any], position: int,
     explicit agents at creation and for a plan's workers)."""
     if spec["synthesis"]["strategy"] != "synthesize":
         return None
+    return synthesizer(swarm_id, spec, position, workers)
+
+
+def synthesizer(swarm_id: str, spec: dict[str, Any], position: int,
+                workers: list[str]) -> LiveSubtask:
+    """The synthesizer merging `workers`' results (also a vote's, when no two agree)."""
     return new_subtask(swarm_id, SYNTHESIZER, position, SubtaskKind.synthesizer,
                        spec["synthesis"]["model"], spec["synthesis"]["max_tokens"],
                        depends_on=workers, temperature=spec.get("temperature"))

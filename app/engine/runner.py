@@ -33,9 +33,9 @@ from app.engine.handle import (
     failure,
     failure_causes,
 )
-from app.engine.layout import PLANNER
+from app.engine.layout import PLANNER, synthesizer
 from app.engine.steps import refused_result, unstorable
-from app.engine.synthesis import WorkerResult, concatenate, vote
+from app.engine.synthesis import WorkerResult, concatenate, tally
 from app.engine.writer import WriteRejected, retrieve_exception
 from app.pricing import metric_model_label
 from app.states import Event, SubtaskKind, SubtaskStatus, SwarmStatus, move_subtask, move_swarm
@@ -374,7 +374,9 @@ class SwarmRunner:
 
     async def _synthesize(self, executor: SubtaskExecutor) -> None:
         results = self.worker_results()
-        synth = self._synthesizer()  # only with the `synthesize` strategy
+        synth = self._synthesizer()  # `synthesize`, or a vote without a majority
+        if synth is None and self.spec["synthesis"]["strategy"] == "vote":
+            synth = await self._vote(results)
         if synth is not None:
             if not results:
                 self._skip([synth.name], "no worker succeeded")
@@ -391,16 +393,41 @@ class SwarmRunner:
             self.swarm.result = self._combined(results)
 
     def _combined(self, results: list[WorkerResult]) -> str | None:
-        """The swarm's result without a synthesizer: its workers' results combined."""
+        """The swarm's result without a synthesizer: its workers' results combined (a vote's
+        winner is the result `_vote` set)."""
         strategy = self.spec["synthesis"]["strategy"]
         if strategy == "concatenate":
             return concatenate(results)
-        if strategy == "vote":
-            return vote(results)
-        return None
+        return self.swarm.result if strategy == "vote" else None
+
+    async def _vote(self, results: list[WorkerResult]) -> Subtask | None:
+        """Count the workers' answers (the swarm's `vote`): the winner's is the result; when
+        no two agree, a synthesizer merges them instead, added now and returned (SPEC §3)."""
+        counted = tally(results)
+        if counted is None:
+            return None
+        self.swarm.vote = counted.block()
+        if counted.outcome != "no_majority":
+            self.swarm.result = counted.answer
+            return None
+        copied = self._synthesizer()  # a retry's copy of the one an earlier run added
+        if copied is not None:
+            await self.commit()  # the count, before the synthesis it decided
+            return copied
+        position = max(s.position for s in self.subs.values()) + 1
+        synth = synthesizer(self.swarm.id, self.spec, position, [r.name for r in results])
+        self.add_subtasks([synth])
+        added = self.subs[synth.name]
+        await self.commit(new=[added])  # its row (and the count), before its start is written
+        return added
 
     def _synthesizer(self) -> Subtask | None:
-        if self.spec["synthesis"]["strategy"] != "synthesize":
+        """The swarm's synthesizer: laid out with a `synthesize` strategy; with `vote`, once
+        the count found no majority (stored with it: a takeover finds both)."""
+        strategy = self.spec["synthesis"]["strategy"]
+        if strategy == "vote" and (self.swarm.vote or {}).get("outcome") != "no_majority":
+            return None
+        if strategy not in ("synthesize", "vote"):
             return None
         return next((s for s in self.subs.values() if s.kind == SubtaskKind.synthesizer), None)
 

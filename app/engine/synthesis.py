@@ -29,8 +29,26 @@ def normalise_answer(text: str) -> str:
     return _WS.sub(" ", text).strip().strip(".!").strip().casefold()
 
 
-def vote(results: Sequence[WorkerResult]) -> str | None:
-    """The answer with the largest total weight; ties go to the earliest agent's answer."""
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """A vote's count (SPEC §3): `outcome` majority (the winner holds more than half the
+    weight), plurality (the most, agreed by two agents or more, not more than half) or
+    no_majority (no two answers agree: the result is synthesized instead); `weights`, each
+    distinct answer's total weight under the earliest agent that gave it."""
+
+    outcome: str
+    winner: str | None  # the earliest agent of the winning answer (None: no majority)
+    weights: dict[str, float]
+    answer: str | None
+
+    def block(self) -> dict[str, object]:
+        """The swarm's `vote`."""
+        return {"outcome": self.outcome, "winner": self.winner, "weights": self.weights}
+
+
+def tally(results: Sequence[WorkerResult]) -> Tally | None:
+    """The answer with the largest total weight; ties go to the earliest agent's answer.
+    None: no result to vote on."""
     totals: dict[str, float] = {}
     first: dict[str, int] = {}
     for i, r in enumerate(results):
@@ -39,8 +57,13 @@ def vote(results: Sequence[WorkerResult]) -> str | None:
         first.setdefault(key, i)
     if not totals:
         return None
+    weights = {results[first[k]].name: total for k, total in totals.items()}
+    if len(results) > 1 and len(totals) == len(results):
+        return Tally("no_majority", None, weights, None)
     winner = max(totals, key=lambda k: (totals[k], -first[k]))
-    return results[first[winner]].output.strip()
+    outcome = "majority" if totals[winner] * 2 > sum(totals.values()) else "plurality"
+    best = results[first[winner]]
+    return Tally(outcome, best.name, weights, best.output.strip())
 
 
 def synthesis_prompt(task: str, results: Sequence[WorkerResult], missing: Sequence[str],

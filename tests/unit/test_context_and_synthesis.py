@@ -14,7 +14,7 @@ from app.engine.context import (
     truncate_marked,
     with_dependencies,
 )
-from app.engine.synthesis import WorkerResult, concatenate, normalise_answer, vote
+from app.engine.synthesis import WorkerResult, concatenate, normalise_answer, tally
 
 
 @given(st.lists(st.integers(0, 10_000), max_size=20), st.integers(0, 50_000))
@@ -67,13 +67,26 @@ def test_dependencies_follow_the_prompt_under_their_names() -> None:
 
 
 def test_vote_weights_normalisation_and_ties() -> None:
-    assert vote([]) is None
+    assert tally([]) is None
     rs = [WorkerResult("a", "Paris."), WorkerResult("b", "london"),
           WorkerResult("c", "  paris "), WorkerResult("d", "London", weight=1.5)]
-    assert vote(rs) == "london"  # 2.5 against 2.0, in the earliest winning agent's words
-    tie = [WorkerResult("a", "yes"), WorkerResult("b", "no")]
-    assert vote(tie) == "yes"  # the earliest agent wins a tie
+    t = tally(rs)
+    assert t is not None and t.answer == "london"  # 2.5 against 2.0, the earliest's words
+    assert (t.outcome, t.winner, t.weights) == ("majority", "b", {"a": 2.0, "b": 2.5})
+    tie = [WorkerResult("a", "yes"), WorkerResult("b", "no"), WorkerResult("c", "No"),
+           WorkerResult("d", "yes")]
+    t = tally(tie)
+    assert t is not None and (t.answer, t.outcome) == ("yes", "plurality")  # earliest wins
     assert normalise_answer("  Hello   World!! ") == "hello world"
+
+
+def test_a_vote_where_no_two_answers_agree_has_no_majority() -> None:
+    t = tally([WorkerResult(n, f"answer {n}") for n in "abcde"])
+    assert t is not None and (t.outcome, t.winner, t.answer) == ("no_majority", None, None)
+    assert t.weights == dict.fromkeys("abcde", 1.0)
+    assert t.block() == {"outcome": "no_majority", "winner": None, "weights": t.weights}
+    one = tally([WorkerResult("a", "alone")])  # one answer agrees with itself
+    assert one is not None and (one.outcome, one.answer) == ("majority", "alone")
 
 
 def test_concatenate_keeps_order_and_names() -> None:
