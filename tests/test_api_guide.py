@@ -4,6 +4,7 @@ header parameters and every status the document lists for it."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -47,3 +48,10 @@ def test_a_missing_section_is_found() -> None:
     text = "### GET /a\nx `200`\n### POST /b\ny\n## Other\n"
     assert set(sections(text)) == {("get", "/a"), ("post", "/b")}
     assert sections(text)[("post", "/b")] == "\ny\n"
+
+
+def test_the_served_document_points_at_no_page_outside_the_repository(sqlite_url: str) -> None:
+    """/docs and /redoc show these descriptions: the project's notes (SPEC, DESIGN) are not
+    what their readers have."""
+    doc = json.dumps(create_app(make_settings(sqlite_url)).openapi(), ensure_ascii=False)
+    assert not re.findall(r".{60}\b(?:SPEC|DESIGN)\b.{20}", doc)

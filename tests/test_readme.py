@@ -17,12 +17,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import httpx
 import pytest
 
+from app.simulator.directives import FAIL_KINDS, PLAN_KINDS, Directives
 from tests.support import free_port
 
 pytestmark = [pytest.mark.slow]
@@ -174,3 +175,13 @@ def test_the_readme_runs_as_written(service: Service) -> None:
             run_block(block, service)
     for name in ("dag", "planned", "failing", "tools"):  # the files the README names
         assert (ROOT / "examples" / f"{name}.json").is_file()
+
+
+def test_every_simulator_directive_is_documented() -> None:
+    """The README's table names every key `[[sim ...]]` accepts (app/simulator/directives.py),
+    and every `fail=` kind."""
+    text = README.read_text()
+    for name in [f.name for f in fields(Directives)] + ["when"]:
+        assert f"`{name}=" in text or f", `{name}=" in text, name
+    for kind in (*FAIL_KINDS, *PLAN_KINDS):
+        assert f"`{kind}`" in text or f"`fail={kind}`" in text, kind
