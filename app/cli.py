@@ -4,7 +4,6 @@ server's dependencies."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import ipaddress
@@ -170,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    parser = argparse.ArgumentParser(prog="swarm-api")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from swarm_api_client.cli_args import root_parser
+
+    parser, sub = root_parser()
     p_serve = sub.add_parser("serve", help="the HTTP API (and, by default, the engine)")
     p_serve.add_argument("--host", default="127.0.0.1")
     p_serve.add_argument("--port", type=int, default=8000)

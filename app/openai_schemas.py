@@ -58,7 +58,7 @@ class AgentSwarmOptions(BaseModel):
                                   "come (limits.stream_tokens); false, only the result")
     tools: list[str] | None = Field(
         default=None, max_length=100,
-        description="MCP tools the planner may hand to sub-agents (SPEC §9): `server` or "
+        description="MCP tools the planner may hand to sub-agents: `server` or "
                     "`server.tool`")
     concurrency: Int | None = Field(
         default=None, ge=1, le=1000, description="sub-agents in flight at once: "

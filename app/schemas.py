@@ -300,7 +300,7 @@ class SubtaskRead(BaseModel):
 
 
 class SubtaskDetail(SubtaskRead):
-    """One subtask with its tools and the messages of every turn (SPEC §9)."""
+    """One subtask with its tools and the messages of every turn."""
 
     tools: list[str]
     max_turns: int

@@ -18,7 +18,7 @@ from httpx_sse import ServerSentEvent
 from pydantic import BaseModel
 from tenacity import RetryCallState, retry_if_exception, stop_after_attempt
 
-from app.schemas import SwarmCreate, SwarmEvent
+from app.schemas import SwarmCreate, SwarmEvent, SwarmList, SwarmRead
 from swarm_api_client.errors import ConnectionFailed, SwarmApiError, error_from_response
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -118,6 +118,36 @@ def list_call(status: str | None, cursor: str | None, page_size: int) -> Call:
     if cursor is not None:
         params["cursor"] = cursor
     return Call("GET", "/swarms", params=params)
+
+
+MAX_PAGE = 200  # the route's largest `limit`
+
+
+class Pages:
+    """The requests of `list`: page after page until the last page or `limit` swarms."""
+
+    def __init__(self, status: str | None, limit: int | None, page_size: int) -> None:
+        if limit is not None and limit < 0:
+            raise ValueError("limit must be at least 0")
+        if page_size < 1:
+            raise ValueError("page_size must be at least 1")
+        self.status, self.left, self.page_size = status, limit, min(page_size, MAX_PAGE)
+        self.cursor: str | None = None
+        self.done = limit == 0
+
+    def next_call(self) -> Call | None:
+        if self.done:
+            return None
+        size = self.page_size if self.left is None else min(self.page_size, self.left)
+        return list_call(self.status, self.cursor, size)
+
+    def take(self, page: SwarmList) -> list[SwarmRead]:
+        items = page.items if self.left is None else page.items[: self.left]
+        if self.left is not None:
+            self.left -= len(items)
+        self.cursor = page.next_cursor
+        self.done = page.next_cursor is None or self.left == 0
+        return items
 
 
 def cancel_call(swarm_id: str) -> Call:

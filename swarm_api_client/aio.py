@@ -81,17 +81,14 @@ class AsyncSwarmClient:
                 raise WaitTimeout(f"swarm {swarm_id} is still {swarm.status} after {timeout}s",
                                   code="wait_timeout", details={"status": swarm.status})
 
-    async def list(self, *, status: str | None = None,
+    async def list(self, *, status: str | None = None, limit: int | None = None,
                    page_size: int = 50) -> AsyncIterator[SwarmRead]:
-        """Every swarm of the tenant, newest first, page after page (without outputs)."""
-        cursor: str | None = None
-        while True:
-            page = await self._call(b.list_call(status, cursor, page_size), SwarmList)
-            for item in page.items:
+        """The tenant's swarms, newest first, page after page (without outputs): at most
+        `limit` of them (None: every one), read `page_size` a request."""
+        pages = b.Pages(status, limit, page_size)
+        while (call := pages.next_call()) is not None:
+            for item in pages.take(await self._call(call, SwarmList)):
                 yield item
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
 
     async def cancel(self, swarm_id: str) -> SwarmRead:
         """`POST /swarms/{id}/cancel`; `Conflict` (`already_terminal`) when it already ended."""

@@ -1,16 +1,14 @@
 """The client commands of the `swarm-api` console script (SPEC §13): submit, get, ls, watch,
 cancel, retry, usage. `app/cli.py` dispatches here; nothing of the server is imported.
 
-Exit status: 0 done (for submit --wait, watch and retry --wait: the swarm succeeded); 1 the
-swarm failed or was cancelled (or did not finish in time); 2 a bad argument or a request the
-service refused; 3 the service cannot be reached; 4 the service refused the API key; 130
-interrupted (Ctrl-C stops the client, not the swarm).
+Exit statuses and help: `cli_args.py`. Written to a terminal, the commands draw with rich
+(`view.py`); to a pipe or a file, plain columns of whole values (`report.py`) or --json. Every
+failure is one line on stderr and its exit status, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import queue
@@ -21,7 +19,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from swarm_api_client._base import DEFAULT_URL, TERMINAL, RetryPolicy
+from swarm_api_client.cli_args import (
+    COMMANDS,
+    INTERRUPTED,
+    KEY_REFUSED,
+    NOT_SUCCEEDED,
+    OK,
+    REFUSED,
+    UNREACHABLE,
+    add_commands,
+)
 from swarm_api_client.client import SwarmClient
 from swarm_api_client.errors import (
     ConnectionFailed,
@@ -37,52 +47,20 @@ if TYPE_CHECKING:  # rich loads when a command prints, not when the parser is bu
 
     from app.schemas import SwarmEvent, SwarmRead
 
-OK, NOT_SUCCEEDED, REFUSED, UNREACHABLE, KEY_REFUSED, INTERRUPTED = 0, 1, 2, 3, 4, 130
-COMMANDS = ("submit", "get", "ls", "watch", "cancel", "retry", "usage")
+__all__ = ["COMMANDS", "add_commands", "run"]
+
 REFRESH_S = 1.0  # the live view re-reads the swarm (spend, new subtasks) at most this often
 # a person waits at the terminal: give up on an unreachable service within a few seconds
 CLI_RETRY = RetryPolicy(max_retries=3)
 
 
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the client commands to the console script's sub-parsers."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=None,
-                        help=f"the service (default: $SWARM_URL or {DEFAULT_URL}); the API "
-                        "key comes from $SWARM_API_KEY")
-    common.add_argument("--json", action="store_true", help="print JSON (for scripts)")
-
-    p = sub.add_parser("submit", parents=[common],
-                       help="start a swarm from a JSON file (- = stdin)")
-    p.add_argument("file", help="the request body of POST /swarms, as JSON; - reads stdin")
-    p.add_argument("--wait", action="store_true", help="follow it live until it ends")
-    p.add_argument("--idempotency-key", default=None, help="default: a new one")
-    p.add_argument("--timeout", type=float, default=None, help="give up waiting after S seconds")
-    sub.add_parser("get", parents=[common], help="show a swarm").add_argument("id")
-    p = sub.add_parser("ls", parents=[common], help="list swarms, newest first")
-    p.add_argument("--status", default=None,
-                   choices=["queued", "planning", "running", "synthesizing", *sorted(TERMINAL)])
-    p.add_argument("--limit", type=int, default=20, help="at most N swarms (default 20)")
-    sub.add_parser("watch", parents=[common],
-                   help="follow a swarm's events live (--json: one event per line)"
-                   ).add_argument("id")
-    sub.add_parser("cancel", parents=[common], help="cancel a swarm").add_argument("id")
-    p = sub.add_parser("retry", parents=[common], help="run a failed or cancelled swarm again")
-    p.add_argument("id")
-    p.add_argument("--wait", action="store_true", help="follow the new swarm live until it ends")
-    p.add_argument("--limits", default=None, metavar="JSON",
-                   help='the new run\'s limits, e.g. \'{"failure_tolerance": 0.5}\' (keys left '
-                   "out keep the old run's values)")
-    p = sub.add_parser("usage", parents=[common], help="spend and tokens from the ledger")
-    p.add_argument("--from", dest="start", default=None, help="ISO date or datetime (inclusive)")
-    p.add_argument("--to", dest="end", default=None, help="ISO date or datetime (exclusive)")
-    p.add_argument("--group-by", default="model", choices=["model", "day", "tenant"])
-
-
 def run(args: argparse.Namespace) -> int:
-    """Run one client command; every failure is a message on stderr and an exit status."""
+    """Run one client command; every failure is one line on stderr and an exit status."""
     command: Callable[[SwarmClient, argparse.Namespace], int] = _HANDLERS[args.command]
-    url = args.url or os.environ.get("SWARM_URL") or DEFAULT_URL
+    try:
+        url = _service_url(args.url)
+    except _BadInput as exc:
+        return _fail(REFUSED, str(exc))
     try:
         with SwarmClient(url, retry=CLI_RETRY) as client:
             return command(client, args)
@@ -98,14 +76,45 @@ def run(args: argparse.Namespace) -> int:
         return _fail(NOT_SUCCEEDED, str(exc.message))
     except SwarmApiError as exc:
         details = f" {json.dumps(exc.details)}" if exc.details else ""
-        return _fail(REFUSED, f"error: {exc}{details}")
+        return _fail(REFUSED, f"{exc}{details}")
     except _BadInput as exc:
-        return _fail(REFUSED, f"error: {exc}")
+        return _fail(REFUSED, str(exc))
+    except httpx.HTTPError as exc:  # what the client does not type: a protocol error, ...
+        return _fail(UNREACHABLE, f"cannot talk to the Swarm API at {url}: "
+                     f"{type(exc).__name__}: {exc}")
+    except BrokenPipeError:  # `swarm-api ls | head -1`: the reader has all it wanted
+        _drop_stdout()
+        return OK
     except KeyboardInterrupt as exc:  # only the client stops: a swarm goes on running
         swarm_id = exc.swarm_id if isinstance(exc, _Interrupted) else "ID"
         what = f"swarm {swarm_id}" if isinstance(exc, _Interrupted) else "a submitted swarm"
         return _fail(INTERRUPTED, f"interrupted ({what} keeps running: `swarm-api watch "
                      f"{swarm_id}` follows it again, `swarm-api cancel {swarm_id}` stops it)")
+    except Exception as exc:  # a defect of the client: still one line, not a traceback
+        return _fail(NOT_SUCCEEDED, f"unexpected error: {type(exc).__name__}: {exc}")
+
+
+def _service_url(given: str | None) -> str:
+    """--url, else SWARM_URL, else the default: an http(s) URL with a host, or `_BadInput`."""
+    env = os.environ.get("SWARM_URL")
+    raw = given or env or DEFAULT_URL
+    source = "--url" if given else ("SWARM_URL" if env else "the default URL")
+    try:
+        url = httpx.URL(raw)
+    except httpx.InvalidURL as exc:
+        raise _BadInput(f"{source} {raw!r} is not a URL: {exc}") from None
+    if url.scheme not in ("http", "https"):
+        hint = f" (did you mean http://{raw}?)" if "://" not in raw else ""
+        raise _BadInput(f"{source} {raw!r} is not an http:// or https:// URL{hint}")
+    if not url.host:
+        raise _BadInput(f"{source} {raw!r} names no host (e.g. {DEFAULT_URL})")
+    return raw
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: its final flush at exit would raise BrokenPipeError again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 class _BadInput(Exception):
@@ -121,14 +130,35 @@ class _Interrupted(KeyboardInterrupt):
 
 
 def _fail(status: int, message: str) -> int:
-    print(message, file=sys.stderr)
+    print(f"swarm-api: {' '.join(message.split())}", file=sys.stderr)  # one line, always
     return status
 
 
-def _console() -> Console:
+def _terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _console(stderr: bool = False) -> Console:
     from rich.console import Console
 
-    return Console(highlight=False)
+    return Console(highlight=False, stderr=stderr)
+
+
+def _lines(lines: list[str]) -> None:
+    if lines:
+        print("\n".join(lines), flush=True)
+
+
+def _print_swarm(swarm: SwarmRead, args: argparse.Namespace) -> None:
+    from swarm_api_client.report import plain_report, swarm_report
+
+    report = swarm_report(swarm, summary=args.summary, every_row=args.every_row)
+    if _terminal():
+        from swarm_api_client.view import print_report
+
+        print_report(_console(), report)
+    else:
+        _lines(plain_report(report))
 
 
 def _print_json(data: Any) -> None:
@@ -155,8 +185,10 @@ def _outcome(swarm: SwarmRead) -> int:
         return OK
     err = swarm.error or {}
     code = err.get("code") or swarm.status
+    failed = swarm.progress.failed
+    also = f" ({failed} failed subtask{'s' if failed > 1 else ''})" if failed else ""
     return _fail(NOT_SUCCEEDED, f"swarm {swarm.id} {swarm.status}: {code}: "
-                 f"{err.get('message', '')}".rstrip(": "))
+                 f"{err.get('message', '')}".rstrip(": ") + also)
 
 
 def follow(client: SwarmClient, swarm_id: str, console: Console,
@@ -215,8 +247,16 @@ def _events_in_background(client: SwarmClient, swarm_id: str
     return out
 
 
+def _await(client: SwarmClient, swarm_id: str, timeout: float | None) -> SwarmRead:
+    """Wait for the swarm to end: drawn live on stderr when it is a terminal, else quietly
+    (a pipe or a log gets the report once, not a line per refresh)."""
+    if sys.stderr.isatty():
+        return follow(client, swarm_id, _console(stderr=True), timeout)
+    return client.wait(swarm_id, timeout=timeout)
+
+
 def _finish(client: SwarmClient, swarm: SwarmRead, args: argparse.Namespace) -> int:
-    """Submit/retry: without --wait print the new swarm; with it follow, then summarise."""
+    """Submit/retry: without --wait print the new swarm; with it follow, then report."""
     if not args.wait:
         if args.json:
             _print_json(swarm.model_dump(mode="json"))
@@ -229,13 +269,10 @@ def _finish(client: SwarmClient, swarm: SwarmRead, args: argparse.Namespace) -> 
             final = client.wait(swarm.id, timeout=timeout)
             _print_json(final.model_dump(mode="json"))
             return _outcome(final)
-        console = _console()
-        final = follow(client, swarm.id, console, timeout)
+        final = _await(client, swarm.id, timeout)
     except KeyboardInterrupt:  # the swarm was created: say which one goes on running
         raise _Interrupted(swarm.id) from None
-    from swarm_api_client.view import print_summary
-
-    print_summary(console, final)
+    _print_swarm(final, args)
     return _outcome(final)
 
 
@@ -261,12 +298,15 @@ def _retry(client: SwarmClient, args: argparse.Namespace) -> int:
 
 def _get(client: SwarmClient, args: argparse.Namespace) -> int:
     swarm = client.get(args.id)
+    if args.result:
+        if swarm.result is None:
+            return _fail(NOT_SUCCEEDED, f"swarm {swarm.id} ({swarm.status}) has no result")
+        sys.stdout.write(swarm.result if swarm.result.endswith("\n") else swarm.result + "\n")
+        return OK
     if args.json:
         _print_json(swarm.model_dump(mode="json"))
     else:
-        from swarm_api_client.view import print_summary
-
-        print_summary(_console(), swarm)
+        _print_swarm(swarm, args)
     return OK
 
 
@@ -278,29 +318,30 @@ def _watch(client: SwarmClient, args: argparse.Namespace) -> int:
             if event.event == "swarm.completed":
                 status = event.data.get("status")
         return OK if status == "succeeded" else _outcome(client.get(args.id))
-    from swarm_api_client.view import print_summary
-
-    console = _console()
-    final = follow(client, args.id, console)
-    print_summary(console, final)
+    final = _await(client, args.id, None)
+    _print_swarm(final, args)
     return _outcome(final)
 
 
 def _ls(client: SwarmClient, args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise _BadInput("--limit must be at least 1")
-    swarms = list(itertools.islice(
-        client.list(status=args.status, page_size=min(args.limit, 200)), args.limit))
+    swarms = list(client.list(status=args.status, limit=args.limit))
     if args.json:
         _print_json([s.model_dump(mode="json") for s in swarms])
         return OK
-    from swarm_api_client.view import swarms_table
+    if not swarms:  # on stderr: a pipe reading ids gets none, not a sentence
+        print("no swarms" + (f" with status {args.status}" if args.status else ""),
+              file=sys.stderr)
+        return OK
+    if _terminal():
+        from swarm_api_client.view import swarms_table
 
-    console = _console()
-    if swarms:
-        console.print(swarms_table(swarms))
+        _console().print(swarms_table(swarms))
     else:
-        console.print("no swarms" + (f" with status {args.status}" if args.status else ""))
+        from swarm_api_client.report import LIST_HEADERS, columns, list_rows
+
+        _lines(columns(LIST_HEADERS, list_rows(swarms)))
     return OK
 
 
@@ -317,10 +358,14 @@ def _usage(client: SwarmClient, args: argparse.Namespace) -> int:
     report = client.usage(start=args.start, end=args.end, group_by=args.group_by)
     if args.json:
         _print_json(report.model_dump(mode="json", by_alias=True))
-        return OK
-    from swarm_api_client.view import usage_table
+    elif _terminal():
+        from swarm_api_client.view import usage_table
 
-    _console().print(usage_table(report))
+        _console().print(usage_table(report))
+    else:
+        from swarm_api_client.report import USAGE_HEADERS, columns, usage_rows
+
+        _lines(columns((report.group_by, *USAGE_HEADERS), usage_rows(report)))
     return OK
 
 

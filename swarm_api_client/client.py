@@ -80,15 +80,13 @@ class SwarmClient:
                 raise WaitTimeout(f"swarm {swarm_id} is still {swarm.status} after {timeout}s",
                                   code="wait_timeout", details={"status": swarm.status})
 
-    def list(self, *, status: str | None = None, page_size: int = 50) -> Iterator[SwarmRead]:
-        """Every swarm of the tenant, newest first, page after page (without outputs)."""
-        cursor: str | None = None
-        while True:
-            page = self._call(b.list_call(status, cursor, page_size), SwarmList)
-            yield from page.items
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
+    def list(self, *, status: str | None = None, limit: int | None = None,
+             page_size: int = 50) -> Iterator[SwarmRead]:
+        """The tenant's swarms, newest first, page after page (without outputs): at most
+        `limit` of them (None: every one), read `page_size` a request."""
+        pages = b.Pages(status, limit, page_size)
+        while (call := pages.next_call()) is not None:
+            yield from pages.take(self._call(call, SwarmList))
 
     def cancel(self, swarm_id: str) -> SwarmRead:
         """`POST /swarms/{id}/cancel`; `Conflict` (`already_terminal`) when it already ended."""

@@ -1,11 +1,9 @@
-"""What the CLI shows: the live view of a running swarm and the tables (rich)."""
+"""What the CLI shows on a terminal (rich): the live view of a running swarm, and the
+reports and tables of `report.py`, coloured."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from datetime import UTC, datetime
-from decimal import Decimal
 
 from rich.console import Console, Group, RenderableType
 from rich.progress_bar import ProgressBar
@@ -13,22 +11,23 @@ from rich.table import Table
 from rich.text import Text
 
 from app.schemas import SwarmEvent, SwarmRead, UsageReport
+from swarm_api_client.report import (
+    LIST_HEADERS,
+    SUBTASK_HEADERS,
+    USAGE_HEADERS,
+    SwarmReport,
+    elapsed,
+    list_rows,
+    usage_rows,
+    usd,
+)
 
 _STYLE = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "skipped": "dim",
           "running": "cyan", "pending": "white"}
 _EVENT_STATUS = {"subtask.started": "running", "subtask.succeeded": "succeeded",
                  "subtask.failed": "failed", "subtask.skipped": "skipped"}
 _DONE = ("succeeded", "failed", "skipped", "cancelled")
-
-
-def _elapsed(swarm: SwarmRead) -> float:
-    end = swarm.finished_at or datetime.now(UTC)
-    return max((end - swarm.created_at).total_seconds(), 0.0)
-
-
-def _usd(value: str) -> str:
-    amount = Decimal(value)  # cents would hide what a cheap subtask costs
-    return f"${amount:.6f}" if amount < 1 else f"${amount:,.2f}"
+_NUMERIC = ("attempts", "latency", "cost")
 
 
 class LiveSwarm:
@@ -64,8 +63,8 @@ class LiveSwarm:
         running = sorted(n for n, s in self.statuses.items() if s == "running")
         head = Text.assemble(
             (f"swarm {self.snapshot.id} ", "bold"), (self.status, _STYLE.get(self.status, "")),
-            f"   elapsed {_elapsed(self.snapshot):.1f}s",
-            f"   spent {_usd(self.snapshot.usage.cost_usd)}")
+            f"   elapsed {elapsed(self.snapshot):.1f}s",
+            f"   spent {usd(self.snapshot.usage.cost_usd)}")
         bar = Table.grid(padding=(0, 1))
         bar.add_row(ProgressBar(total=max(total, 1), completed=done, width=40),
                     Text(f"{done}/{total} subtasks"
@@ -76,72 +75,55 @@ class LiveSwarm:
         return Group(head, bar, agents)
 
 
-def summary_table(swarm: SwarmRead) -> Table:
-    """One row per subtask: status, model, attempts, latency, cost."""
-    table = Table(title=None, show_edge=False, header_style="bold")
-    table.add_column("subtask", no_wrap=True)
-    table.add_column("status")
-    table.add_column("model")
-    table.add_column("attempts", justify="right")
-    table.add_column("latency", justify="right")
-    table.add_column("cost", justify="right")
-    for s in swarm.subtasks:
-        latency = f"{s.latency_ms / 1000:.2f}s" if s.latency_ms is not None else "-"
-        table.add_row(s.name, Text(s.status, style=_STYLE.get(s.status, "")), s.model,
-                      str(s.attempts), latency, _usd(s.usage.cost_usd))
-    return table
-
-
-def print_summary(console: Console, swarm: SwarmRead) -> None:
-    """The finished (or current) swarm: a header line, the table, the error, the result."""
-    wall = swarm.timing.wall_s if swarm.timing.wall_s is not None else _elapsed(swarm)
-    console.print(Text.assemble(
-        (f"swarm {swarm.id} ", "bold"), (swarm.status, _STYLE.get(swarm.status, "bold")),
-        f" in {wall:.1f}s · {_usd(swarm.usage.cost_usd)} · "
-        f"{swarm.usage.gateway_calls} gateway calls · "
-        f"{swarm.progress.succeeded}/{swarm.progress.total} subtasks succeeded"))
-    console.print(summary_table(swarm))
-    if swarm.error:
-        console.print(Text(f"error: {swarm.error.get('code')}: {swarm.error.get('message')}",
-                           style="red"))
-    if swarm.result is not None:
+def print_report(console: Console, report: SwarmReport) -> None:
+    """A swarm's report on a terminal: the plain report's parts, coloured, in a table."""
+    status = report.header.split()[2]
+    console.print(Text(report.header, style="bold"), style=_STYLE.get(status, ""))
+    console.print(report.counts)
+    if report.rows is not None:
+        table = Table(show_edge=False, header_style="bold")
+        for name in SUBTASK_HEADERS:
+            table.add_column(name, justify="right" if name in _NUMERIC else "left",
+                             no_wrap=name != "error", overflow="fold")
+        for row in report.rows:
+            table.add_row(*row[:1], Text(row[1], style=_STYLE.get(row[1].split()[0], "")),
+                          *row[2:])
+        console.print(table)
+    if report.hidden_rows:
+        console.print(report.hidden_rows, style="dim")
+    if report.failed and report.rows is None:
+        console.print(Text(f"failed subtasks ({len(report.failed)}"
+                           f"{'+' if report.more_failed else ''}):", style="red"))
+        for name, why in report.failed:
+            console.print(f"  {name}  {why}", soft_wrap=True)
+        if report.more_failed:
+            console.print(f"  {report.more_failed}", style="dim")
+    if report.error:
+        console.print(Text(f"error: {report.error}", style="red"))
+    if report.result:
         console.print(Text("result:", style="bold"))
-        console.print(Text(swarm.result), soft_wrap=True)
+        console.print(Text("\n".join(report.result)), soft_wrap=True)
+    if report.result_cut:
+        console.print(report.result_cut, style="dim")
 
 
 def swarms_table(swarms: list[SwarmRead]) -> Table:
     table = Table(show_edge=False, header_style="bold")
-    table.add_column("id", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    table.add_column("progress", justify="right", no_wrap=True)
-    table.add_column("cost", justify="right", no_wrap=True)
-    table.add_column("age", justify="right", no_wrap=True)
-    table.add_column("task", overflow="ellipsis", no_wrap=True, max_width=40)
-    now = time.time()
-    for s in swarms:
-        age = now - s.created_at.timestamp()
-        table.add_row(s.id, Text(s.status, style=_STYLE.get(s.status, "")),
-                      f"{s.progress.succeeded}/{s.progress.total}", _usd(s.usage.cost_usd),
-                      _age(age), s.task.replace("\n", " "))
+    for name in LIST_HEADERS:
+        # ids and figures are never cut; only the task folds on a narrow terminal
+        table.add_column(name, no_wrap=name != "task", overflow="fold",
+                         justify="right" if name in ("succeeded", "cost", "age") else "left")
+    for row in list_rows(swarms):
+        table.add_row(row[0], Text(row[1], style=_STYLE.get(row[1], "")), *row[2:])
     return table
 
 
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
-
-
 def usage_table(report: UsageReport) -> Table:
-    table = Table(show_edge=False, header_style="bold", show_footer=True)
-    figures = report.total
-    table.add_column(report.group_by, footer="total", no_wrap=True)
-    table.add_column("calls", justify="right", footer=str(figures.gateway_calls))
-    table.add_column("prompt tokens", justify="right", footer=str(figures.prompt_tokens))
-    table.add_column("completion tokens", justify="right", footer=str(figures.completion_tokens))
-    table.add_column("cost", justify="right", footer=f"${figures.cost_usd}")
-    for item in report.items:
-        table.add_row(item.key, str(item.gateway_calls), str(item.prompt_tokens),
-                      str(item.completion_tokens), f"${item.cost_usd}")
+    table = Table(show_edge=False, header_style="bold")
+    for name in (report.group_by, *USAGE_HEADERS):
+        table.add_column(name, no_wrap=True, justify="left" if name == report.group_by
+                         else "right")
+    rows = usage_rows(report)
+    for i, row in enumerate(rows):
+        table.add_row(*row, style="bold" if i == len(rows) - 1 else None)
     return table

@@ -96,6 +96,12 @@ def test_create_wait_get_and_list_every_page(api_url: str) -> None:
         pages = [r for r in spy.requests if r.url.path == "/swarms"]
         assert len(pages) >= len(ids) and all(r.url.params["limit"] == "1" for r in pages)
         assert second.id in {s.id for s in client.list(status="succeeded")}
+
+        spy.requests.clear()  # `limit` caps the swarms yielded (and the pages' sizes)
+        assert [s.id for s in client.list(limit=1)] == ids[:1]
+        assert [s.id for s in client.list(limit=2, page_size=1)] == ids[:2]
+        assert [r.url.params["limit"] for r in spy.requests] == ["1", "1", "1"]
+        assert list(client.list(limit=0)) == []
         assert not [s for s in client.list(status="running") if s.id in (first.id, second.id)]
 
 
@@ -306,6 +312,7 @@ async def test_async_client_methods(api_url: str) -> None:
         done = await client.wait(swarm.id, timeout=60)
         assert done.status == "succeeded" and await client.get(swarm.id) == done
         assert swarm.id in [s.id async for s in client.list(page_size=2)]
+        assert [s.id async for s in client.list(limit=1)] == [swarm.id]
         report = await client.usage()
         assert Decimal(report.total.cost_usd) >= Decimal(done.usage.cost_usd) > 0
         slow = await client.create(five_agents("async slow", "[[sim latency_ms=20000]]"))

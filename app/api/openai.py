@@ -57,7 +57,7 @@ async def create_chat_completion(
     body: ChatCompletionCreate, request: Request, tenant: TenantDep,
     admission: RateLimitDep, idempotency_key: IdempotencyKey = None,
 ) -> Response | ChatCompletion:
-    """With `agent_swarm.enabled`: runs a swarm (SPEC §10) and answers with its result, the
+    """With `agent_swarm.enabled`: runs a swarm and answers with its result, the
     summed usage of all its gateway calls and `swarm_id`; the request waits for the swarm (up
     to its deadline), and a client that goes away leaves it running. Without: the request goes
     to the gateway unchanged, metered in the ledger (`/usage`), the metrics and the daily cap.

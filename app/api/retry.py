@@ -46,7 +46,7 @@ async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, te
     """A new swarm (`retry_of` = this one): subtasks that succeeded here are copied with their
     outputs (`reused`, no call, no cost); the others and the synthesis run again. `limits`
     override the old run's limits key by key. The old swarm is not changed. The tenant's
-    quotas are checked in the insert's transaction (SPEC §8), after a replayed
+    quotas are checked in the insert's transaction, after a replayed
     Idempotency-Key is answered."""
     check_id(swarm_id)
     limits = (body.limits.model_dump(mode="json", exclude_unset=True)
