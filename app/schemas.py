@@ -322,7 +322,7 @@ class Timing(BaseModel):
 
 
 class VoteRead(BaseModel):
-    """`synthesis.strategy: vote` (SPEC §3): majority (the winner holds more than half the
+    """`synthesis.strategy: vote`: majority (the winner holds more than half the
     weight), plurality, or no_majority (no two answers agree: the result is synthesized)."""
 
     outcome: Literal["majority", "plurality", "no_majority"]
