@@ -130,6 +130,10 @@ class Settings(BaseSettings):
     webhook_retry_base_s: float = Field(default=5.0, gt=0)  # doubles per attempt, capped at 10 min
     # one delivery attempt in total: connect + send + read the answer
     webhook_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # deliveries in flight per process, and of one tenant (SPEC §8: a receiver that never
+    # answers holds its tenant's slots only); a held slot costs a socket, not a thread
+    webhook_concurrency: int = Field(default=64, ge=1, le=10_000)
+    webhook_tenant_concurrency: int = Field(default=8, ge=1, le=10_000)
     # one attempt of a passthrough call of the OpenAI facade (a long generation takes minutes)
     facade_timeout_s: float = Field(default=600.0, gt=0, le=3600)
     # the in-process simulator (used when no gateway_url is set)
