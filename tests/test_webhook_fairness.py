@@ -89,10 +89,25 @@ async def test_a_delivery_not_due_yet_is_not_claimed(sessions: SessionFactory,
     assert later and await claim(sessions, 10, per_tenant=4) == []
 
 
+async def test_two_claimers_take_different_deliveries(pg_sessions: SessionFactory,
+                                                      pg_url: str) -> None:
+    """Two processes claiming at once (the first not committed yet): the second skips the
+    rows the first holds; the rest are taken in turn."""
+    a = await due(pg_sessions, pg_url, "a", 6, start_s=100)
+    b = await due(pg_sessions, pg_url, "b", 2, start_s=50)
+    async with pg_sessions() as first, first.begin():
+        one = [h.swarm_id for h in await repo.claim_due(first, 2, HOLD_S, 4, {})]
+        two = await claim(pg_sessions, 4, per_tenant=4)
+    assert one == [a[0], b[0]]
+    assert two == [a[1], b[1]]  # the picks the first one had not locked
+    assert await claim(pg_sessions, 4, per_tenant=4) == [a[2], a[3], a[4], a[5]]
+
+
 @pytest.mark.skipif(SKIP_PG, reason="the plan is PostgreSQL's")
 async def test_the_claim_reads_no_tenants_backlog(pg_url: str) -> None:
-    """20,000 deliveries of one tenant due (a receiver that never answers, retried): the claim
-    reads a few rows per tenant through the pending index, not the backlog."""
+    """20,000 deliveries of one tenant due (a receiver that never answers, retried) and as
+    many delivered: the plan PostgreSQL keeps for the claim reads a few rows per tenant
+    through the pending index, not the backlog."""
     conn = await asyncpg.connect(asyncpg_dsn(pg_url))
     try:
         await conn.execute("""
@@ -122,32 +137,35 @@ async def test_the_claim_reads_no_tenants_backlog(pg_url: str) -> None:
             SELECT id, tenant, 'https://hooks.example/x', 'delivered', 1, now(), now()
             FROM swarms WHERE id LIKE 'd%';
             ANALYZE webhooks""")
-        sql = repo._PG_CLAIM.element.text
-        args = {"busy_tenants": ["a"], "busy_counts": [3], "per_tenant": 8, "limit": 64,
-                "hold": HOLD_S}
-        positional = sql
-        for i, name in enumerate(args, 1):
+        # the plan PostgreSQL keeps for the statement (generic: made for any arguments), run
+        positional = repo._PG_CLAIM.element.text
+        for i, name in enumerate(("busy_tenants", "busy_counts", "per_tenant", "limit",
+                                  "hold"), 1):
             positional = positional.replace(f":{name}", f"${i}")
-        for analyze in (True, False):  # each in a transaction rolled back
-            tx = conn.transaction()
-            await tx.start()
-            try:
-                if analyze:
-                    raw = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {positional}",
-                                              *args.values())
-                else:
-                    claimed = await conn.fetch(positional, *args.values())
-            finally:
-                await tx.rollback()
-        plan = json.loads(raw)[0]
-        nodes = list(plan_nodes(plan["Plan"]))
-        reads = [n for n in nodes if n.get("Relation Name") == "webhooks"]
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            await conn.execute(f"PREPARE kept AS {positional}")
+            raw = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) "
+                                      "EXECUTE kept(ARRAY['a'], ARRAY[3], 8, 64, 30.0)")
+        finally:
+            await tx.rollback()
+            await conn.execute("DEALLOCATE ALL")
+        reads = [n for n in plan_nodes(json.loads(raw)[0]["Plan"])
+                 if n.get("Relation Name") == "webhooks"]
         assert reads and all("Seq Scan" not in n["Node Type"] for n in reads), reads
         # a's 5 free slots and b's one, each found through the index: rows read, not 20,000
         assert sum(n["Actual Rows"] * n["Actual Loops"] for n in reads) < 200, reads
-        assert sorted(r["tenant"] for r in claimed) == ["a"] * 5 + ["b"]
     finally:
         await conn.close()
+    engine = make_db_engine(pg_url)
+    try:
+        async with make_session_factory(engine)() as s, s.begin():
+            hooks = await repo.claim_due(s, 64, HOLD_S, 8, {"a": 3})
+    finally:
+        await engine.dispose()
+    assert [h.tenant for h in hooks] == ["b", "a", "a", "a", "a", "a"]
 
 
 # ---- end to end: a receiver that never answers ------------------------------------------------

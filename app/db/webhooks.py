@@ -41,32 +41,36 @@ busy AS (
     SELECT * FROM unnest(CAST(:busy_tenants AS text[]), CAST(:busy_counts AS int[]))
         AS b(tenant, n)
 ),
-ranked AS (
-    SELECT d.swarm_id, d.next_attempt_at, COALESCE(b.n, 0) + d.rank AS prio
+picked AS MATERIALIZED (
+    SELECT d.swarm_id, COALESCE(b.n, 0) + d.rank AS prio, d.next_attempt_at AS due_at
     FROM tenants t
     LEFT JOIN busy b ON b.tenant = t.tenant
     CROSS JOIN LATERAL (
         SELECT e.*, row_number() OVER (ORDER BY e.next_attempt_at) AS rank
         FROM (SELECT w.swarm_id, w.next_attempt_at FROM webhooks w
               WHERE w.tenant = t.tenant AND w.state = 'pending' AND w.next_attempt_at <= now()
-              ORDER BY w.next_attempt_at LIMIT :per_tenant) e
+              ORDER BY w.next_attempt_at
+              LIMIT GREATEST(:per_tenant - COALESCE(b.n, 0), 0)) e
     ) d
-    WHERE t.tenant IS NOT NULL AND COALESCE(b.n, 0) + d.rank <= :per_tenant
-),
-picked AS MATERIALIZED (
-    SELECT w.swarm_id, r.prio, r.next_attempt_at AS due_at
-    FROM webhooks w JOIN ranked r ON r.swarm_id = w.swarm_id
-    WHERE w.state = 'pending' AND w.next_attempt_at <= now()
-    ORDER BY r.prio, r.next_attempt_at
+    WHERE t.tenant IS NOT NULL
+    ORDER BY prio, due_at
     LIMIT :limit
-    FOR UPDATE OF w SKIP LOCKED
+),
+-- by key (the plan kept for any arguments must not guess a join's size): only the picked
+-- rows are locked, and those another claimer holds are left to it
+locked AS MATERIALIZED (
+    SELECT w.swarm_id FROM webhooks w
+    WHERE w.swarm_id = ANY(ARRAY(SELECT swarm_id FROM picked))
+      AND w.state = 'pending' AND w.next_attempt_at <= now()
+    FOR UPDATE SKIP LOCKED
 ),
 held AS (
     UPDATE webhooks AS w SET next_attempt_at = now() + make_interval(secs => :hold)
-    FROM picked WHERE w.swarm_id = picked.swarm_id
-    RETURNING w.*, picked.prio, picked.due_at
+    WHERE w.swarm_id = ANY(ARRAY(SELECT swarm_id FROM locked))
+    RETURNING w.*
 )
-SELECT {", ".join(c.name for c in _COLUMNS)} FROM held ORDER BY prio, due_at
+SELECT {", ".join(f"held.{c.name}" for c in _COLUMNS)}
+FROM held JOIN picked ON picked.swarm_id = held.swarm_id ORDER BY picked.prio, picked.due_at
 """).columns(*_COLUMNS)
 
 
