@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
@@ -63,6 +64,28 @@ def parse_api_keys(raw: str) -> dict[str, str]:
     return out
 
 
+def parse_allowed_hosts(raw: str) -> frozenset[str]:
+    """Host names or addresses from `name,name`: lowercased, an IPv6 literal's brackets and a
+    trailing dot dropped. Refuses a port or a URL (a Host is compared by its name alone)."""
+    names: set[str] = set()
+    for item in raw.split(","):
+        name = item.strip().lower()
+        if name.startswith("[") and name.endswith("]"):
+            name = name[1:-1]
+        if not name:
+            continue
+        if ":" in name:
+            try:
+                ipaddress.IPv6Address(name)
+            except ValueError:
+                raise ValueError(f"SWARM_ALLOWED_HOSTS: {item.strip()!r} is not a host name: "
+                                 "list names or addresses, without a scheme or port") from None
+        elif any(c in name for c in "/@ \t") or not name.rstrip("."):
+            raise ValueError(f"SWARM_ALLOWED_HOSTS: {item.strip()!r} is not a host name")
+        names.add(name.rstrip("."))
+    return frozenset(names)
+
+
 class Settings(BaseSettings):
     """Every knob of SPEC §2, typed; secrets never printed."""
 
@@ -78,6 +101,8 @@ class Settings(BaseSettings):
     gateway_keepalive_s: float = Field(default=4.0, ge=0, le=3600)
     api_keys: SecretStr = SecretStr("")
     allow_open: bool = False
+    # names (besides loopback and the bound host) an API without keys answers as Host (SPEC §17)
+    allowed_hosts: str = ""
     models_file: str | None = None
     tenants_file: str | None = None  # per-tenant quotas (SPEC §8)
     default_model: str = "kimi-k2.5"
@@ -105,6 +130,10 @@ class Settings(BaseSettings):
     webhook_retry_base_s: float = Field(default=5.0, gt=0)  # doubles per attempt, capped at 10 min
     # one delivery attempt in total: connect + send + read the answer
     webhook_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # deliveries in flight per process, and of one tenant (SPEC §8: a receiver that never
+    # answers holds its tenant's slots only); a held slot costs a socket, not a thread
+    webhook_concurrency: int = Field(default=64, ge=1, le=10_000)
+    webhook_tenant_concurrency: int = Field(default=8, ge=1, le=10_000)
     # one attempt of a passthrough call of the OpenAI facade (a long generation takes minutes)
     facade_timeout_s: float = Field(default=600.0, gt=0, le=3600)
     # the in-process simulator (used when no gateway_url is set)
@@ -133,6 +162,12 @@ class Settings(BaseSettings):
             raise ValueError("SWARM_GATEWAY_URL must be an http(s) base URL, such as "
                              "https://gateway.example/v1")
         return v.strip().rstrip("/")
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, v: str) -> str:
+        parse_allowed_hosts(v)
+        return v
 
     @field_validator("crash_at")
     @classmethod
@@ -172,6 +207,11 @@ class Settings(BaseSettings):
     def tenant_keys(self) -> dict[str, str]:
         """Client key -> tenant, from `tenant:key,tenant:key`."""
         return parse_api_keys(self.api_keys.get_secret_value())
+
+    @cached_property
+    def allowed_host_names(self) -> frozenset[str]:
+        """SWARM_ALLOWED_HOSTS as the names a Host header is compared with."""
+        return parse_allowed_hosts(self.allowed_hosts)
 
     @property
     def auth_enabled(self) -> bool:

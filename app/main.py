@@ -104,7 +104,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     app.state.stream_slots = StreamSlots()  # max_streams, per tenant in this process
     errors.install(app)
     # routes that read or write the database answer 503 while it is unreachable
-    # 403: a client off loopback while the API is open (LoopbackOnly)
+    # 403: a client off loopback, or a Host not loopback's, while the API is open (LoopbackOnly)
     app.include_router(swarms.router, responses=errors.error_responses(403, 503))
     app.include_router(retry.router, responses=errors.error_responses(403, 503))
     app.include_router(usage.router, responses=errors.error_responses(403, 503))
@@ -115,7 +115,8 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     if not settings.auth_enabled and not settings.allow_open:
-        app.add_middleware(LoopbackOnly)  # the CLI refuses the bind; other servers get this
+        # the CLI refuses the bind; other servers get this, and every server the Host check
+        app.add_middleware(LoopbackOnly, hosts=settings.allowed_host_names)
     app.add_middleware(HttpMetrics)
     if not settings.auth_enabled:
         _documented_open(app)

@@ -48,26 +48,72 @@ def is_loopback(host: str) -> bool:
     return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
+def host_name(header: str) -> str | None:
+    """The name or address a Host header names: lowercased, its port, an IPv6 literal's
+    brackets and a trailing dot dropped; None when it is malformed (a port not digits)."""
+    value = header.strip().lower()
+    if value.startswith("["):  # [v6] or [v6]:port
+        name, sep, port = value[1:].partition("]")
+        if not sep or (port and not (port[0] == ":" and port[1:].isdigit())):
+            return None
+        return name
+    if value.count(":") == 1:  # name:port (an address with more colons is a bare IPv6)
+        value, _, port = value.partition(":")
+        if not port.isdigit():
+            return None
+    return value.rstrip(".")
+
+
+def _host_header(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"host":
+            return bytes(value).decode("latin-1")
+    return None
+
+
 class LoopbackOnly:
     """The open-bind guard of the app itself, whatever server runs it: an API without
-    SWARM_API_KEYS (and without SWARM_ALLOW_OPEN) answers only loopback clients (403 for any
-    other); the probes and metrics stay reachable."""
+    SWARM_API_KEYS (and without SWARM_ALLOW_OPEN) answers only loopback clients, and only
+    requests addressed to a loopback name or address, the address they reached (the bound
+    host) or a name of `hosts` (SWARM_ALLOWED_HOSTS): a web page whose name an attacker
+    rebinds to 127.0.0.1 sends its own name as Host (SPEC §17). 403 otherwise; the probes and
+    metrics stay reachable."""
 
     OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, hosts: frozenset[str] = frozenset()) -> None:
         self.app = app
+        self.hosts = hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
         client = scope.get("client")
-        if (scope["type"] == "http" and client and scope["path"] not in self.OPEN_PATHS
-                and not is_loopback(str(client[0]))):
+        if client and not is_loopback(str(client[0])):
             await _send_error(send, 403, "forbidden",
                               "this API has no SWARM_API_KEYS: it serves loopback clients "
                               "only (set SWARM_API_KEYS, or SWARM_ALLOW_OPEN=1)",
                               path=scope["path"])
             return
+        header = _host_header(scope)
+        if header is not None and not self._addressed_here(header, scope):
+            await _send_error(send, 403, "forbidden",
+                              "this API has no SWARM_API_KEYS: it answers requests addressed "
+                              "to loopback only, not to this Host (list the name in "
+                              "SWARM_ALLOWED_HOSTS, or set SWARM_API_KEYS)",
+                              {"host": header[:255]}, path=scope["path"])
+            return
         await self.app(scope, receive, send)
+
+    def _addressed_here(self, header: str, scope: Scope) -> bool:
+        name = host_name(header)
+        if name is None:
+            return False
+        if is_loopback(name) or name in self.hosts:
+            return True
+        server = scope.get("server")
+        return server is not None and name == str(server[0]).lower().strip("[]")
 
 
 def _declared(scope: Scope) -> tuple[int, bytes, bytes | None]:

@@ -1,7 +1,10 @@
 """The webhook sender: a durable retry loop over delivery rows (any process with an engine
 sends them), signed per app/webhook_policy.py. Each delivery runs on its own, under one deadline for
 connect + send + read, and reads at most MAX_ANSWER_BYTES of the answer: a receiver that
-trickles or floods delays nobody else's delivery."""
+trickles or floods delays nobody else's delivery. Deliveries are taken round-robin across
+tenants and no tenant holds more than SWARM_WEBHOOK_TENANT_CONCURRENCY of the process's
+SWARM_WEBHOOK_CONCURRENCY slots: a tenant whose receiver never answers waits for its own
+(SPEC §8)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import contextlib
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Mapping
 
 import httpx
@@ -31,12 +35,13 @@ MAX_ANSWER_BYTES = 64 * 1024  # of a receiver's answer body; only its status mat
 
 
 class WebhookDispatcher:
-    """Sends due deliveries, each in its own task (at most `concurrency` at once), retries
-    non-2xx with backoff up to an hour, records every attempt."""
+    """Sends due deliveries, each in its own task (at most SWARM_WEBHOOK_CONCURRENCY at once,
+    SWARM_WEBHOOK_TENANT_CONCURRENCY of one tenant), retries non-2xx with backoff up to an
+    hour, records every attempt."""
 
     def __init__(self, settings: Settings, sessions: SessionFactory,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 concurrency: int = 16, secrets: Mapping[str, str] | None = None) -> None:
+                 secrets: Mapping[str, str] | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
         self.deadline_s = settings.webhook_timeout_s
@@ -48,10 +53,12 @@ class WebhookDispatcher:
                                          follow_redirects=False)
         self._secrets = secrets
         self._poll_s = settings.poll_interval_s
-        self._concurrency = concurrency
+        self._concurrency = settings.webhook_concurrency
+        self._per_tenant = settings.webhook_tenant_concurrency
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._inflight: dict[asyncio.Task[None], str] = {}  # -> its tenant
+        self._busy: Counter[str] = Counter()  # deliveries in flight, by tenant
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="webhooks")
@@ -74,20 +81,26 @@ class WebhookDispatcher:
                 try:
                     async with self.sessions() as session, session.begin():
                         due = await repo.claim_due(session, free,
-                                                   self.deadline_s + HOLD_SLACK_S)
+                                                   self.deadline_s + HOLD_SLACK_S,
+                                                   self._per_tenant, self._busy)
                 except Exception as exc:
                     log_db_failure(log, "claiming webhook deliveries", exc)
             for hook in due:
                 task = asyncio.create_task(self._deliver(hook), name=f"webhook {hook.swarm_id}")
-                self._inflight.add(task)
+                self._inflight[task] = hook.tenant
+                self._busy[hook.tenant] += 1
                 task.add_done_callback(self._finished)
-            if not due:  # nothing due, or no free slot: until a wake-up, a free slot, a poll
+            if not due:  # nothing due, no free slot, or only tenants at their cap: until a
+                # wake-up (a slot is free) or a poll
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._poll_s)
                 self._wake.clear()
 
     def _finished(self, task: asyncio.Task[None]) -> None:
-        self._inflight.discard(task)
+        tenant = self._inflight.pop(task)
+        self._busy[tenant] -= 1
+        if not self._busy[tenant]:
+            del self._busy[tenant]
         self._wake.set()  # a slot is free
 
     async def _deliver(self, hook: Webhook) -> None:

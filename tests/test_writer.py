@@ -61,7 +61,7 @@ def _write(swarm_id: str, epoch: int, **overrides: Any) -> changes.SwarmWrite:
         "events": [{"swarm_id": swarm_id, "seq": 1, "type": "swarm.status",
                     "data": {"status": "running"}, "created_at": now}],
         "new_subtasks": [create.insert_row(extra)],
-        "webhook": new_delivery(swarm_id, "https://hooks.example/x", now),
+        "webhook": new_delivery(swarm_id, "default", "https://hooks.example/x", now),
     }
     values.update(overrides)
     return changes.SwarmWrite(swarm_id, epoch, swarm, **values)

@@ -36,7 +36,8 @@ DESCRIPTIONS = {
     400: "the body is not JSON, has an unknown `agent_swarm` key or a parameter a swarm "
          "cannot honour",
     401: "missing or wrong API key",
-    403: "a client off loopback while the API has no keys (SWARM_API_KEYS)",
+    403: "a client off loopback, or a Host that is not loopback's, while the API has no keys "
+         "(SWARM_API_KEYS)",
     409: "the swarm was cancelled",
     413: "request body too large",
     415: "a compressed body (Content-Encoding) or one that is not JSON (Content-Type)",

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -76,7 +77,7 @@ class Swarm(Base):
     gateway_calls: Mapped[int] = mapped_column(Integer, default=0)
     result: Mapped[str | None] = mapped_column(Text)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
-    # a voted swarm's count: outcome, winner, weights (SPEC §3; migration 0015)
+    # a voted swarm's count: outcome, winner, weights (SPEC §3; migration 0016)
     vote: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -353,6 +354,7 @@ class Webhook(Base):
     swarm_id: Mapped[str] = mapped_column(
         ForeignKey("swarms.id", ondelete="CASCADE"), primary_key=True
     )
+    tenant: Mapped[str] = mapped_column(String(128))  # the swarm's: deliveries are fair by it
     url: Mapped[str] = mapped_column(Text)
     state: Mapped[WebhookState] = mapped_column(StatusColumn(WebhookState))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
@@ -360,7 +362,10 @@ class Webhook(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
-    __table_args__ = (Index("ix_webhooks_state_next", "state", "next_attempt_at"),)
+    # the claim's lookups: each tenant's pending deliveries, the earliest due first
+    __table_args__ = (Index("ix_webhooks_pending_tenant", "tenant", "next_attempt_at",
+                            postgresql_where=text("state = 'pending'"),
+                            sqlite_where=text("state = 'pending'")),)
 
 
 class WebhookAttempt(Base):

@@ -64,7 +64,7 @@ def end_swarm(swarm: Swarm, subtasks: Iterable[Subtask], status: SwarmStatus,
         s.name for s in end.changed if s.status is SubtaskStatus.cancelled])
     end.events.append(event_row(swarm, completed, now))
     url = swarm.spec.get("webhook_url")
-    end.webhook = new_delivery(swarm.id, url, now) if url else None
+    end.webhook = new_delivery(swarm.id, swarm.tenant, url, now) if url else None
     return end
 
 

@@ -1,8 +1,8 @@
 """swarms.vote: a voted swarm's count (SPEC §3): outcome majority | plurality | no_majority,
 the winner and each distinct answer's weight
 
-Revision ID: 0015_swarm_vote
-Revises: 0014_quota_statements
+Revision ID: 0016_swarm_vote
+Revises: 0015_webhook_tenants
 Create Date: 2026-12-05
 """
 
@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0015_swarm_vote"
-down_revision: str | None = "0014_quota_statements"
+revision: str = "0016_swarm_vote"
+down_revision: str | None = "0015_webhook_tenants"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
