@@ -15,7 +15,7 @@ import logging.config
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import Context, ContextVar
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -53,6 +53,12 @@ def bind(*, swarm_id: str | None = None, tenant: str | None = None,
         _tenant.set(tenant)
     if (trace_id := trace_id_of(traceparent)) is not None:
         _trace_id.set(trace_id)
+
+
+def detached() -> Context:
+    """A context naming nothing, for a task that outlives the swarm or request that starts
+    it (a shared refresher): `asyncio.create_task(..., context=logs.detached())`."""
+    return Context()
 
 
 @contextmanager
