@@ -138,7 +138,9 @@ def config(fmt: str | None = None, level: str = "INFO") -> dict[str, Any]:
     per gateway call, httpx2 (the MCP SDK's client) the same, alembic one per plugin it sets
     up on every start, SQLAlchemy's pool (the engine's FairQueuePool logs under app.db.pool)
     two per connection lost: noise below WARNING. uvicorn's own access log stays off (the
-    service's has the duration: SWARM_ACCESS_LOG)."""
+    service's has the duration: SWARM_ACCESS_LOG). `DEBUG` is the service's own loggers' and
+    uvicorn's: other libraries stay at INFO, their debug lines carry what a line must not
+    (aiosqlite's the statements' parameters, the MCP SDK's the tool messages)."""
     formatter = {"()": JsonFormatter if resolve_format(fmt) == "json" else TextFormatter}
     quiet = {"level": "WARNING"}
     via_root = {"handlers": [], "propagate": True}
@@ -148,9 +150,10 @@ def config(fmt: str | None = None, level: str = "INFO") -> dict[str, Any]:
         "formatters": {"swarm": formatter},
         "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "swarm",
                                 "stream": "ext://sys.stderr"}},
-        "root": {"level": level, "handlers": ["stderr"]},
+        "root": {"level": "INFO" if level == "DEBUG" else level, "handlers": ["stderr"]},
         "loggers": {"httpx": quiet, "httpx2": quiet, "alembic.runtime.plugins": quiet,
-                    "app.db.pool": quiet,
+                    "app.db.pool": quiet, "app": {"level": level},
+                    "swarm_api": {"level": level},
                     "uvicorn": {**via_root, "level": level},
                     "uvicorn.error": {**via_root, "level": level},
                     "uvicorn.access": {**via_root, "level": "WARNING"}},

@@ -164,7 +164,7 @@ def restore_logging() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     named = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).level,
-                 logging.getLogger(n).propagate) for n in ("uvicorn", "uvicorn.error")}
+                 logging.getLogger(n).propagate) for n in logs.config()["loggers"]}
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
@@ -187,9 +187,26 @@ def test_configure_sends_every_logger_uvicorns_included_through_one_handler(
         ("httpx", "httpx at warning")]
     assert logs.is_json()
     logs.configure("text", "DEBUG")
+    logging.getLogger("aiosqlite").debug("executing <a statement's parameters>")
+    logging.getLogger("mcp.client").debug("a tool's message")
     logging.getLogger("app.x").debug("now seen")
-    assert capsys.readouterr().err.rstrip().endswith(" DEBUG app.x now seen")
+    assert capsys.readouterr().err.rstrip().splitlines()[-1].endswith(" DEBUG app.x now seen")
     assert not logs.is_json()
+
+
+def test_debug_is_the_services_own_other_libraries_stay_at_info(
+        restore_logging: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """Their debug lines carry what a line must not: aiosqlite's the statements' parameters,
+    the MCP SDK's the tool messages."""
+    logs.configure("json", "DEBUG")
+    logging.getLogger("aiosqlite").debug("executing <a prompt>")
+    logging.getLogger("mcp.client.stdio").debug("<a tool result>")
+    logging.getLogger("aiosqlite").info("an info line")
+    logging.getLogger("app.engine.runner").debug("ours")
+    logging.getLogger("swarm_api").debug("ours too")
+    logging.getLogger("uvicorn.error").debug("uvicorn's")
+    lines = [json.loads(line)["message"] for line in capsys.readouterr().err.splitlines()]
+    assert lines == ["an info line", "ours", "ours too", "uvicorn's"]
 
 
 # ---- a real process ------------------------------------------------------------------------
