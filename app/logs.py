@@ -13,10 +13,10 @@ import json
 import logging
 import logging.config
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import Context, ContextVar
-from datetime import UTC, datetime
 from typing import Any, TextIO
 
 FORMATS = ("json", "text")
@@ -32,6 +32,11 @@ _VARS = {"swarm_id": _swarm_id, "tenant": _tenant, "trace_id": _trace_id}
 # `color_message` repeats the message with terminal colours
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
     "message", "asctime", "taskName", "color_message"}
+
+
+# one encoder for every line (json.dumps with options builds one a call); a Decimal, a
+# datetime or an enum in a line's fields is written as its str()
+_encode = json.JSONEncoder(default=str, ensure_ascii=False).encode
 
 
 def trace_id_of(traceparent: str | None) -> str | None:
@@ -93,8 +98,8 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(
-                timespec="milliseconds").replace("+00:00", "Z"),
+            "time": f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(record.created))}"
+                    f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -104,7 +109,7 @@ class JsonFormatter(logging.Formatter):
             line["exc_info"] = self.formatException(record.exc_info)
         if record.stack_info:
             line["stack_info"] = self.formatStack(record.stack_info)
-        return json.dumps(line, default=str, ensure_ascii=False)
+        return _encode(line)
 
 
 class TextFormatter(logging.Formatter):
