@@ -8,10 +8,9 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import logging.config
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -33,9 +32,11 @@ def _is_loopback(host: str) -> bool:
 def serve(settings: Settings, host: str, port: int, engine: bool, workers: int = 1) -> int:
     import uvicorn
 
+    from app import logs
+
     if not settings.auth_enabled and not settings.allow_open and not _is_loopback(host):
-        print(f"refusing to bind {host} without SWARM_API_KEYS (set SWARM_ALLOW_OPEN=1 to "
-              "serve an open API)", file=sys.stderr)
+        logs.say(f"refusing to bind {host} without SWARM_API_KEYS (set SWARM_ALLOW_OPEN=1 "
+                 "to serve an open API)")
         return 2
     if workers > 1:
         return _serve_workers(settings, host, port, engine, workers)
@@ -43,25 +44,25 @@ def serve(settings: Settings, host: str, port: int, engine: bool, workers: int =
     from app.main import create_app
 
     app = create_app(settings, run_engine=engine, freeze_gc=True)
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False,
+    banner(settings, host, port)
+    uvicorn.run(app, host=host, port=port, access_log=False,
+                log_config=logs.config(settings.log_format, settings.log_level),
                 timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
     return 1 if app.state.died else 0
 
 
-# every process's logging: this one's (main), and the spawned ones of `serve --workers N`
-# (uvicorn applies it in each); httpx logs one line per gateway call, httpx2 (the MCP SDK's
-# client) the same, alembic one per plugin it sets up on every start, SQLAlchemy's pool (the
-# engine's FairQueuePool logs under app.db.pool) two per connection lost: noise
-LOGGING: dict[str, Any] = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"level": "INFO", "handlers": ["stderr"]},
-    "loggers": {"httpx": {"level": "WARNING"}, "httpx2": {"level": "WARNING"},
-                "alembic.runtime.plugins": {"level": "WARNING"},
-                "app.db.pool": {"level": "WARNING"}},
-}
+def banner(settings: Settings, host: str, port: int) -> None:
+    """Where the API, its documentation and the UI are, and whether auth is off (SPEC §17):
+    log lines like any other."""
+    base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    log.info("API on %s, its documentation on %s/docs, the UI on %s/ui", base, base, base)
+    if settings.auth_enabled:
+        log.info("auth on: every /swarms route needs a key of SWARM_API_KEYS")
+    elif settings.allow_open:
+        log.warning("auth is OFF (SWARM_ALLOW_OPEN=1, no SWARM_API_KEYS): anyone who reaches "
+                    "%s can run swarms on your gateway key", base)
+    else:
+        log.warning("auth is off (no SWARM_API_KEYS): only loopback clients are served")
 
 
 def configuration_errors(exc: ValidationError) -> str:
@@ -79,6 +80,7 @@ def migrate(settings: Settings) -> bool:
     """`alembic upgrade head`; a database it cannot reach (refused, not created, a wrong
     password) is one line on stderr and False, not a traceback. A migration that fails on a
     reachable database raises: its traceback is what to fix."""
+    from app import logs
     from app.db.migrate import upgrade_head
     from app.db.retry import database_unavailable, reason
 
@@ -87,8 +89,7 @@ def migrate(settings: Settings) -> bool:
     except Exception as exc:
         if not database_unavailable(exc):
             raise
-        print(f"swarm-api: cannot migrate: database unavailable ({reason(exc)})",
-              file=sys.stderr)
+        logs.say(f"swarm-api: cannot migrate: database unavailable ({reason(exc)})")
         return False
     return True
 
@@ -103,9 +104,11 @@ def _serve_workers(settings: Settings, host: str, port: int, engine: bool,
 
     import uvicorn
 
+    from app import logs
+
     if settings.is_sqlite:
-        print("swarm-api: serve --workers needs PostgreSQL (SWARM_DATABASE_URL): SQLite is "
-              "the one-process embedded default", file=sys.stderr)
+        logs.say("swarm-api: serve --workers needs PostgreSQL (SWARM_DATABASE_URL): SQLite "
+                 "is the one-process embedded default")
         return 2
     if settings.migrate_on_start and not migrate(settings):  # once, here: N at once race
         return 1
@@ -116,14 +119,16 @@ def _serve_workers(settings: Settings, host: str, port: int, engine: bool,
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="swarm-metrics-")
     log.info("serving with %d worker processes (metrics in %s)", workers,
              os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    banner(settings, host, port)
     uvicorn.run("app.main:serve_app", factory=True, workers=workers, host=host, port=port,
-                log_config=LOGGING, access_log=False,
+                log_config=logs.config(settings.log_format, settings.log_level),
+                access_log=False,
                 timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
     return 0
 
 
 async def _worker(settings: Settings) -> int:
-    from app import metrics
+    from app import logs, metrics
     from app.runtime import Runtime
 
     metrics.set_price_table(settings.prices)
@@ -133,8 +138,8 @@ async def _worker(settings: Settings) -> int:
         try:
             server, _ = metrics.serve_http(settings.metrics_port, settings.metrics_host)
         except OSError as exc:  # the port taken, a host not of this machine: as uvicorn says it
-            print(f"swarm-api worker: cannot serve /metrics on {settings.metrics_host}:"
-                  f"{settings.metrics_port} (SWARM_METRICS_PORT): {exc}", file=sys.stderr)
+            logs.say(f"swarm-api worker: cannot serve /metrics on {settings.metrics_host}:"
+                     f"{settings.metrics_port} (SWARM_METRICS_PORT): {exc}")
             return 1
         log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
     stop = asyncio.Event()
@@ -187,26 +192,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in client_cli.COMMANDS:
         return client_cli.run(args)
-    logging.config.dictConfig(LOGGING)
+    from pydantic import ValidationError
 
+    from app import logs
+    from app.config import LogSettings, Settings
+
+    try:  # first: the refusal of any other setting is logged in the format asked for
+        log_settings = LogSettings()
+    except ValidationError as exc:
+        print(f"swarm-api: invalid configuration:\n{configuration_errors(exc)}", file=sys.stderr)
+        return 2
+    log_config = logs.configure(log_settings.log_format, log_settings.log_level)
     if args.command == "simulator":
         from app.simulator import run_simulator
 
-        run_simulator(args.host, args.port)
+        run_simulator(args.host, args.port, log_config=log_config)
         return 0
-    from pydantic import ValidationError
-
-    from app.config import Settings
-
     try:  # a bad setting or file (SWARM_TENANTS_FILE, ...) stops the process, saying why
         settings = Settings()
     except ValidationError as exc:
-        print(f"swarm-api: invalid configuration:\n{configuration_errors(exc)}", file=sys.stderr)
+        logs.say(f"swarm-api: invalid configuration:\n{configuration_errors(exc)}")
         return 2
     if args.command == "migrate":
         if not migrate(settings):
             return 1
-        print("database at head")
+        logs.say("database at head", error=False)
         return 0
     if args.command == "worker":
         with contextlib.suppress(ImportError):
@@ -217,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(_worker(settings))
         return 0
     if args.command == "serve" and args.workers < 1:
-        print("swarm-api: --workers must be at least 1", file=sys.stderr)
+        logs.say("swarm-api: --workers must be at least 1")
         return 2
     return serve(settings, args.host, args.port, engine=settings.engine and not args.no_engine,
                  workers=args.workers)

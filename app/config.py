@@ -6,11 +6,13 @@ import ipaddress
 from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.logs import LEVELS
 from app.pricing import PriceTable
 from app.tenants import TenantLimits, TenantTable
 from app.tools.config import load_config
@@ -86,7 +88,33 @@ def parse_allowed_hosts(raw: str) -> frozenset[str]:
     return frozenset(names)
 
 
-class Settings(BaseSettings):
+class LogSettings(BaseSettings):
+    """The logging knobs (SPEC §17), read before the rest: a process logs its refusal of a
+    bad setting in the format asked for. `Settings` has them too."""
+
+    model_config = SettingsConfigDict(env_prefix="SWARM_", env_file=".env", extra="ignore")
+
+    # SPEC §17: `json` or `text` (unset: text on a terminal, else json), the root level, and
+    # a line per HTTP request (method, path, status, duration)
+    log_format: Literal["json", "text"] | None = None
+    log_level: str = "INFO"
+    access_log: bool = False
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _log_format(cls, v: object) -> object:
+        return (v.strip().lower() or None) if isinstance(v, str) else v
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, v: str) -> str:
+        level = v.strip().upper()
+        if level not in LEVELS:
+            raise ValueError(f"SWARM_LOG_LEVEL must be one of {', '.join(LEVELS)}")
+        return level
+
+
+class Settings(LogSettings):
     """Every knob of SPEC §2, typed; secrets never printed."""
 
     model_config = SettingsConfigDict(

@@ -22,7 +22,7 @@ from app.api.openai_errors import openai_responses
 from app.api.sse import shutting_down
 from app.config import Settings
 from app.gateway.client import GatewayClient
-from app.middleware import BodyLimit, HeadAsGet, HttpMetrics, LoopbackOnly
+from app.middleware import AccessLog, BodyLimit, HeadAsGet, HttpMetrics, LoopbackOnly
 from app.runtime import Runtime
 from app.ui import routes as ui
 from app.ui.docs import offline_fastapi
@@ -118,6 +118,8 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
         # the CLI refuses the bind; other servers get this, and every server the Host check
         app.add_middleware(LoopbackOnly, hosts=settings.allowed_host_names)
     app.add_middleware(HttpMetrics)
+    if settings.access_log:
+        app.add_middleware(AccessLog)  # outermost: the 403s and 413s above are requests too
     if not settings.auth_enabled:
         _documented_open(app)
     return app

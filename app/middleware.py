@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
+import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
 from app.errors import error_body, is_openai_path, openai_error_body
+
+access_log = logging.getLogger("swarm_api.access")
 
 
 async def _send_error(send: Send, status: int, code: str, message: str,
@@ -281,6 +284,38 @@ class HttpMetrics:
             template = getattr(route, "path", None) or "unmatched"
             metrics.child(metrics.http_duration, scope["method"], template, str(status)).observe(
                 time.perf_counter() - start)
+
+
+class AccessLog:
+    """SWARM_ACCESS_LOG: a line per request once it is answered (a stream once it ends):
+    method, path (no query string), status, duration, client; the tenant once its key was
+    read. Only installed when asked for: it costs a log record per request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            ms = round((time.perf_counter() - start) * 1000, 1)
+            client = scope.get("client")
+            access_log.info("%s %s %d %.1f ms", scope["method"], scope["path"], status, ms,
+                            extra={"method": scope["method"], "path": scope["path"],
+                                   "http_status": status, "duration_ms": ms,
+                                   "client": client[0] if client else None})
 
 
 class CatchAll:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 import httpx
 
+from app import logs
 from app.config import Settings
 from app.db import queries
 from app.db import webhooks as repo
@@ -104,6 +105,7 @@ class WebhookDispatcher:
         self._wake.set()  # a slot is free
 
     async def _deliver(self, hook: Webhook) -> None:
+        logs.bind(swarm_id=hook.swarm_id)  # this task's lines (its tenant once read)
         try:
             await self._attempt(hook)
         except asyncio.CancelledError:
@@ -117,6 +119,7 @@ class WebhookDispatcher:
             subs = (await queries.subtask_views(session, [hook.swarm_id],
                                                 outputs=False))[hook.swarm_id]
         assert swarm is not None
+        logs.bind(tenant=swarm.tenant, traceparent=swarm.trace_parent)
         body = swarm_json(swarm, subs, with_outputs=False, with_result=True)
         secret = webhook_secret(self.settings, swarm.tenant, self._secrets)
         t0 = time.perf_counter()
@@ -128,8 +131,12 @@ class WebhookDispatcher:
         async with self.sessions() as session, session.begin():
             state = await repo.record_attempt(session, hook, status, error, latency_ms, delay,
                                               GIVE_UP_AFTER_S)
+        # the result, never the URL (a chat tool's webhook URL is its secret)
+        result = str(status) if status else (error or "").partition(":")[0]
         log.info("webhook %s attempt %d: %s -> %s", hook.swarm_id, hook.attempts + 1,
-                 status or error, state)
+                 result, state, extra={"attempt": hook.attempts + 1, "http_status": status,
+                                       "result": result, "state": str(state),
+                                       "latency_ms": latency_ms})
 
     async def _post(self, hook: Webhook, body: bytes,
                     secret: str) -> tuple[int | None, str | None]:

@@ -102,6 +102,7 @@ class Cluster:
             "PYTHONUNBUFFERED": "1", "SWARM_DATABASE_URL": db_url, "SWARM_AUTO_MIGRATE": "0",
             "SWARM_LEASE_SECONDS": "2", "SWARM_POLL_INTERVAL_S": "0.2",
             "SWARM_SHUTDOWN_GRACE_S": "5",
+            "SWARM_LOG_FORMAT": "text",  # what wait_log's needles are written for
         })
         self.env.update(env)
 

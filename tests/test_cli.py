@@ -30,6 +30,7 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def cli(api_url: str, *args: str, stdin: str | None = None, key: str = API_KEY,
         timeout: float = 90) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    env["SWARM_LOG_FORMAT"] = "text"  # the line itself, not a JSON record of it
     env.update({"SWARM_URL": api_url, "SWARM_API_KEY": key, "COLUMNS": "200"})
     return subprocess.run([CLI, *args], input=stdin, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
@@ -122,6 +123,7 @@ def test_a_bad_setting_stops_the_process_naming_it_not_its_value(tmp_path: Path)
     """One line a setting (its variable, what is wrong), exit 2, nothing created; a value is
     never echoed: a database URL carries its password."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    env["SWARM_LOG_FORMAT"] = "text"  # the line itself, not a JSON record of it
     env.update(SWARM_DATABASE_URL="mysql://app:hunter2@db/swarm", SWARM_MAX_AGENTS="lots",
                SWARM_GATEWAY_URL="gateway.example/v1")
     run = subprocess.run([CLI, "serve", "--port", str(free_port())], env=env, cwd=tmp_path,
@@ -142,6 +144,7 @@ def test_a_bad_setting_stops_the_process_naming_it_not_its_value(tmp_path: Path)
 def test_migrate_says_in_a_line_why_it_cannot_reach_the_database(database: str, says: str,
                                                                   tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    env["SWARM_LOG_FORMAT"] = "text"  # the line itself, not a JSON record of it
     env["SWARM_DATABASE_URL"] = database
     run = subprocess.run([CLI, "migrate"], env=env, cwd=tmp_path, capture_output=True,
                          text=True, timeout=60, check=False)
@@ -159,6 +162,7 @@ def test_serve_workers_refuses_what_it_cannot_run(workers: str, database: str, s
                                                   tmp_path: Path) -> None:
     """Several processes need a database they can share (not the embedded SQLite file)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    env["SWARM_LOG_FORMAT"] = "text"  # the line itself, not a JSON record of it
     env["SWARM_DATABASE_URL"] = database
     run = subprocess.run([CLI, "serve", "--workers", workers, "--port", str(free_port())],
                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,

@@ -208,7 +208,7 @@ def test_a_worker_whose_metrics_port_is_taken_says_so_and_exits_1(tmp_path: Path
         taken.listen()
         port = taken.getsockname()[1]
         env = {**os.environ, "SWARM_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/w.db",
-               "SWARM_METRICS_PORT": str(port)}
+               "SWARM_METRICS_PORT": str(port), "SWARM_LOG_FORMAT": "text"}
         run = subprocess.run([str(BIN / "swarm-api"), "worker"], env=env, cwd=tmp_path,
                              capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 1, run.stderr

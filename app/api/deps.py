@@ -11,6 +11,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app import logs
 from app.config import Settings
 from app.engine.scheduler import Scheduler
 from app.engine.waiters import SwarmNotifier
@@ -55,12 +56,14 @@ async def get_tenant(
 def tenant_of(settings: Settings, authorization: str | None) -> str:
     """`get_tenant` without FastAPI: the tenant an Authorization header names (401 if none)."""
     if not settings.auth_enabled:
+        logs.bind(tenant=DEFAULT_TENANT)
         return DEFAULT_TENANT
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("missing bearer token")
     for key, tenant in settings.tenant_keys.items():
         if hmac.compare_digest(key.encode(), token.strip().encode()):
+            logs.bind(tenant=tenant)  # the request's log lines name it (SPEC §17)
             return tenant
     raise Unauthorized("invalid API key")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 from fastapi import APIRouter, Response
@@ -28,6 +29,7 @@ from app.schemas import SwarmRead, SwarmRetry
 from app.states import SwarmStatus
 from app.webhook_policy import check_webhook_url
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/swarms", tags=["swarms"], route_class=KeyFirstRoute)
 RETRYABLE = (SwarmStatus.failed, SwarmStatus.cancelled)
 
@@ -90,4 +92,7 @@ async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, te
     if engine is not None:
         engine.wake()
     response.headers["Location"] = f"/swarms/{created[0]}"
-    return swarm_answer(await read_swarm(session, created[0], tenant), 202, response)
+    answer = await read_swarm(session, created[0], tenant)
+    log.info("swarm %s created, a retry of %s (%d subtasks reused)", created[0], swarm_id,
+             len(reused), extra={"swarm_id": created[0], "retry_of": swarm_id})
+    return swarm_answer(answer, 202, response)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterable
@@ -15,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 
-from app import tracing
+from app import logs, tracing
 from app.aio import alongside
 from app.api.admission import AdmissionInInsertDep, StreamGateDep, WaitSlotDep, admit_in_insert
 from app.api.deps import EngineDep, NotifierDep, SessionDep, TenantDep, tenant_of
@@ -48,6 +49,8 @@ from app.states import SwarmStatus
 from app.tools.registry import ToolRegistry
 from app.views import swarm_fields, swarm_json, to_json
 from app.webhook_policy import check_webhook_url
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/swarms", tags=["swarms"])
 
@@ -131,6 +134,10 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
                                          settings.idempotency_ttl_s, insert, admit):
                 return _answer(seen, 202, response)
     response.headers["Location"] = f"/swarms/{new.swarm.id}"
+    log.info("swarm %s created: %d subtasks, budget %s USD", new.swarm.id, len(new.subtasks),
+             new.swarm.budget_usd, extra={
+                 "swarm_id": new.swarm.id, "trace_id": logs.trace_id_of(new.swarm.trace_parent),
+                 "subtasks": len(new.subtasks), "queue_position": position})
     view = (swarm_json(new.swarm, queries.rows_of(new.subtasks), queue_position=position)
             if fields is None else to_json({**fields, "queue_position": position}))
     if local is not None and runner is not None:  # this process runs it: no wake-up, no reload
@@ -263,7 +270,9 @@ async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
             raise AlreadyTerminal(f"swarm is already {swarm.status}",
                                   details={"status": swarm.status})
         cancelled_here = await finish.cancel(session, swarm)
-    if cancelled_here:
+    if cancelled_here:  # committed (the session's rows are not expired by it)
+        finish.log_end(swarm, SwarmStatus.cancelled, (
+            (swarm.finished_at or swarm.created_at) - swarm.created_at).total_seconds(), None)
         notifier.notify(swarm_id)
     elif engine is not None:
         engine.cancel_local(swarm_id)

@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app import logs
 from app.aio import run_to_end
 from app.db import spend
 from app.db.retry import in_transaction
@@ -225,7 +226,9 @@ class DailyCap:
 
     def _start_refresher(self) -> None:
         if self._refresher is None or self._refresher.done():
-            self._refresher = asyncio.create_task(self._refresh_loop(), name="daily-cap-refresh")
+            # started by the first swarm that reserves: its lines are no swarm's
+            self._refresher = asyncio.create_task(self._refresh_loop(), name="daily-cap-refresh",
+                                                  context=logs.detached())
 
     async def _refresh_loop(self) -> None:
         while True:

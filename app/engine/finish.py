@@ -3,6 +3,7 @@ and how a move's event becomes a numbered row."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,12 +23,28 @@ from app.db.webhooks import new_delivery
 from app.engine.handle import EventRow, WebhookRow
 from app.states import Event, SubtaskStatus, SwarmStatus, move_subtask, move_swarm
 
+log = logging.getLogger(__name__)
+
 
 def event_row(swarm: Swarm, event: Event, now: datetime) -> EventRow:
     """Number the event with the swarm's next sequence number (SSE `id:`)."""
     swarm.event_seq += 1
     return {"swarm_id": swarm.id, "seq": swarm.event_seq, "type": event.type,
             "data": event.data, "created_at": now}
+
+
+def log_end(swarm: Swarm, status: SwarmStatus, duration_s: float,
+            err: dict[str, Any] | None) -> None:
+    """A swarm's end (SPEC §17): status, cost, duration, gateway calls; the error's code,
+    never its message (a gateway's may echo the prompt)."""
+    extra: dict[str, Any] = {
+        "swarm_id": swarm.id, "tenant": swarm.tenant, "status": status.value,
+        "cost_usd": float(swarm.spent_usd), "duration_s": round(duration_s, 3),
+        "calls": swarm.gateway_calls}
+    if err is not None:
+        extra["error_code"] = err.get("code")
+    log.info("swarm %s ended %s: %s USD in %.3f s, %d gateway calls", swarm.id, status.value,
+             swarm.spent_usd, duration_s, swarm.gateway_calls, extra=extra)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
-from app import metrics, tracing
+from app import logs, metrics, tracing
 from app.db import spend
 from app.db.changes import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite
 from app.db.create import Ahead, insert_row
@@ -22,7 +22,7 @@ from app.engine import dag
 from app.engine.budget import SwarmBudget
 from app.engine.execute import SubtaskExecutor
 from app.engine.faults import crash_point
-from app.engine.finish import end_swarm, event_row
+from app.engine.finish import end_swarm, event_row, log_end
 from app.engine.handle import (
     EngineContext,
     EventRow,
@@ -242,6 +242,9 @@ class SwarmRunner:
     # ---- the run ------------------------------------------------------------------------
 
     async def run(self) -> None:
+        s = self.swarm  # this task's lines name the swarm (its subtasks' tasks inherit it)
+        logs.bind(swarm_id=s.id, tenant=s.tenant, traceparent=s.trace_parent)
+        self._log_claim()
         metrics.runs_in_progress.inc()
         try:
             with tracing.swarm_span(self.swarm.id, self.swarm.trace_parent):
@@ -252,11 +255,26 @@ class SwarmRunner:
         finally:
             metrics.runs_in_progress.dec()
 
-    async def _run(self) -> None:
+    @property
+    def _taken_over(self) -> bool:
         # queued: nothing was ever sent, unless its creation wrote calls ahead (reserving
         # them) that its first owner may have sent before it died
-        if self._early is None and (self.swarm.status != SwarmStatus.queued
-                                    or self.swarm.reserved_usd):
+        return self._early is None and (self.swarm.status != SwarmStatus.queued
+                                        or bool(self.swarm.reserved_usd))
+
+    def _log_claim(self) -> None:
+        s, at = self.swarm, {"epoch": self.epoch, "rescues": self.rescues,
+                             "owner": self.ctx.owner}
+        if self._early is not None:
+            log.info("swarm %s claimed at its creation", s.id, extra=at)
+        elif self._taken_over:
+            log.info("swarm %s taken over (was %s)", s.id, s.status.value,
+                     extra={**at, "status": s.status.value})
+        else:
+            log.info("swarm %s claimed", s.id, extra=at)
+
+    async def _run(self) -> None:
+        if self._taken_over:
             await self._settle_lost()
         if self.rescues > self.ctx.settings.max_rescues:
             await self._finish(SwarmStatus.failed, failure(
@@ -473,9 +491,11 @@ class SwarmRunner:
             notifier.ended(self.swarm.id, self.swarm, list(self.subs.values()),
                            answer[0] if answer else None)
         started = self.swarm.started_at or self.swarm.created_at
+        duration = (now - started).total_seconds()
         metrics.runs_total.labels(status.value).inc()
-        metrics.run_duration.labels(status.value).observe((now - started).total_seconds())
+        metrics.run_duration.labels(status.value).observe(duration)
         metrics.run_cost.labels(status.value).observe(float(self.budget.spent))
+        log_end(self.swarm, status, duration, err)
 
     def _refused_end(self, status: SwarmStatus, held: list[Subtask], held_events: list[EventRow],
                      exc: WriteRejected) -> tuple[SwarmStatus, dict[str, Any] | None]:

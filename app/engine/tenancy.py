@@ -13,6 +13,7 @@ from datetime import date
 from decimal import Decimal
 from typing import Any
 
+from app import logs
 from app.aio import run_to_end
 from app.db import quotas
 from app.db.direct import fetchrow_pooled
@@ -114,8 +115,11 @@ class TenantDailyCap:
 
     def _start(self) -> None:
         if not self._tasks:
-            self._tasks = [asyncio.create_task(self._batches(), name="tenant-cap-batches"),
-                           asyncio.create_task(self._refresh_loop(), name="tenant-cap-refresh")]
+            # started by the first swarm or request that needs them, they serve every other
+            self._tasks = [asyncio.create_task(self._batches(), name="tenant-cap-batches",
+                                               context=logs.detached()),
+                           asyncio.create_task(self._refresh_loop(), name="tenant-cap-refresh",
+                                               context=logs.detached())]
 
     async def _submit(self, op: _Op) -> DailyCheck | None:
         self._start()

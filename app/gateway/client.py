@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import random
 import ssl
@@ -34,6 +35,8 @@ Outcome = Literal[
     "client_error",
     "connection_error",
 ]
+
+log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 60.0
 BACKOFF_BASE_S = 0.5
@@ -350,7 +353,23 @@ class _Call:
         # Past the deadline (even on the last attempt, cut short by it) or about to wait past it.
         if self.deadline is not None and time.monotonic() + state.upcoming_sleep >= self.deadline:
             self.deadline_hit = True
-        return self.deadline_hit or len(self.attempts) >= self.max_attempts
+        stopping = self.deadline_hit or len(self.attempts) >= self.max_attempts
+        # asked once per retryable failure, when both its class and what follows are known
+        self.log_failed(None if stopping else state.upcoming_sleep)
+        return stopping
+
+    def log_failed(self, wait_s: float | None) -> None:
+        """A failed attempt (SPEC §17): its status, retry class, number and the wait before
+        the next (None: no next). Never its detail: a gateway's error may echo the prompt."""
+        rec = self.attempts[-1]
+        model = self.request.model if self.request is not None else None
+        then = "giving up" if wait_s is None else f"retrying in {wait_s:.3g} s"
+        log.warning("gateway attempt %d failed: %s (%s), %s", rec.attempt,
+                    rec.status_code or "no answer", rec.outcome, then, extra={
+                        "attempt": rec.attempt, "http_status": rec.status_code,
+                        "retry_class": rec.outcome, "model": model,
+                        "wait_s": None if wait_s is None else round(wait_s, 3),
+                        "latency_s": round(rec.latency_s, 3)})
 
     def give_up(self, state: RetryCallState | None = None) -> NoReturn:
         last = self.attempts[-1] if self.attempts else None
@@ -380,6 +399,7 @@ class _Call:
             return ChatResult(content, storable(choice[1])[0], record.usage,
                               tuple(self.attempts), body, calls, changed or calls_changed)
         if record.outcome == "client_error" and record.status_code != 409:
+            self.log_failed(None)  # not retried
             raise GatewayRejected(
                 f"gateway rejected the request: {record.error}", tuple(self.attempts)
             )

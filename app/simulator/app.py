@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive
+from uvicorn.config import LOGGING_CONFIG
 
 from app.simulator.config import SimulatorConfig, SimulatorStats, bounded_put
 from app.simulator.directives import Directives, parse_directives, parse_request
@@ -204,9 +205,11 @@ def create_simulator(config: SimulatorConfig | None = None) -> Starlette:
     return app
 
 
-def run_simulator(host: str, port: int, config: SimulatorConfig | None = None) -> None:
+def run_simulator(host: str, port: int, config: SimulatorConfig | None = None,
+                  log_config: dict[str, Any] | None = None) -> None:
     """Serve the simulator with uvicorn (its own process, for benchmarks and demos)."""
     # idle connections kept 75 s, as gateways behind a load balancer keep them (uvicorn's 5 s
     # raced clients that reuse a pooled connection the server is closing: httpx.ReadError)
     uvicorn.run(create_simulator(config or SimulatorConfig.from_env()), host=host, port=port,
-                access_log=False, log_level="warning", timeout_keep_alive=75)
+                access_log=False, log_level="warning", timeout_keep_alive=75,
+                log_config=LOGGING_CONFIG if log_config is None else log_config)
