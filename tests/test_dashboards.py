@@ -77,7 +77,7 @@ def test_workers_are_scraped() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     port = compose["services"]["worker"]["environment"]["SWARM_METRICS_PORT"]
     jobs = {j["job_name"]: j for j in yaml.safe_load(
-        (DEPLOY / "prometheus.yml").read_text())["scrape_configs"]}
+        (DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]}
     assert jobs["swarm-worker"]["dns_sd_configs"][0]["port"] == int(port)
     assert jobs["swarm-api"]["dns_sd_configs"][0]["port"] == 8000
 
