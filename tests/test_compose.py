@@ -107,3 +107,13 @@ def test_a_misspelt_variable_would_be_caught() -> None:
     assert "metrics_port" in Settings.model_fields
     assert "metric_port" not in Settings.model_fields
 
+
+def test_prometheus_loads_the_alert_rules() -> None:
+    prometheus = services()["prometheus"]
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in prometheus["volumes"]}
+    config_file = mounts["/etc/prometheus/prometheus.yml"]
+    config = yaml.safe_load((ROOT / config_file).read_text())
+    for rules in config["rule_files"]:
+        mounted = mounts[f"/etc/prometheus/{rules}"]  # rule paths are relative to the config
+        assert (ROOT / mounted).is_file(), mounted
+    assert "./deploy/prometheus/alerts.yml" in mounts.values()
