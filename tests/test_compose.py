@@ -5,16 +5,15 @@ services SPEC §17 names are there and start in order. Running it needs a contai
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from app.cli import main
 from app.config import Settings
 from app.simulator.config import SimulatorConfig
+from tests.cli_parser import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -35,26 +34,6 @@ def environment(service: dict[str, Any]) -> dict[str, str]:
 def swarm_services() -> dict[str, dict[str, Any]]:
     """The services that run this project's image."""
     return {name: s for name, s in services().items() if s.get("image") == "swarm-api:local"}
-
-
-class Parsed(Exception):
-    def __init__(self, namespace: argparse.Namespace) -> None:
-        self.namespace = namespace
-
-
-def parse(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
-    """`swarm-api argv` through the CLI's own parser, stopped before the command runs; an
-    argument the parser refuses exits (argparse's SystemExit 2)."""
-    real = argparse.ArgumentParser.parse_args
-
-    def stop(self: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
-        raise Parsed(real(self, args, namespace))
-
-    with monkeypatch.context() as m:
-        m.setattr(argparse.ArgumentParser, "parse_args", stop)
-        with pytest.raises(Parsed) as parsed:
-            main(argv)
-    return parsed.value.namespace
 
 
 def test_the_services_of_spec_17() -> None:

@@ -17,7 +17,7 @@ import yaml
 
 from app.config import Settings
 from tests import dockerfile
-from tests.test_compose import parse
+from tests.cli_parser import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "deploy" / "k8s"
