@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+from decimal import Decimal
 from typing import TypeVar
 from wsgiref.simple_server import WSGIServer
 
@@ -89,6 +90,17 @@ quota_denials = Counter("swarm_quota_denials_total", "Requests refused by a tena
                         ["limit"])
 http_duration = Histogram("swarm_http_request_duration_seconds", "HTTP requests served",
                           ["method", "route", "status"], buckets=LATENCY_BUCKETS)
+# SPEC §5: a swarm claimed from another owner, by how that owner let go of it
+TAKEOVER_REASONS = ("lease_expired", "released")
+takeovers = Counter("swarm_takeovers_total", "Swarms taken over from another owner",
+                    ["reason"])
+# Measured from the database when /metrics is asked (`set_queue_oldest_age`): every API
+# process sees the same queue, and the process just scraped has the freshest figure, so the
+# merge across processes keeps the most recent value (a `max` would keep a process's old,
+# larger age after the queue drained, until that process happened to be scraped again).
+queue_oldest_age = Gauge("swarm_queue_oldest_age_seconds",
+                         "Age of the oldest queued swarm (0: none queued), read at scrape",
+                         multiprocess_mode="mostrecent")
 
 
 def _init_labels() -> None:
@@ -105,6 +117,8 @@ def _init_labels() -> None:
         budget_denials.labels(scope)
     for limit in QUOTA_LIMITS:
         quota_denials.labels(limit)
+    for reason in TAKEOVER_REASONS:
+        takeovers.labels(reason)
 
 
 def _init_models(models: tuple[str, ...] | list[str]) -> None:
@@ -136,6 +150,29 @@ def set_price_table(table: PriceTable) -> None:
         price_table_info.clear()  # not implemented by prometheus-client across processes
     price_table_info.labels(table.version).set(1)
     _init_models(table.names())
+
+
+# SWARM_DAILY_BUDGET_USD as a series, for alerts on the spend rate against it; absent (not 0)
+# while no cap is set, so `rate(spend) / cap` has no series rather than a division by zero
+_daily_budget: Gauge | None = None
+
+
+def set_daily_budget(cap: Decimal | None) -> None:
+    """At startup: publish the global daily cap (or withdraw it)."""
+    global _daily_budget
+    if cap is None:
+        if _daily_budget is not None and not _multiprocess():  # one process, many apps (tests)
+            REGISTRY.unregister(_daily_budget)
+            _daily_budget = None
+        return
+    if _daily_budget is None:
+        _daily_budget = Gauge("swarm_daily_budget_usd", "SWARM_DAILY_BUDGET_USD in force",
+                              multiprocess_mode="livemax")
+    _daily_budget.set(float(cap))
+
+
+def set_queue_oldest_age(seconds: float) -> None:
+    queue_oldest_age.set(seconds)
 
 
 M = TypeVar("M", Counter, Gauge, Histogram)

@@ -10,7 +10,7 @@ from types import TracebackType
 
 import httpx
 
-from app import tracing
+from app import metrics, tracing
 from app.aio import cancel_and_wait
 from app.config import Settings
 from app.db.migrate import upgrade_head_async
@@ -139,6 +139,7 @@ class Runtime:
         try:
             tune_gc()
             faults.arm(settings.crash_at)
+            metrics.set_daily_budget(settings.daily_budget_usd)
             if tracing.configure():  # only when OTEL_* asks for traces
                 stack.callback(tracing.shutdown)
             if settings.migrate_on_start:

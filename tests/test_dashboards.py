@@ -25,7 +25,8 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "swarm-api.json"
 BIN = Path(sys.executable).parent
 # Grafana's variables, as Grafana would expand them for a short range
 VARIABLES = {"$__rate_interval": "1m", "${__rate_interval}": "1m", "$__interval": "15s",
-             "${__interval}": "15s", "$__range": "5m", "${__range}": "5m"}
+             "${__interval}": "15s", "$__range": "5m", "${__range}": "5m",
+             "$model": ".*", "${model}": ".*", "$instance": ".*", "${instance}": ".*"}
 MAIN_PANELS = ("Swarms per second by status", "Swarm duration p50 / p95 / p99",
                "Tokens per hour by model", "USD per hour by model", "Tool calls by outcome",
                "Tool call p95 by tool")
@@ -73,11 +74,28 @@ def test_provisioning_points_at_the_dashboards_and_datasource() -> None:
     assert len(ids) == len(set(ids))
 
 
+def test_alert_panels_with_model_and_instance_variables() -> None:
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    for name, metric in (("model", "swarm_spend_usd_total"), ("instance", "swarm_runs_total")):
+        v = variables[name]
+        assert v["type"] == "query" and v["datasource"]["uid"] == "prometheus"
+        assert v["query"]["query"] == f"label_values({metric}, {name})"
+        assert v["includeAll"] and v["allValue"] == ".*"
+    exprs = {p["title"]: p["targets"][0]["expr"] for p in panels()}
+    unresolved = exprs["Unresolved spend by model"]
+    assert "swarm_spend_unresolved_usd_total" in unresolved
+    assert 'model=~"$model"' in unresolved and 'instance=~"$instance"' in unresolved
+    for title, metric in (("Quota denials by limit", "swarm_quota_denials_total"),
+                          ("Oldest queued swarm", "swarm_queue_oldest_age_seconds"),
+                          ("Takeovers by reason", "swarm_takeovers_total")):
+        assert metric in exprs[title] and 'instance=~"$instance"' in exprs[title], title
+
+
 def test_workers_are_scraped() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     port = compose["services"]["worker"]["environment"]["SWARM_METRICS_PORT"]
     jobs = {j["job_name"]: j for j in yaml.safe_load(
-        (DEPLOY / "prometheus.yml").read_text())["scrape_configs"]}
+        (DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]}
     assert jobs["swarm-worker"]["dns_sd_configs"][0]["port"] == int(port)
     assert jobs["swarm-api"]["dns_sd_configs"][0]["port"] == 8000
 
@@ -216,7 +234,9 @@ def test_every_dashboard_query_runs_on_a_real_prometheus(api_server: str,
     finally:
         proc.terminate()
         proc.wait(20)
-    for title in MAIN_PANELS:
+    # the alert panels' series exist from the start (at zero)
+    for title in (*MAIN_PANELS, "Unresolved spend by model", "Quota denials by limit",
+                  "Oldest queued swarm", "Takeovers by reason"):
         for expr, series in results[title]:
             assert series, f"{title}: no data for {expr}"
     assert results["Price table version"][0][1], "swarm_price_table_info not scraped"

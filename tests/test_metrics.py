@@ -39,6 +39,8 @@ SPEC: dict[str, tuple[str, set[str]]] = {
     "swarm_run_cost_usd": ("histogram", {"status"}),
     "swarm_subtask_queue_wait_seconds": ("histogram", {"kind"}),
     "swarm_http_request_duration_seconds": ("histogram", {"method", "route", "status"}),
+    "swarm_takeovers_total": ("counter", {"reason"}),
+    "swarm_queue_oldest_age_seconds": ("gauge", set()),
 }
 SECRET_TASK = "metrics-task-do-not-label-me"
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import math
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
@@ -10,9 +13,12 @@ from app import metrics
 from app.api.deps import SettingsDep
 from app.api.errors import error_response, error_responses
 from app.db.migrate import current_revision, head_revision
+from app.db.queries import oldest_queued_at
+from app.db.types import utcnow
 from app.schemas import Health, Ready
 
 router = APIRouter(tags=["operations"])
+QUEUE_MEASURE_S = 1.0
 
 
 @router.get("/healthz", response_model=Health, summary="The process is up")
@@ -45,6 +51,24 @@ async def check_ready(request: Request, settings: SettingsDep) -> Response:
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                              "description": "Prometheus text exposition"}})
-async def get_metrics() -> Response:
+async def get_metrics(request: Request) -> Response:
+    await _measure_queue(request)
     body, content_type = metrics.render()
     return Response(body, media_type=content_type)
+
+
+async def _measure_queue(request: Request) -> None:
+    """swarm_queue_oldest_age_seconds from the database, now; NaN (no figure) while the
+    database does not answer within a second: a scrape is never held by an outage, which
+    the readiness probe reports."""
+    sessions = getattr(request.app.state, "sessions", None)
+    if sessions is None:  # the lifespan has not opened the database
+        return
+    try:
+        async with asyncio.timeout(QUEUE_MEASURE_S), sessions() as session:
+            oldest = await oldest_queued_at(session)
+    except Exception:
+        metrics.set_queue_oldest_age(math.nan)
+        return
+    age = 0.0 if oldest is None else (utcnow() - oldest).total_seconds()
+    metrics.set_queue_oldest_age(max(age, 0.0))

@@ -44,6 +44,15 @@ class Claim:
     swarm_id: str
     epoch: int
     rescues: int
+    # taken from another owner: `lease_expired` (it held the lease and went silent) or
+    # `released` (it gave the swarm back, shutting down); None for a first claim
+    takeover: str | None = None
+
+
+def _takeover(had_owner: bool, previous_epoch: int) -> str | None:
+    if had_owner:
+        return "lease_expired"
+    return "released" if previous_epoch > 0 else None
 
 
 def idle_ms(seconds: float) -> str:
@@ -89,7 +98,8 @@ ranked AS (
       AND c.id <> ALL(CAST(:exclude AS text[]))
 ),
 picked AS MATERIALIZED (
-    SELECT s.id FROM swarms s JOIN ranked r ON r.id = s.id
+    SELECT s.id, s.lease_owner IS NOT NULL AS had_owner, s.lease_epoch AS previous_epoch
+    FROM swarms s JOIN ranked r ON r.id = s.id
     WHERE s.status IN ('queued', 'planning', 'running', 'synthesizing')
       AND (s.lease_expires_at IS NULL OR s.lease_expires_at < now())
     ORDER BY r.prio, r.created_at, r.id
@@ -103,7 +113,8 @@ SET lease_owner = :owner,
     rescues = s.rescues + CASE WHEN s.lease_owner IS NOT NULL THEN 1 ELSE 0 END
 FROM picked WHERE s.id = picked.id
 RETURNING s.id, s.lease_epoch, s.rescues,
-          set_config('idle_in_transaction_session_timeout', :idle_ms, true)
+          set_config('idle_in_transaction_session_timeout', :idle_ms, true),
+          picked.had_owner, picked.previous_epoch
 """)
 
 
@@ -124,11 +135,11 @@ async def claim_swarms(
             _PG_CLAIM, {"owner": owner, "lease": float(lease_s), "limit": limit,
                         "exclude": list(exclude), "idle_ms": idle_ms(lease_s)}
         )
-        return [Claim(r[0], r[1], r[2]) for r in rows]
+        return [Claim(r[0], r[1], r[2], _takeover(r[4], r[5])) for r in rows]
     now = utcnow()
-    ids = list((await session.execute(_fair_order(now, exclude, limit))).scalars())
+    picked = (await session.execute(_fair_order(now, exclude, limit))).all()
     claims: list[Claim] = []
-    for swarm_id in ids:
+    for swarm_id, had_owner, previous_epoch in picked:
         row = (await session.execute(
             update(Swarm)
             .where(Swarm.id == swarm_id, _claimable(now))
@@ -142,11 +153,12 @@ async def claim_swarms(
             .returning(Swarm.id, Swarm.lease_epoch, Swarm.rescues)
         )).one_or_none()
         if row is not None:
-            claims.append(Claim(row[0], row[1], row[2]))
+            claims.append(Claim(row[0], row[1], row[2], _takeover(had_owner, previous_epoch)))
     return claims
 
 
-def _fair_order(now: datetime, exclude: Sequence[str], limit: int) -> Select[tuple[str]]:
+def _fair_order(now: datetime, exclude: Sequence[str], limit: int
+                ) -> Select[str, bool, int]:
     """_PG_CLAIM's order in Core (SQLite: one process, so no row locks to skip)."""
     held = (select(Swarm.tenant, func.count().label("n"))
             .where(Swarm.status.in_((SwarmStatus.queued, *ACTIVE)),
@@ -155,10 +167,12 @@ def _fair_order(now: datetime, exclude: Sequence[str], limit: int) -> Select[tup
     rank = func.row_number().over(partition_by=Swarm.tenant,
                                   order_by=(Swarm.created_at, Swarm.id))
     ranked = (select(Swarm.id, Swarm.created_at,
-                     (func.coalesce(held.c.n, 0) + rank).label("prio"))
+                     (func.coalesce(held.c.n, 0) + rank).label("prio"),
+                     Swarm.lease_owner.is_not(None).label("had_owner"),
+                     Swarm.lease_epoch.label("previous_epoch"))
               .outerjoin(held, held.c.tenant == Swarm.tenant)
               .where(_claimable(now), Swarm.id.not_in(list(exclude))).subquery())
-    return (select(ranked.c.id)
+    return (select(ranked.c.id, ranked.c.had_owner, ranked.c.previous_epoch)
             .order_by(ranked.c.prio, ranked.c.created_at, ranked.c.id).limit(limit))
 
 

@@ -182,6 +182,15 @@ async def queue_position(session: AsyncSession, swarm: Swarm) -> int:
     return count + 1
 
 
+async def oldest_queued_at(session: AsyncSession) -> datetime | None:
+    """When the oldest swarm of any tenant still waiting to start was created (None: none
+    waits); on the (status, lease_expires_at) index."""
+    oldest: datetime | None = (await session.execute(
+        select(func.min(Swarm.created_at)).where(Swarm.status == SwarmStatus.queued)
+    )).scalar_one()
+    return oldest
+
+
 async def queued_swarms(session: AsyncSession, tenant: str) -> int:
     """How many of the tenant's swarms wait in its queue (queued, claimed by no engine), from
     the counts the database's triggers keep (tables.TenantQueue): one index lookup, whatever

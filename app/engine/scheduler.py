@@ -11,6 +11,7 @@ import socket
 import uuid
 from contextlib import suppress
 
+from app import metrics
 from app.config import Settings
 from app.db import leases
 from app.db.notify import CANCEL, QUEUED
@@ -182,6 +183,8 @@ class Scheduler:
             loaded = await leases.load_swarms_for_run(session, [c.swarm_id for c in claims])
         for claim in claims:
             swarm, subs = loaded[claim.swarm_id]
+            if claim.takeover is not None:
+                metrics.child(metrics.takeovers, claim.takeover).inc()
             self._drive(SwarmRunner(self.ctx, swarm, subs, claim.epoch, claim.rescues))
         if len(claims) == capacity:
             self._wake.set()  # there may be more waiting
