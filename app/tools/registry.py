@@ -110,12 +110,12 @@ class ToolRegistry:
 
     def check(self, selector: str) -> None:
         """Refuse a selector for a swarm being created: unknown server or tool, or a server
-        that is down now."""
+        that is down now and not restarting (SPEC §9: one that restarts is waited for)."""
         server, tool = split_selector(selector)
         conn = self.connections.get(server)
         if conn is None:
             raise ToolSelectionError("unknown_tool", f"no tool server {server!r}", selector)
-        if conn.state != "up":
+        if conn.state != "up" and not conn.restarting:
             raise ToolSelectionError("tool_server_unavailable",
                                      f"tool server {server!r} is {conn.state}", selector)
         if tool is not None and tool not in conn.tools:
