@@ -40,6 +40,15 @@ def split_selector(selector: str) -> tuple[str, str | None]:
     return server, (tool if dot else None)
 
 
+def permitted(selector: str, allowed: Sequence[str] | None) -> bool:
+    """Whether a tenant whose `tools` (SPEC §8) are `allowed` may use `selector`: a server
+    listed whole, or the very tool listed (a whole server needs the server listed)."""
+    if allowed is None:
+        return True
+    server, tool = split_selector(selector)
+    return server in allowed or (tool is not None and selector in allowed)
+
+
 def cut(text: str, max_bytes: int) -> str:
     """`text` within `max_bytes` of UTF-8, with a visible marker when something was cut."""
     raw = text.encode()
