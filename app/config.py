@@ -170,6 +170,8 @@ class Settings(LogSettings):
     # tools (SPEC §9): the mcpServers JSON file, and the cut of each tool result
     mcp_config: str | None = None
     tool_result_max_bytes: int = Field(default=16384, ge=256, le=10_000_000)
+    # a model's tool-call arguments longer than this are the call's error, never sent (§9)
+    tool_args_max_bytes: int = Field(default=262144, ge=256, le=100_000_000)
     # the Alembic scripts (the image sets /app/migrations); unset: <repo>/migrations
     migrations_dir: str | None = None
     # crash tests only: SIGKILL this process at `<point>:<subtask>[,…]` (app/engine/faults.py)

@@ -1,9 +1,11 @@
 """Requests to addresses a client chose (webhooks) go to public addresses only, and to the very
 address that was checked.
 
-An IPv6 address that embeds an IPv4 one (IPv4-mapped `::ffff:a.b.c.d`, IPv4-compatible
-`::a.b.c.d`, NAT64 `64:ff9b::/96` and `64:ff9b:1::/48`, 6to4 `2002::/16`, Teredo) is judged by
-the IPv4 address it carries too: `[::127.0.0.1]` reaches loopback on many stacks. Resolving a
+An IPv6 address that embeds an IPv4 one (IPv4-mapped `::ffff:a.b.c.d`, SIIT's IPv4-translated
+`::ffff:0:a.b.c.d`, IPv4-compatible `::a.b.c.d`, NAT64 `64:ff9b::/96` and `64:ff9b:1::/48`, 6to4
+`2002::/16`, Teredo) is judged by the IPv4 address it carries too: `[::127.0.0.1]` reaches
+loopback on many stacks. The rest of `::/64` is unassigned (no public host lives there) and is
+refused whole, whatever a translator may make of it. Resolving a
 name once to check it and again to connect leaves a DNS-rebinding window, so the transport
 below resolves once and connects to the checked address, keeping the name for the `Host`
 header and for TLS (SNI and the certificate check).
@@ -25,11 +27,13 @@ _LOW32 = 0xFFFF_FFFF
 # IPv6 ranges that carry an IPv4 address, and where it sits (bits to shift right)
 _EMBEDDING: tuple[tuple[ipaddress.IPv6Network, int], ...] = (
     (ipaddress.IPv6Network("::ffff:0:0/96"), 0),   # IPv4-mapped
+    (ipaddress.IPv6Network("::ffff:0:0:0/96"), 0),  # IPv4-translated (SIIT, RFC 2765)
     (ipaddress.IPv6Network("::/96"), 0),           # IPv4-compatible (deprecated)
     (ipaddress.IPv6Network("64:ff9b::/96"), 0),    # NAT64, well-known prefix
     (ipaddress.IPv6Network("64:ff9b:1::/48"), 0),  # NAT64, local use (RFC 8215)
     (ipaddress.IPv6Network("2002::/16"), 80),      # 6to4
 )
+_UNASSIGNED = ipaddress.IPv6Network("::/64")  # beside the embeddings above, nothing routable
 
 
 class AddressRefused(httpx.ConnectError):
@@ -56,6 +60,8 @@ def refusal(address: str) -> str | None:
     inner = embedded_ipv4(ip)
     if inner is not None and (not inner.is_global or inner.is_multicast):
         return f"{address} embeds the non-public IPv4 address {inner}"
+    if inner is None and isinstance(ip, ipaddress.IPv6Address) and ip in _UNASSIGNED:
+        return f"{address} is not a public address"
     return None
 
 

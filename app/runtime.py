@@ -53,7 +53,8 @@ async def start_tools(settings: Settings) -> ToolRegistry | None:
     if not settings.mcp_config:
         return None
     tools = ToolRegistry.from_file(settings.mcp_config,
-                                   result_max_bytes=settings.tool_result_max_bytes)
+                                   result_max_bytes=settings.tool_result_max_bytes,
+                                   args_max_bytes=settings.tool_args_max_bytes)
     await tools.start()
     return tools
 

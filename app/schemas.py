@@ -362,11 +362,14 @@ class Health(BaseModel):
 
 
 class Ready(BaseModel):
+    """`status` alone to a caller without a valid key when keys are configured; the rest names
+    the deployment (tool servers, versions), for an authenticated caller."""
+
     status: str
-    database: str
-    revision: str | None
-    price_table_version: str
-    tool_servers: dict[str, str] = Field(default_factory=dict)  # server -> starting|up|down
+    database: str | None = None
+    revision: str | None = None
+    price_table_version: str | None = None
+    tool_servers: dict[str, str] | None = None  # server -> starting|up|down
     tenants_version: str | None = None  # SWARM_TENANTS_FILE's (or the built-in defaults')
 
 

@@ -14,11 +14,22 @@ import math
 import tomllib
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 Money = Decimal
+# `server` (all its tools) or `server.tool` (one), as an agent's `tools` name them (SPEC §9)
+ToolSelector = Annotated[str, StringConstraints(
+    pattern=r"^[A-Za-z0-9_-]{1,48}(\.[A-Za-z0-9_.\-]{1,128})?$")]
 
 
 class TenantLimits(BaseModel):
@@ -36,6 +47,7 @@ class TenantLimits(BaseModel):
     daily_budget_usd: Money | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_streams: int | None = Field(default=None, ge=0)
     webhook_secret: SecretStr | None = None
+    tools: list[ToolSelector] | None = None  # the MCP servers / tools it may use (None: all)
 
     @model_validator(mode="after")
     def _default_within_max(self) -> TenantLimits:

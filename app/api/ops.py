@@ -10,11 +10,13 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from app import metrics
-from app.api.deps import SettingsDep
+from app.api.deps import SettingsDep, tenant_of
 from app.api.errors import error_response, error_responses
+from app.config import Settings
 from app.db.migrate import current_revision, head_revision
 from app.db.queries import oldest_queued_at
 from app.db.types import utcnow
+from app.errors import Unauthorized
 from app.schemas import Health, Ready
 
 router = APIRouter(tags=["operations"])
@@ -26,21 +28,39 @@ async def check_health() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Ready, responses=error_responses(503),
-            summary="The database is reachable and migrated")
+def _authenticated(request: Request, settings: Settings) -> bool:
+    """Whether the caller may read what names the deployment: auth is off, or its key is
+    valid (a wrong key is no error here: the route needs none)."""
+    try:
+        tenant_of(settings, request.headers.get("authorization"))
+    except Unauthorized:
+        return False
+    return True
+
+
+@router.get("/readyz", response_model=Ready, response_model_exclude_none=True,
+            responses=error_responses(503),
+            summary="The database is reachable and migrated (details with a valid key)")
 async def check_ready(request: Request, settings: SettingsDep) -> Response:
+    """Ready or not to anyone; the tool servers and the versions (schema, price table,
+    tenants file) only to a caller with a valid key (or with auth off), and in /metrics."""
     engine = request.app.state.db_engine
+    known = _authenticated(request, settings)
     try:
         async with engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
         revision = await current_revision(engine)
     except Exception as exc:
-        return error_response(503, "unavailable",
-                              f"database unreachable: {type(exc).__name__}")
+        return error_response(503, "unavailable", f"database unreachable: {type(exc).__name__}"
+                              if known else "not ready")
     head = head_revision(settings.migrations_dir)
     if revision != head:
+        if not known:
+            return error_response(503, "unavailable", "not ready")
         return error_response(503, "unavailable", "database not migrated",
                               {"revision": revision, "head": head})
+    if not known:
+        return JSONResponse({"status": "ok"})
     tools = request.app.state.tools
     return JSONResponse(Ready(status="ok", database="ok", revision=revision,
                               price_table_version=settings.prices.version,

@@ -23,7 +23,7 @@ from app.api.shared import (
 )
 from app.db import retry_copy
 from app.db.tables import Swarm
-from app.engine.specs import check_model, retry_digest, retry_row
+from app.engine.specs import check_model, check_tenant_tools, retry_digest, retry_row
 from app.errors import NotRetryable
 from app.schemas import SwarmRead, SwarmRetry
 from app.states import SwarmStatus
@@ -72,6 +72,7 @@ async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, te
                 details={"status": old.status})
         for model in await retry_copy.rerun_models(s, old.id):
             check_model(settings, model, "model")  # the price table may have changed since
+        check_tenant_tools(old.spec, settings.tenant_limits(tenant).tools)  # and its tools
         olds[:] = [old]
         # before any row, as every creation (insert_once): a refusal rolls back the token
         await admission.check_in(s)

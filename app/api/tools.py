@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.deps import SessionDep, TenantDep, ToolsDep
+from app.api.deps import SessionDep, SettingsDep, TenantDep, ToolsDep
 from app.api.errors import error_responses
 from app.api.shared import check_id
 from app.db import queries
@@ -12,6 +12,7 @@ from app.engine.layout import COMPRESSOR_PREFIX, PLANNER, SYNTHESIZER
 from app.engine.planner import ID_PATTERN
 from app.errors import SwarmNotFound
 from app.schemas import SubtaskDetail, ToolList, ToolRead
+from app.tools.registry import permitted
 from app.views import subtask_read
 
 router = APIRouter(tags=["tools"])
@@ -27,9 +28,12 @@ def subtask_name(name: str) -> bool:
 
 @router.get("/tools", response_model=ToolList, responses=error_responses(401, 422),
             summary="List the tools of the MCP servers that are up")
-async def list_tools(tools: ToolsDep, _tenant: TenantDep) -> ToolList:
-    """Every tool of every configured server that is up, by server then name."""
-    items = [] if tools is None else tools.catalogue()
+async def list_tools(tools: ToolsDep, tenant: TenantDep, settings: SettingsDep) -> ToolList:
+    """Every tool of every configured server that is up and the tenant may use (its `tools`
+    in SWARM_TENANTS_FILE), by server then name."""
+    allowed = settings.tenant_limits(tenant).tools
+    items = [t for t in ([] if tools is None else tools.catalogue())
+             if permitted(f"{t.server}.{t.name}", allowed)]
     return ToolList(items=[ToolRead(server=t.server, name=t.name, description=t.description,
                                     input_schema=t.input_schema) for t in items])
 

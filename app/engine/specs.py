@@ -19,7 +19,7 @@ from app.engine.planner import planner_max_tokens
 from app.errors import Refused
 from app.schemas import Limits, SwarmCreate
 from app.states import SubtaskKind, SwarmStatus
-from app.tools.registry import ToolRegistry, ToolSelectionError
+from app.tools.registry import ToolRegistry, ToolSelectionError, permitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +73,34 @@ def _check_agents(body: SwarmCreate, settings: Settings) -> None:
         raise Refused(str(exc), code=exc.code, details=details) from exc
 
 
-def _check_tools(body: SwarmCreate, tools: ToolRegistry | None) -> None:
-    """Every tool selector names a configured server that is up (and a tool it lists)."""
-    given = [(f"tools.{j}", sel) for j, sel in enumerate(body.tools or [])]
-    for i, a in enumerate(body.agents or []):
-        given += [(f"agents.{i}.tools.{j}", sel) for j, sel in enumerate(a.tools or [])]
+def _selectors(top: list[str] | None, agents: list[list[str] | None]) -> list[tuple[str, str]]:
+    """(field, selector) of every tool a request names: its `tools`, then each agent's."""
+    given = [(f"tools.{j}", sel) for j, sel in enumerate(top or [])]
+    for i, own in enumerate(agents):
+        given += [(f"agents.{i}.tools.{j}", sel) for j, sel in enumerate(own or [])]
+    return given
+
+
+def _check_permitted(given: list[tuple[str, str]], allowed: list[str] | None) -> None:
+    """The tenant's `tools` (SPEC §8) list each selector; another is unknown to it."""
+    for field, selector in given:
+        if not permitted(selector, allowed):
+            raise Refused(f"no tool {selector!r} for this tenant", code="unknown_tool",
+                          details={"field": field, "tool": selector})
+
+
+def check_tenant_tools(spec: dict[str, Any], allowed: list[str] | None) -> None:
+    """A stored swarm's tools against the tenant's `tools` now (a retry runs them again)."""
+    agents = spec.get("agents") or []
+    _check_permitted(_selectors(spec.get("tools"), [a.get("tools") for a in agents]), allowed)
+
+
+def _check_tools(body: SwarmCreate, tools: ToolRegistry | None,
+                 allowed: list[str] | None) -> None:
+    """Every tool selector is the tenant's to use and names a configured server that is up
+    or restarting (and a tool it lists)."""
+    given = _selectors(body.tools, [a.tools for a in body.agents or []])
+    _check_permitted(given, allowed)  # first: what is not the tenant's says nothing of state
     for field, selector in given:
         if tools is None:
             raise Refused("no tool servers are configured (SWARM_MCP_CONFIG)",
@@ -114,7 +137,7 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
     check_model(settings, spec["synthesis"]["model"], "synthesis.model")
     check_model(settings, spec["orchestrator"]["model"], "orchestrator.model")
     _check_agents(body, settings)
-    _check_tools(body, tools)
+    _check_tools(body, tools, settings.tenant_limits(tenant).tools)
     swarm_id = str(uuid.uuid4())
     # the task is stored once, in its own column: not in the spec, and a prompt that is the
     # task is NULL (resolved when the call is made)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 from collections import Counter
 from typing import Any
 
@@ -30,6 +29,7 @@ from app.engine.handle import EventRow, Outcome, SwarmHandle, TranscriptRow, fai
 from app.engine.steps import CALL_FAILURES, SubtaskSteps
 from app.gateway.client import ToolCallRequest
 from app.states import Event
+from app.tools.arguments import ArgumentsRefused, parse_arguments
 from app.tools.model import ToolInfo, ToolOutcome
 
 Message = dict[str, Any]
@@ -204,14 +204,12 @@ class TurnLoop:
         return list(await asyncio.gather(*(one(*p) for p in pending)))
 
     async def _call(self, tool: ToolInfo, arguments: str, priority: int) -> ToolOutcome:
-        try:
-            args = json.loads(arguments or "{}")
-        except (ValueError, RecursionError):  # the model's arguments are outside bytes too
-            args = None
-        if not isinstance(args, dict):
-            return ToolOutcome("error", "error: the arguments are not a JSON object", 0.0, 0)
         registry = self.handle.ctx.tools
         assert registry is not None  # offered tools come from it
+        try:  # the model's arguments are outside text: bounded, parsed, cleaned
+            args = parse_arguments(arguments, registry.args_max_bytes)
+        except ArgumentsRefused as exc:
+            return ToolOutcome("error", f"error: {exc}", 0.0, 0)
         return await registry.call(tool.server, tool.name, args, priority)
 
     def _row(self, sub: Subtask, seq: int, turn: int, message: Message) -> TranscriptRow:

@@ -498,8 +498,10 @@ class GatewayClient:
     def _scrub(self, text: str) -> str:
         # Redact before truncating, so a key cut in half cannot slip through; by pattern, so
         # a partly masked key or the gateway's host name does not either. Error text is
-        # stored (subtask errors, events), so it is made storable too.
-        return " ".join(self._redact(storable(text)[0]).split())[:_DETAIL_CHARS]
+        # stored (subtask errors, events), so it is made storable too. What lies past the
+        # kept part by more than any encoded key's length is never shown, so is not read.
+        text = " ".join(storable(text)[0].split())[:_DETAIL_CHARS + self._redact.reach]
+        return " ".join(self._redact(text).split())[:_DETAIL_CHARS]
 
     async def complete(
         self,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from app import metrics
 from app.text import storable
+from app.tools.arguments import ArgumentsRefused, check_sendable, cleaned_arguments
 from app.tools.config import ServerConfig, load_config
 from app.tools.limits import PrioritySemaphore, held
 from app.tools.model import ServerUnavailable, ToolInfo, ToolOutcome
@@ -37,6 +38,15 @@ def split_selector(selector: str) -> tuple[str, str | None]:
     """`server` -> (server, None); `server.tool` -> (server, tool)."""
     server, dot, tool = selector.partition(".")
     return server, (tool if dot else None)
+
+
+def permitted(selector: str, allowed: Sequence[str] | None) -> bool:
+    """Whether a tenant whose `tools` (SPEC §8) are `allowed` may use `selector`: a server
+    listed whole, or the very tool listed (a whole server needs the server listed)."""
+    if allowed is None:
+        return True
+    server, tool = split_selector(selector)
+    return server in allowed or (tool is not None and selector in allowed)
 
 
 def cut(text: str, max_bytes: int) -> str:
@@ -67,19 +77,22 @@ class ToolRegistry:
     """Every configured server of this process, its tools, and the slots that bound them."""
 
     def __init__(self, servers: dict[str, ServerConfig], *, result_max_bytes: int = 16384,
-                 start_wait_s: float = 10.0) -> None:
+                 args_max_bytes: int = 262144, start_wait_s: float = 10.0) -> None:
         from app.tools.sessions import ServerConnection
 
         self.connections = {n: ServerConnection(n, c) for n, c in servers.items()}
         self.result_max_bytes = result_max_bytes
+        self.args_max_bytes = args_max_bytes
         self._start_wait_s = start_wait_s
         self._server_slots = {n: PrioritySemaphore(c.max_concurrency)
                               for n, c in servers.items()}
         self._tool_slots: dict[tuple[str, str], PrioritySemaphore] = {}
 
     @classmethod
-    def from_file(cls, path: str, *, result_max_bytes: int = 16384) -> ToolRegistry:
-        return cls(load_config(path), result_max_bytes=result_max_bytes)
+    def from_file(cls, path: str, *, result_max_bytes: int = 16384,
+                  args_max_bytes: int = 262144) -> ToolRegistry:
+        return cls(load_config(path), result_max_bytes=result_max_bytes,
+                   args_max_bytes=args_max_bytes)
 
     async def start(self) -> None:
         """Start every server and wait (bounded) for each first attempt; a server that does
@@ -106,12 +119,12 @@ class ToolRegistry:
 
     def check(self, selector: str) -> None:
         """Refuse a selector for a swarm being created: unknown server or tool, or a server
-        that is down now."""
+        that is down now and not restarting (SPEC §9: one that restarts is waited for)."""
         server, tool = split_selector(selector)
         conn = self.connections.get(server)
         if conn is None:
             raise ToolSelectionError("unknown_tool", f"no tool server {server!r}", selector)
-        if conn.state != "up":
+        if conn.state != "up" and not conn.restarting:
             raise ToolSelectionError("tool_server_unavailable",
                                      f"tool server {server!r} is {conn.state}", selector)
         if tool is not None and tool not in conn.tools:
@@ -138,8 +151,14 @@ class ToolRegistry:
     async def call(self, server: str, tool: str, arguments: dict[str, Any],
                    priority: int = 0) -> ToolOutcome:
         """Run one tool within its server's and its own slots (waiters by priority, then
-        FIFO) and its server's timeout; every failure becomes an `error: …` outcome."""
+        FIFO) and its server's timeout; every failure becomes an `error: …` outcome, and
+        arguments the server cannot be sent fail this call alone, before it takes a slot."""
         conn = self.connections[server]
+        try:
+            arguments = cleaned_arguments(arguments)
+            check_sendable(tool, arguments)
+        except ArgumentsRefused as exc:
+            return self._settled(conn, tool, "error", str(exc), 0.0)
         limit = conn.config.tool_concurrency.get(tool)
         slots = [self._tool_slot(server, tool, limit)] if limit else []
         async with held(*slots, self._server_slots[server], priority=priority):
@@ -156,7 +175,6 @@ class ToolRegistry:
         from mcp.shared.exceptions import MCPError
 
         timeout = conn.config.timeout_s
-        label = tool if tool in conn.tools else UNKNOWN_TOOL_LABEL
         gauge = metrics.tool_calls_in_flight.labels(conn.name)
         gauge.inc()
         started = time.monotonic()
@@ -177,7 +195,12 @@ class ToolRegistry:
             status, text = "error", f"{type(exc).__name__}: {exc}"
         finally:
             gauge.dec()
-        latency = time.monotonic() - started
+        return self._settled(conn, tool, status, text, time.monotonic() - started)
+
+    def _settled(self, conn: ServerConnection, tool: str, status: str, text: str,
+                 latency: float) -> ToolOutcome:
+        """The call's metrics, and its outcome as the model reads it."""
+        label = tool if tool in conn.tools else UNKNOWN_TOOL_LABEL
         metrics.tool_calls_total.labels(conn.name, label, status).inc()
         metrics.tool_call_duration.labels(conn.name, label).observe(latency)
         # the text goes to the transcript: what no database stores (NUL, lone surrogates,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import AsyncExitStack, suppress
 
 import httpx2
@@ -32,6 +33,9 @@ PING_TIMEOUT_S = 10.0  # a dead process fails at once; this bounds a hung one
 START_TIMEOUT_S = 120.0
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 5.0
+# a server that was up this recently and is down now is restarting: a swarm naming it is
+# accepted (its calls wait for the restart within their timeout); down longer, it is gone
+RESTARTING_S = 60.0
 
 
 class ServerConnection:
@@ -43,6 +47,7 @@ class ServerConnection:
         self.state = "starting"
         self.error: str | None = None
         self.restarts = 0
+        self.down_since: float | None = None  # monotonic; None while up or never up
         self.tools: dict[str, ToolInfo] = {}  # the last listing, kept while down
         self._session: ClientSession | None = None
         self._up = asyncio.Event()
@@ -80,6 +85,12 @@ class ServerConnection:
             raise ServerUnavailable(f"server {self.name} is {self.state}")
         return self._session
 
+    @property
+    def restarting(self) -> bool:
+        """Down now after having been up, within RESTARTING_S."""
+        return (self.state != "up" and self.down_since is not None
+                and time.monotonic() - self.down_since < RESTARTING_S)
+
     def suspect(self) -> None:
         """A call failed below the protocol: check the connection now, not at the next ping."""
         self._poke.set()
@@ -96,6 +107,8 @@ class ServerConnection:
                 self.error = _describe(exc)
                 log.warning("MCP server %s is down: %s", self.name, self.error)
             finally:
+                if self.state == "up":
+                    self.down_since = time.monotonic()
                 self._session = None
                 self._up.clear()
                 self.state = "down"
@@ -130,6 +143,7 @@ class ServerConnection:
             await asyncio.wait_for(session.initialize(), max(cfg.timeout_s, START_TIMEOUT_S))
             await self._list_tools(session)
             self._session, self.state, self.error = session, "up", None
+            self.down_since = None
             self._up.set()
             self._tried.set()
             log.info("MCP server %s is up with %d tools", self.name, len(self.tools))
