@@ -150,3 +150,24 @@ async def test_another_tenants_swarm_keeps_its_latency_beside_a_flood(
             await asyncio.gather(*flood, return_exceptions=True)
     assert beside <= 2 * alone, (alone, beside)
     assert most <= 3  # t1's 2 and t2's 1
+
+
+async def test_a_call_that_waits_for_the_process_pool_too_long_is_503(sqlite_url: str) -> None:
+    """SWARM_MAX_INFLIGHT = 1 on an API replica, calls of 1.5 s by two tenants without a
+    limit of their own, SWARM_FACADE_TIMEOUT_S = 2: the third call waits more than 2 s for
+    the process's slot -> 503 overloaded (Retry-After), never sent."""
+    async with start_facade(sqlite_url, run_engine=False, max_inflight=1,
+                            facade_timeout_s=2.0) as facade:
+        async with httpx.AsyncClient(base_url=facade.base_url, timeout=30,
+                                     headers={"Authorization": "Bearer k2"}) as t2:
+            answers = await asyncio.gather(
+                facade.http.post("/v1/chat/completions", json=_body(1500, "One")),
+                t2.post("/v1/chat/completions", json=_body(1500, "Two")),
+                facade.http.post("/v1/chat/completions", json=_body(1500, "Three")))
+        statuses = sorted(r.status_code for r in answers)
+        assert statuses == [200, 200, 503], [r.text for r in answers]
+        refused = next(r for r in answers if r.status_code == 503)
+        assert refused.json()["error"]["code"] == "overloaded"
+        assert refused.headers["retry-after"] == "1"
+        assert facade.simulator.state.stats.calls == 2
+        assert facade.simulator.state.stats.max_in_flight == 1
