@@ -84,6 +84,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
             app.state.gateway = runtime.gateway  # the facade's passthrough calls use both
             app.state.daily = runtime.daily
             app.state.tenant_gates = runtime.tenants
+            app.state.inflight = runtime.inflight  # SWARM_MAX_INFLIGHT, the engine's too
             app.state.tools = runtime.tools
             watch = asyncio.create_task(_stop_when_failed(app, runtime), name="side-monitor")
             _stop_with_parent(app)

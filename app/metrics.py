@@ -85,7 +85,7 @@ subtasks_reused = Counter("swarm_subtasks_reused_total",
                           "Subtasks copied as succeeded into a retry (no gateway call)", ["kind"])
 # SPEC §8: requests refused by a tenant's quota, by the key that refused them (no tenant label)
 QUOTA_LIMITS = ("requests_per_minute", "max_active_swarms", "max_agents", "max_budget_usd",
-                "daily_budget_usd", "max_streams")
+                "daily_budget_usd", "max_streams", "max_inflight_calls")
 quota_denials = Counter("swarm_quota_denials_total", "Requests refused by a tenant quota",
                         ["limit"])
 http_duration = Histogram("swarm_http_request_duration_seconds", "HTTP requests served",

@@ -132,6 +132,8 @@ class Runtime:
         self.engine: Scheduler | None = None
         self.daily: DailyCap | None = None  # SWARM_DAILY_BUDGET_USD, shared by engine and API
         self.tenants: TenantGates | None = None  # per-tenant caps and slots (SPEC §8), likewise
+        # SWARM_MAX_INFLIGHT: the engine's calls and the facade's passthrough calls share it
+        self.inflight = asyncio.Semaphore(settings.max_inflight)
         self.tools: ToolRegistry | None = None
 
     async def __aenter__(self) -> Runtime:
@@ -164,6 +166,7 @@ class Runtime:
                 stack.push_async_callback(self.daily.close)
             if self.engine is not None:
                 self.tenants = self.engine.ctx.tenants
+                self.inflight = self.engine.ctx.inflight
             else:  # the facade's passthrough meters against the tenant's daily cap too
                 self.tenants = TenantGates(settings.tenants, self.sessions, process_owner(),
                                            settings.lease_seconds, self.daily)

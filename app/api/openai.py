@@ -12,6 +12,7 @@ from app.api.admission import RateLimitDep
 from app.api.deps import SettingsDep, TenantDep
 from app.api.openai_errors import OpenAIRoute, openai_responses
 from app.api.openai_passthrough import Passthrough
+from app.api.openai_slots import CLIENT_GONE, ClientGone, stream_slot, unless_gone
 from app.api.openai_swarm import SwarmCall
 from app.api.sse import json_event_schema
 from app.openai_schemas import (
@@ -64,8 +65,22 @@ async def create_chat_completion(
     """
     if body.agent_swarm is not None and body.agent_swarm.enabled:
         call = SwarmCall(request, body, tenant)
-        swarm_id = await call.create(request, idempotency_key, admission)
-        return call.stream(swarm_id) if body.stream else await call.answer(swarm_id)
+        # SPEC §10: streamed or waited for, it holds one of the tenant's max_streams (429 at
+        # once), taken before the swarm is created, given back when the stream ends or the
+        # waiting caller gets its answer or leaves
+        held = stream_slot(request, tenant)
+        streams = False
+        try:
+            swarm_id = await call.create(request, idempotency_key, admission)
+            if body.stream:
+                streams = True
+                return call.stream(swarm_id, held.release)
+            return await unless_gone(request, call.answer(swarm_id))
+        except ClientGone:  # the swarm runs on (SPEC §10); nobody reads this
+            return Response(status_code=CLIENT_GONE)
+        finally:
+            if not streams:
+                held.release()
     raw: dict[str, Any] = json.loads(await request.body())
     forward = Passthrough(request, body, tenant, raw)
     return await forward.stream() if body.stream else await forward.complete()

@@ -45,7 +45,8 @@ DESCRIPTIONS = {
     429: "a quota, the daily cap, or the gateway's rate limit (see Retry-After)",
     502: "the swarm failed, the gateway refused our credentials, or its answer could not be "
          "relayed",
-    503: "the gateway or the database is unavailable, or the swarm did not finish in time"}
+    503: "the gateway or the database is unavailable, the swarm did not finish in time, or "
+         "every gateway slot of the process stayed taken"}
 
 
 def openai_error(status: int, message: str, code: str | None = None, param: str | None = None,

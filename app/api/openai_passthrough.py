@@ -15,6 +15,7 @@ from starlette.background import BackgroundTask
 
 from app import metrics
 from app.api.openai_errors import openai_error, seconds_to_midnight
+from app.api.openai_slots import CLIENT_GONE, CallSlots, ClientGone, stream_slot, unless_gone
 from app.config import Settings
 from app.engine.budget import BudgetExceeded, SharedCap
 from app.engine.passthrough import MAX_STREAM_S, PassthroughMeter, prompt_bound
@@ -104,6 +105,9 @@ class Passthrough:
                 f"{', '.join(settings.prices.names())}",
                 code="unknown_model", details={"field": "model", "model": req.model})
         self.req = req
+        self.request = request
+        self.tenant = tenant
+        self.slots = CallSlots(request, tenant)  # max_inflight_calls, SWARM_MAX_INFLIGHT
         self.gateway: GatewayClient = request.app.state.gateway
         self.timeout_s = settings.facade_timeout_s
         self.body = {k: v for k, v in raw.items() if k != "agent_swarm"}
@@ -129,6 +133,10 @@ class Passthrough:
 
     async def complete(self) -> Response:
         try:
+            await self.slots.take(self.request)
+        except ClientGone:
+            return Response(status_code=CLIENT_GONE)
+        try:  # the slots are held while the gateway answers, its caller there or not
             result = await self.gateway.forward(
                 _dumps(self.body), idempotency_key=self.meter.key, max_attempts=MAX_ATTEMPTS,
                 timeout_s=self.timeout_s, before_attempt=self.meter.before,
@@ -138,6 +146,7 @@ class Passthrough:
         except GatewayError as exc:
             return gateway_failed(exc)
         finally:
+            self.slots.release()
             await self.meter.release()
         self.meter.finished(result.finish_reason)
         try:
@@ -153,23 +162,39 @@ class Passthrough:
                                        "include_usage": True}
         wants_usage = self.req.stream_options is not None and \
             self.req.stream_options.include_usage
+        # one of the tenant's max_streams (429 at once), then the call's slots (waited for)
+        held = stream_slot(self.request, self.tenant)
         stack = AsyncExitStack()
-        try:
-            stream = await stack.enter_async_context(streaming.stream(
-                self.gateway, _dumps(self.body), idempotency_key=self.meter.key,
-                max_attempts=MAX_ATTEMPTS, timeout_s=self.timeout_s,
-                before_attempt=self.meter.before, after_attempt=self.meter.after,
-                max_s=MAX_STREAM_S))
-        except BudgetExceeded as exc:
-            await self.meter.release()
-            return over_budget(exc)
-        except GatewayError as exc:
-            await self.meter.release()
-            return gateway_failed(exc)
 
         async def close() -> None:  # idempotent: the relay's end or the response's background
-            await stack.aclose()
-            await self.meter.release()
+            try:
+                await stack.aclose()
+                await self.meter.release()
+            finally:
+                self.slots.release()
+                held.release()
+
+        try:
+            await self.slots.take(self.request)
+            # a caller that leaves before the first event ends the call (billed as a stream
+            # left early), as one leaving later does: its slots are not held for nobody
+            stream = await unless_gone(self.request, stack.enter_async_context(
+                streaming.stream(self.gateway, _dumps(self.body), idempotency_key=self.meter.key,
+                                 max_attempts=MAX_ATTEMPTS, timeout_s=self.timeout_s,
+                                 before_attempt=self.meter.before,
+                                 after_attempt=self.meter.after, max_s=MAX_STREAM_S)))
+        except ClientGone:
+            await close()
+            return Response(status_code=CLIENT_GONE)
+        except BudgetExceeded as exc:
+            await close()
+            return over_budget(exc)
+        except GatewayError as exc:
+            await close()
+            return gateway_failed(exc)
+        except BaseException:
+            await close()
+            raise
 
         async def relay() -> AsyncIterator[bytes]:
             done = False

@@ -4,13 +4,14 @@ the swarm created exactly as `POST /swarms` creates one, then waited for or stre
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
 from fastapi import Request, Response
 from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
+from starlette.background import BackgroundTask
 
 from app.api import swarms
 from app.api.admission import Admission
@@ -221,11 +222,21 @@ class SwarmCall:
             choices=[Choice(message=AssistantMessage(content=swarm.result or ""),
                             finish_reason="stop")])
 
-    def stream(self, swarm_id: str) -> EventSourceResponse:
+    def stream(self, swarm_id: str, ended: Callable[[], None]) -> EventSourceResponse:
         """`chat.completion.chunk` events from the swarm's events table: each worker's output
-        framed as it succeeds, then the result, then [DONE]. The swarm runs on without us."""
-        return EventSourceResponse(self._chunks(swarm_id), ping=self.settings.sse_ping_s,
-                                   headers={"x-swarm-id": swarm_id})
+        framed as it succeeds, then the result, then [DONE]. The swarm runs on without us.
+        `ended` (idempotent) runs when the stream ends, its reader gone too, or after the
+        response if it never started."""
+        async def chunks() -> AsyncIterator[dict[str, str]]:
+            try:
+                async for chunk in self._chunks(swarm_id):
+                    yield chunk
+            finally:
+                ended()
+
+        return EventSourceResponse(chunks(), ping=self.settings.sse_ping_s,
+                                   headers={"x-swarm-id": swarm_id},
+                                   background=BackgroundTask(ended))
 
     def _chunk(self, swarm_id: str, delta: ChunkDelta, finish: str | None = None,
                usage: CompletionUsage | None = None, empty: bool = False) -> dict[str, str]:

@@ -52,11 +52,14 @@ class Facade:
 
 @asynccontextmanager
 async def start_facade(database_url: str, run_engine: bool = True, gateway_app: Any = None,
+                       gateway: GatewayClient | None = None,
                        **settings: Any) -> AsyncIterator[Facade]:
     """The service on `database_url`; `run_engine=False` is an API replica (no engine);
-    `gateway_app`: an ASGI app to be the gateway instead of the simulator."""
+    `gateway_app`: an ASGI app to be the gateway instead of the simulator; `gateway`: the
+    client of a gateway served over HTTP (`gateway_app` then is that gateway's app)."""
     simulator = gateway_app or create_simulator(SimulatorConfig(latency_ms=20))
-    gateway = GatewayClient("http://sim/v1", transport=httpx.ASGITransport(app=simulator))
+    if gateway is None:
+        gateway = GatewayClient("http://sim/v1", transport=httpx.ASGITransport(app=simulator))
     app = create_app(make_settings(database_url, api_keys="t1:k1,t2:k2", **settings),
                      gateway=gateway, run_engine=run_engine)
     try:

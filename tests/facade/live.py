@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 
 @asynccontextmanager
-async def serving(app: FastAPI) -> AsyncIterator[str]:
+async def serving(app: ASGIApp) -> AsyncIterator[str]:
     """Run `app` (its lifespan included) until the block ends; yields its base URL."""
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                             lifespan="on", access_log=False)
