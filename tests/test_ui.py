@@ -87,6 +87,13 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
         yield live
 
 
+def js_seconds(s: float) -> str:
+    """Seconds as the page prints them (dom.js `seconds`), for s under a minute."""
+    if s < 1:
+        return f"{round(s * 1000)} ms"
+    return f"{s:.2f} s" if s < 10 else f"{s:.1f} s"
+
+
 def _watch(driver: WebDriver, until_status: str, timeout: float = 60) -> list[dict[str, str]]:
     """Every distinct set of node statuses the page shows until the swarm's badge says
     `until_status`."""
@@ -164,6 +171,13 @@ def test_swarm_page_turns_a_running_dag_green_live(driver: WebDriver,
     critical = driver.execute_script(
         "return [...document.querySelectorAll('.node.critical')].map(g => g.dataset.name)")
     assert "@synthesizer" in critical and "doc_writer" in critical
+    # ... the API's chain: its latencies sum to timing.critical_path_s, which the card shows
+    latency = {s["name"]: s["latency_ms"] or 0 for s in final["subtasks"]}
+    assert sum(latency[n] for n in critical) / 1000 == pytest.approx(
+        final["timing"]["critical_path_s"], abs=0.002)
+    assert {"code_analyst", "test_designer"} <= set(critical)  # 900 + 900 ms over risk's 1500
+    card = driver.find_element(By.CSS_SELECTOR, '[data-stat="critical"] .stat-value').text
+    assert card == js_seconds(final["timing"]["critical_path_s"]), card
 
     # selecting a node shows its output, usage and latency from the API
     driver.find_element(By.CSS_SELECTOR, '.node[data-name="test_designer"]').click()
@@ -227,6 +241,15 @@ def test_cancel_button_cancels_the_running_swarm(driver: WebDriver,
         {"name": "after", "depends_on": ["slow_a"]}]}).json()
     driver.get(f"{server.url}/ui/swarms/{swarm['id']}")
     wait_for(driver, "document.querySelector('.node[data-name=slow_a][data-status=running]')")
+    # no event comes while slow_a runs, and still the wall time counts on, second by second
+    wall = '[data-stat="wall"] .stat-value'
+    shown = []
+    for _ in range(4):
+        shown.append(driver.execute_script(f"return document.querySelector('{wall}').textContent"))
+        time.sleep(1.05)
+    seconds_shown = [float(v.split()[0]) / (1000 if v.endswith(" ms") else 1) for v in shown]
+    assert seconds_shown == sorted(seconds_shown) and len(set(shown)) == 4, shown
+    assert seconds_shown[-1] - seconds_shown[0] == pytest.approx(3.15, abs=0.6), shown
     driver.find_element(By.ID, "cancel").click()
     wait_for(driver, "document.getElementById('confirm-cancel').open")
     driver.find_element(By.CSS_SELECTOR, "#confirm-cancel button[value=yes]").click()
@@ -234,7 +257,24 @@ def test_cancel_button_cancels_the_running_swarm(driver: WebDriver,
     wait_for(driver, "document.querySelector('.node[data-name=slow_a]')"
                      ".getAttribute('data-status') === 'cancelled'")
     wait_for(driver, "document.getElementById('cancel').hidden")
-    assert httpx.get(f"{server.url}/swarms/{swarm['id']}").json()["status"] == "cancelled"
+    done = httpx.get(f"{server.url}/swarms/{swarm['id']}").json()
+    assert done["status"] == "cancelled"
+    # the cut-off call is billed at its reservation: said so, never shown as a billed usage
+    cut = next(s for s in done["subtasks"] if s["name"] == "slow_a")
+    assert float(cut["usage"]["cost_usd"]) > 0, cut
+    wait_for(driver, "document.querySelector('.node[data-name=slow_a] .meta')"
+                     ".textContent.includes('reserved')")
+    driver.find_element(By.CSS_SELECTOR, '.node[data-name="slow_a"]').click()
+    wait_for(driver, "document.querySelector('#panel .reserved')")
+    panel = driver.find_element(By.ID, "panel").text
+    assert "reserved (upper bound, not billed usage)" in panel, panel
+    assert f"≤ {cut['usage']['completion_tokens']} out (reserved)" in panel, panel
+    stats = driver.find_element(By.ID, "stats").text
+    assert "reserved (upper bound" in stats, stats
+    # a cancelled swarm can be retried; the panel says what was cancelled
+    assert driver.find_element(By.ID, "retry").is_displayed()
+    assert "Cancelled" in driver.find_element(By.ID, "failures").text
+    screenshot(driver, "ui-cancelled-reserved")
     assert severe_console(driver) == []
 
 
@@ -318,7 +358,8 @@ def test_a_thousand_nodes_open_folded_and_lay_out_on_demand(driver: WebDriver,
     driver.execute_script(f"sessionStorage.setItem('swarm-api-key', '{KEY}')")
     driver.get(f"{auth_server.url}/ui/swarms/{swarm['id']}")
     wait_for(driver, "document.querySelector('.node.summary[data-layer=\"0\"]')", 60)
-    assert driver.execute_script("return document.querySelectorAll('.node[data-name]').length") == 25
+    drawn = "return document.querySelectorAll('.node[data-name]').length"
+    assert driver.execute_script(drawn) == 25
     summary = driver.find_element(By.CSS_SELECTOR, '.node.summary[data-layer="0"]').text
     assert "workers · 960" in summary and "960 pending" in summary
     screenshot(driver, "ui-swarm-1000-folded")
@@ -373,3 +414,49 @@ def test_panel_shows_a_subtasks_tool_calls(driver: WebDriver,
             assert severe_console(driver) == []
     finally:
         mcp.close()
+
+
+def test_failed_swarm_shows_why_and_retries_with_lineage(driver: WebDriver,
+                                                         server: LiveServer) -> None:
+    """The failure panel lists each failed subtask with its reason; Retry starts the retry
+    (POST /swarms/{id}/retry) and opens it; it links back, reuses what succeeded (badged),
+    and the origin links to it."""
+    api = httpx.Client(base_url=server.url, timeout=30)
+    old = api.post("/swarms", json={"task": "half broken", "agents": [
+        {"name": "fine", "system_prompt": slow(100)},
+        {"name": "broken", "system_prompt": "[[sim fail=400]]", "depends_on": ["fine"]},
+        {"name": "after", "depends_on": ["broken"]}]}).json()
+    old = api.get(f"/swarms/{old['id']}", params={"wait": 30}).json()
+    assert old["status"] == "failed", old
+    reason = next(s for s in old["subtasks"] if s["name"] == "broken")["error"]
+    driver.get(f"{server.url}/ui/swarms/{old['id']}")
+    wait_for(driver, "!document.getElementById('failures').hidden"
+                     " && !document.getElementById('retry').hidden")
+    panel = driver.find_element(By.ID, "failures").text
+    assert "Failed" in panel and old["error"]["code"] in panel
+    item = driver.find_element(By.CSS_SELECTOR, '#failures li[data-name="broken"]').text
+    assert reason["code"] in item and reason["message"].splitlines()[0] in item, (item, reason)
+    assert f"{old['progress']['skipped']} skipped" in panel
+    screenshot(driver, "ui-failed")
+
+    driver.find_element(By.ID, "retry").click()
+    wait_for(driver, f"!location.pathname.endsWith({old['id']!r})")
+    new_id = driver.execute_script("return location.pathname.split('/').pop()")
+    new = api.get(f"/swarms/{new_id}").json()
+    assert new["retry_of"] == old["id"]
+    wait_for(driver, "document.querySelector('#lineage .retry-of a')")
+    back = driver.find_element(By.CSS_SELECTOR, "#lineage .retry-of a")
+    assert back.get_attribute("href").endswith(f"/ui/swarms/{old['id']}")
+    wait_for(driver, "document.querySelector('.node[data-name=fine][data-reused]')")
+    assert "reused" in driver.find_element(By.CSS_SELECTOR, '.node[data-name="fine"]').text
+    assert not driver.find_elements(By.CSS_SELECTOR, '.node[data-name="broken"][data-reused]')
+    driver.find_element(By.CSS_SELECTOR, '.node[data-name="fine"]').click()
+    wait_for(driver, "document.getElementById('panel').innerText.includes('no call was made')")
+    screenshot(driver, "ui-retry")
+
+    driver.get(f"{server.url}/ui/swarms/{old['id']}")
+    wait_for(driver, "document.querySelector('#lineage .retried-by a')")
+    links = [a.get_attribute("href") for a in
+             driver.find_elements(By.CSS_SELECTOR, "#lineage .retried-by a")]
+    assert links == [f"{server.url}/ui/swarms/{new_id}"]
+    assert severe_console(driver) == []

@@ -58,6 +58,7 @@ export function renderFailures(swarm, { onSelect }) {
     items.push(el("p", { class: "muted small", text: "Retry starts a new swarm: subtasks that"
       + " succeeded here are reused (no call, no cost); the others and the synthesis run again." }));
   }
+  box.dataset.state = swarm.status === "cancelled" ? "cancelled" : "failed";
   box.replaceChildren(el("h2", { text: head }), ...items);
 }
 

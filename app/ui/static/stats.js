@@ -60,13 +60,18 @@ export function renderStats(swarm, critical, clock) {
   progressBar(p),
   other ? el("div", { class: "stat-sub", text: other }) : null);
   const reserved = Number(u.unresolved_usd || 0);
-  const costSub = `${tokens(u.prompt_tokens)} in · ${tokens(u.completion_tokens)} out · ${u.gateway_calls} calls`
-    + (reserved ? ` · ${money(u.unresolved_usd)} reserved (upper bound, not billed usage)` : "");
+  const costSub = `${tokens(u.prompt_tokens)} in · ${tokens(u.completion_tokens)} out · ${u.gateway_calls}`
+    + ` call${u.gateway_calls === 1 ? "" : "s"}`;
+  const cost = stat("cost", "Cost", `${reserved ? "≤ " : ""}${money(u.cost_usd)}`, costSub,
+    { title: `${u.cost_usd} USD${reserved ? `, of which ${u.unresolved_usd} reserved: calls cut off or`
+      + " without a usage report, counted at their upper bound" : ""}` });
+  if (reserved) {
+    cost.append(el("div", { class: "stat-sub reserved",
+      text: `${money(u.unresolved_usd)} of it reserved (upper bound, not billed usage)` }));
+  }
   document.getElementById("stats").replaceChildren(
     progress,
-    stat("cost", "Cost", money(u.cost_usd), costSub,
-      { title: `${u.cost_usd} USD${reserved ? `, of which ${u.unresolved_usd} reserved: calls cut off or`
-        + " without a usage report, billed at their upper bound" : ""}` }),
+    cost,
     stat("wall", "Wall time", seconds(wallTime(swarm, clock)), wallSub(swarm)),
     stat("critical", "Critical path", seconds(critical.seconds), chainText(critical.names),
       { class: "stat critical-stat", title: critical.names.join(" → ") }),
