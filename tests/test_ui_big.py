@@ -1,0 +1,162 @@
+"""/ui for big swarms in a real headless Chromium: a 1,000-subtask swarm opens with its wide
+layer folded into one summary node (well under a hundred status nodes in the page) and unfolds
+on demand, Find unfolds and zooms to a match, and the timeline draws every subtask of a
+50-agent swarm and stays summarised at 1,000. Screenshots land in test-artifacts/."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from tests.browser import ARTIFACTS, LiveServer, driver, screenshot, severe_console, wait_for
+from tests.conftest import make_settings
+
+__all__ = ["driver"]  # one browser for this module
+
+STATUS_NODES = "return document.querySelectorAll('[data-status]').length"
+DRAWN = "return document.querySelectorAll('.node[data-name]').length"
+TIMELINE_ROWS = "return document.querySelectorAll('.tl-row[data-name]').length"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The service with its engine and the simulator, as `swarm-api serve` runs it."""
+    db = tmp_path_factory.mktemp("ui-big") / "swarm.db"
+    with LiveServer(make_settings(f"sqlite+aiosqlite:///{db}")) as live:
+        print(f"\nscreenshots: {ARTIFACTS}")
+        yield live
+
+
+def _run(server: LiveServer, body: dict[str, Any], timeout: float = 240) -> dict[str, Any]:
+    """POST the swarm and wait for its end; the finished swarm."""
+    api = httpx.Client(base_url=server.url, timeout=90)
+    swarm = api.post("/swarms", json=body).json()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done: dict[str, Any] = api.get(f"/swarms/{swarm['id']}", params={"wait": 30}).json()
+        if done["status"] in ("succeeded", "failed", "cancelled"):
+            return done
+    raise AssertionError(f"swarm {swarm['id']} did not finish in {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def thousand(server: LiveServer) -> dict[str, Any]:
+    """A finished 1,000-subtask swarm: 976 workers fan out, 24 reviewers read 40 each, and
+    their outputs are concatenated (no synthesizer subtask)."""
+    agents: list[dict[str, Any]] = [
+        {"name": f"agent_{i:04d}", "system_prompt": "[[sim latency_ms=2]]"} for i in range(976)]
+    agents += [{"name": f"review_{i:02d}", "system_prompt": "[[sim latency_ms=2]]",
+                "depends_on": [f"agent_{j:04d}" for j in range(i * 40, i * 40 + 40)]}
+               for i in range(24)]
+    swarm = _run(server, {"task": "a wide fan-out", "agents": agents,
+                          "synthesis": {"strategy": "concatenate"},
+                          "limits": {"concurrency": 200}})
+    assert swarm["status"] == "succeeded", swarm["error"]
+    assert swarm["progress"]["total"] == 1000
+    return swarm
+
+
+def _open(driver: WebDriver, server: LiveServer, swarm: dict[str, Any]) -> None:
+    driver.get(f"{server.url}/ui/swarms/{swarm['id']}")
+    wait_for(driver, "document.getElementById('stream-state').dataset.state === 'ended'"
+                     " && document.querySelector('svg.dag')", 60)
+
+
+def test_a_thousand_subtasks_open_folded_and_unfold_on_demand(
+        driver: WebDriver, server: LiveServer, thousand: dict[str, Any]) -> None:
+    _open(driver, server, thousand)
+    # the 976 workers are one summary node: everything in the page with a status is < 100
+    assert driver.execute_script(STATUS_NODES) < 100
+    assert driver.execute_script(DRAWN) == 24  # the reviewers
+    summary = driver.find_element(By.CSS_SELECTOR, '.node.summary[data-layer="0"]').text
+    assert "workers · 976" in summary and "976 succeeded" in summary
+    screenshot(driver, "ui-big-1000-folded")
+
+    driver.find_element(By.CSS_SELECTOR, '.node.summary[data-layer="0"]').click()
+    wait_for(driver, "document.querySelectorAll('.node[data-name]').length === 1000", 60)
+    assert not driver.find_elements(By.CSS_SELECTOR, ".node.summary")
+    screenshot(driver, "ui-big-1000-unfolded")
+
+    driver.find_element(By.ID, "collapse-all").click()
+    wait_for(driver, "document.querySelectorAll('.node[data-name]').length === 0")
+    assert len(driver.find_elements(By.CSS_SELECTOR, ".node.summary")) == 2
+    driver.find_element(By.ID, "expand-all").click()
+    wait_for(driver, "document.querySelectorAll('.node[data-name]').length === 1000", 60)
+    assert severe_console(driver) == []
+
+
+def test_find_unfolds_and_zooms_to_the_match(driver: WebDriver, server: LiveServer,
+                                             thousand: dict[str, Any]) -> None:
+    _open(driver, server, thousand)
+    driver.find_element(By.ID, "zoom-out").click()  # the reader zoomed out first
+    driver.find_element(By.ID, "zoom-out").click()
+    driver.find_element(By.ID, "find").send_keys("agent_0700")
+    wait_for(driver, "document.querySelector('.node.current[data-name=agent_0700]')")
+    # its folded layer was unfolded, the graph is back at full size and the match is in view
+    assert driver.execute_script(DRAWN) == 1000
+    assert driver.find_element(By.ID, "find-count").text == "1 of 1"
+    inside = driver.execute_script("""
+        const n = document.querySelector('.node[data-name=agent_0700]').getBoundingClientRect();
+        const g = document.getElementById('graph').getBoundingClientRect();
+        return [n.left >= g.left, n.right <= g.right, n.top >= g.top, n.bottom <= g.bottom,
+                n.width];""")
+    assert inside[:4] == [True, True, True, True], inside
+    assert inside[4] > 140  # nodes at full size, readable
+    screenshot(driver, "ui-big-find")
+    # Enter goes to the next match
+    find = driver.find_element(By.ID, "find")
+    find.clear()
+    find.send_keys("review_0")
+    wait_for(driver, "document.getElementById('find-count').textContent === '1 of 10'")
+    find.send_keys("\n")
+    wait_for(driver, "document.getElementById('find-count').textContent === '2 of 10'")
+    assert severe_console(driver) == []
+
+
+def test_timeline_stays_summarised_at_a_thousand(driver: WebDriver, server: LiveServer,
+                                                 thousand: dict[str, Any]) -> None:
+    _open(driver, server, thousand)
+    driver.find_element(By.CSS_SELECTOR, '[data-view="timeline"]').click()
+    wait_for(driver, "document.querySelector('.timeline .tl-summary')")
+    assert driver.execute_script(TIMELINE_ROWS) == 24
+    assert driver.execute_script(STATUS_NODES) < 100
+    row = driver.find_element(By.CSS_SELECTOR, '.tl-summary[data-layer="0"]')
+    assert "976 succeeded" in row.text
+    span = row.find_element(By.CSS_SELECTOR, ".tl-span").size["width"]
+    assert span > 0
+    screenshot(driver, "ui-big-timeline-1000")
+    # unfolding it in the timeline draws its rows (and the graph's nodes) on demand
+    row.find_element(By.CSS_SELECTOR, "button").click()
+    wait_for(driver, "document.querySelectorAll('.tl-row[data-name]').length === 1000", 60)
+    assert severe_console(driver) == []
+
+
+def test_timeline_draws_every_subtask_of_fifty(driver: WebDriver, server: LiveServer) -> None:
+    agents = [{"name": f"agent_{i:02d}", "system_prompt": f"[[sim latency_ms={100 + 10 * i}]]"}
+              for i in range(50)]
+    swarm = _run(server, {"task": "fifty at once", "agents": agents,
+                          "limits": {"concurrency": 50}})
+    assert swarm["status"] == "succeeded", swarm["error"]
+    _open(driver, server, swarm)
+    assert driver.execute_script(DRAWN) == 51  # 50 is not over the fold: all drawn
+    driver.find_element(By.CSS_SELECTOR, '[data-view="timeline"]').click()
+    wait_for(driver, "document.querySelectorAll('.tl-row[data-name]').length === 51")
+    assert not driver.find_elements(By.CSS_SELECTOR, ".tl-summary")
+    bars = driver.execute_script("""return Object.fromEntries([...document
+        .querySelectorAll('.tl-row[data-name]')].map(r => [r.dataset.name,
+        [r.dataset.status, r.querySelector('.tl-bar').getBoundingClientRect().width,
+         r.querySelector('.tl-bar').getBoundingClientRect().left]]))""")
+    assert set(bars) == {s["name"] for s in swarm["subtasks"]}
+    assert all(status == "succeeded" and width >= 2 for status, width, _ in bars.values())
+    # a bar is as long as its subtask ran: agent_49 (590 ms) outlasts agent_00 (100 ms)
+    assert bars["agent_49"][1] > 2 * bars["agent_00"][1]
+    # the synthesis starts after every worker
+    assert bars["@synthesizer"][2] >= max(b[2] for n, b in bars.items() if n != "@synthesizer")
+    screenshot(driver, "ui-big-timeline-50")
+    assert severe_console(driver) == []
