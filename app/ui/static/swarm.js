@@ -131,6 +131,7 @@ function scheduleSummary() { // many events per frame: one header repaint
     summaryQueued = false;
     recount();
     renderHeader();
+    view.updateCritical(); // live latencies move the chain: the card and the graph agree
     renderStats();
     renderLegend();
     renderFailures(swarm, { onSelect: select });
