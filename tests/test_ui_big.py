@@ -160,3 +160,34 @@ def test_timeline_draws_every_subtask_of_fifty(driver: WebDriver, server: LiveSe
     assert bars["@synthesizer"][2] >= max(b[2] for n, b in bars.items() if n != "@synthesizer")
     screenshot(driver, "ui-big-timeline-50")
     assert severe_console(driver) == []
+
+
+def test_a_running_big_swarm_updates_its_summary_live(driver: WebDriver,
+                                                      server: LiveServer) -> None:
+    """While 300 workers run, their folded layer's counts move with the event stream and the
+    page never grows past a hundred status elements."""
+    agents = [{"name": f"w_{i:03d}", "system_prompt": "[[sim latency_ms=300]]"}
+              for i in range(300)]
+    swarm = httpx.post(f"{server.url}/swarms", timeout=30, json={
+        "task": "a live fan-out", "agents": agents, "limits": {"concurrency": 25}}).json()
+    driver.get(f"{server.url}/ui/swarms/{swarm['id']}")
+    wait_for(driver, "document.querySelector('.node.summary[data-layer=\"0\"]')")
+    texts: list[str] = []
+    most = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        text, count, state = driver.execute_script(
+            "const s = document.querySelector('.node.summary[data-layer=\"0\"] .meta');"
+            "return [s ? s.textContent : '', document.querySelectorAll('[data-status]').length,"
+            " document.getElementById('stream-state').dataset.state]")
+        most = max(most, count)
+        if text and (not texts or texts[-1] != text):
+            texts.append(text)
+        if state == "ended" and text.startswith("300 succeeded"):
+            break
+        time.sleep(0.2)
+    assert texts and texts[-1].startswith("300 succeeded"), texts[-3:]
+    partial = [t for t in texts if "succeeded" in t and not t.startswith("300 succeeded")]
+    assert len(partial) >= 3, texts  # counts moved while it ran, not only at the end
+    assert most < 100, most
+    assert severe_console(driver) == []

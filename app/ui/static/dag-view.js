@@ -5,6 +5,7 @@ import { criticalPath, layout } from "./graph-layout.js";
 import { isReserved, money } from "./dom.js";
 
 const SVG = "http://www.w3.org/2000/svg";
+const STATUS_ORDER = ["succeeded", "failed", "cancelled", "skipped", "running", "pending"];
 
 function svg(tag, attrs = {}) {
   const node = document.createElementNS(SVG, tag);
@@ -210,13 +211,13 @@ export class DagView {
     mini.replaceChildren();
     let x = 10;
     const width = r.w - 20;
-    for (const st of ["succeeded", "failed", "cancelled", "skipped", "running", "pending"]) {
+    for (const st of STATUS_ORDER) {
       if (!counts[st]) continue;
       const w = (width * counts[st]) / r.members.length;
       mini.append(svg("rect", { x, y: 28, width: Math.max(w, 1), height: 10, class: "seg", "data-status": st }));
       x += w;
     }
-    const parts = Object.entries(counts).map(([k, v]) => `${v} ${k}`);
+    const parts = STATUS_ORDER.filter((k) => counts[k]).map((k) => `${counts[k]} ${k}`);
     if (reused) parts.push(`${reused} reused`);
     parts.push(money(cost));
     g.querySelector(".meta").textContent = parts.join(" · ");

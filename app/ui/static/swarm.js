@@ -13,8 +13,8 @@ import { TimelineView } from "./timeline.js";
 const swarmId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop());
 const base = `/swarms/${encodeURIComponent(swarmId)}`;
 const RANK = { pending: 0, running: 1, succeeded: 2, failed: 2, skipped: 2, cancelled: 2 };
-const SWARM_RANK = { queued: 0, planning: 1, running: 2, synthesizing: 3, succeeded: 4,
-  failed: 4, cancelled: 4 };
+const SWARM_RANK = { queued: 0, planning: 1, awaiting_approval: 1.5, running: 2, synthesizing: 3,
+  succeeded: 4, failed: 4, cancelled: 4 };
 const EVENT_STATUS = { "subtask.started": "running", "subtask.succeeded": "succeeded",
   "subtask.failed": "failed", "subtask.skipped": "skipped" };
 
