@@ -20,6 +20,7 @@ from tests.browser import (
     ARTIFACTS,
     LiveServer,
     driver,
+    js_seconds,
     outside,
     requests_made,
     screenshot,
@@ -85,13 +86,6 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     with LiveServer(make_settings(f"sqlite+aiosqlite:///{db}", engine=False,
                                   api_keys=f"acme:{KEY}")) as live:
         yield live
-
-
-def js_seconds(s: float) -> str:
-    """Seconds as the page prints them (dom.js `seconds`), for s under a minute."""
-    if s < 1:
-        return f"{round(s * 1000)} ms"
-    return f"{s:.2f} s" if s < 10 else f"{s:.1f} s"
 
 
 def _watch(driver: WebDriver, until_status: str, timeout: float = 60) -> list[dict[str, str]]:

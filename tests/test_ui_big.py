@@ -14,7 +14,15 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from tests.browser import ARTIFACTS, LiveServer, driver, screenshot, severe_console, wait_for
+from tests.browser import (
+    ARTIFACTS,
+    LiveServer,
+    driver,
+    js_seconds,
+    screenshot,
+    severe_console,
+    wait_for,
+)
 from tests.conftest import make_settings
 
 __all__ = ["driver"]  # one browser for this module
@@ -191,3 +199,37 @@ def test_a_running_big_swarm_updates_its_summary_live(driver: WebDriver,
     assert len(partial) >= 3, texts  # counts moved while it ran, not only at the end
     assert most < 100, most
     assert severe_console(driver) == []
+
+
+CRITICAL_JS = """const [subtasks, done] = arguments;
+import('/ui/static/graph-layout.js').then((m) => {
+  const deps = m.dependencies(subtasks);
+  const cp = m.criticalPath(subtasks, deps, m.layering(subtasks, deps).order);
+  done([cp.seconds, cp.names]);
+}, (err) => done([null, String(err)]));"""
+
+
+def test_critical_path_is_the_apis(driver: WebDriver, server: LiveServer) -> None:
+    """The page's critical path is the one `timing.critical_path_s` measures, through a
+    planner, compressors and a DAG whose longest chain is not its deepest."""
+    dag = _run(server, {"task": "chains", "synthesis": {"compress": "always"}, "agents": [
+        {"name": "long_alone", "system_prompt": "[[sim latency_ms=900]]"},
+        {"name": "a", "system_prompt": "[[sim latency_ms=150]]"},
+        {"name": "b", "system_prompt": "[[sim latency_ms=150]]", "depends_on": ["a"]},
+        {"name": "c", "system_prompt": "[[sim latency_ms=150]]", "depends_on": ["b"]}]})
+    planned = _run(server, {"task": "Compare three caching strategies for a payment API"})
+    driver.get(f"{server.url}/ui")  # the module is imported from the service's own pages
+    for swarm in (dag, planned):
+        assert swarm["status"] == "succeeded", swarm["error"]
+        seconds, names = driver.execute_async_script(CRITICAL_JS, swarm["subtasks"])
+        assert seconds == pytest.approx(swarm["timing"]["critical_path_s"], abs=0.0011), names
+        latency = {s["name"]: s["latency_ms"] or 0 for s in swarm["subtasks"]}
+        assert sum(latency[n] for n in names) / 1000 == pytest.approx(seconds, abs=0.0011)
+        _open(driver, server, swarm)
+        lit = driver.execute_script(
+            "return [...document.querySelectorAll('.node.critical')].map(g => g.dataset.name)")
+        assert set(lit) == set(names)
+        card = driver.find_element(By.CSS_SELECTOR, '[data-stat="critical"] .stat-value').text
+        assert card == js_seconds(swarm["timing"]["critical_path_s"]), card
+    assert any(s["kind"] == "compressor" for s in dag["subtasks"])
+    assert any(s["kind"] == "planner" for s in planned["subtasks"])

@@ -50,9 +50,11 @@ export function layering(subtasks, deps) {
 
 /** The critical path as the service computes `timing.critical_path_s` (app/views.py): the
  * chain of largest summed latency through the DAG, a subtask without a latency weighing 0.
- * `names` in order from its start, `seconds` rounded as the API rounds it. */
+ * Summed in seconds in the same float operations and rounded to the ms as the API rounds, so
+ * the card shows the API's figure to the digit. `names` in order from the chain's start. */
 export function criticalPath(subtasks, deps, order) {
-  const lat = new Map(subtasks.map((s) => [s.name, s.latency_ms || 0]));
+  const lat = new Map(subtasks.map((s) => [s.name, s.latency_ms === null || s.latency_ms === undefined
+    ? 0 : s.latency_ms / 1000]));
   const best = new Map();
   const via = new Map();
   let end = null;
@@ -60,14 +62,14 @@ export function criticalPath(subtasks, deps, order) {
     let b = 0;
     let p = null;
     for (const d of deps.get(n) || []) if ((best.get(d) || 0) > b) { b = best.get(d); p = d; }
-    best.set(n, b + (lat.get(n) || 0));
+    best.set(n, (lat.get(n) || 0) + b);
     via.set(n, p);
     if (end === null || best.get(n) > best.get(end)) end = n;
   }
   const names = [];
   for (let n = end; n !== null && best.get(n) > 0; n = via.get(n)) names.unshift(n);
-  const ms = end === null ? 0 : best.get(end);
-  return { names, set: new Set(names), seconds: Math.round(ms) / 1000 };
+  const total = end === null ? 0 : best.get(end);
+  return { names, set: new Set(names), seconds: Number(total.toFixed(3)) };
 }
 
 /** Which layers are drawn as one summary node: a layer over FOLD_OVER starts folded; the
