@@ -233,3 +233,37 @@ def test_critical_path_is_the_apis(driver: WebDriver, server: LiveServer) -> Non
         assert card == js_seconds(swarm["timing"]["critical_path_s"]), card
     assert any(s["kind"] == "compressor" for s in dag["subtasks"])
     assert any(s["kind"] == "planner" for s in planned["subtasks"])
+
+
+@pytest.fixture(scope="module")
+def idle_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """No engine: a swarm stays queued, its shape all there is to draw."""
+    db = tmp_path_factory.mktemp("ui-big-idle") / "swarm.db"
+    with LiveServer(make_settings(f"sqlite+aiosqlite:///{db}", engine=False)) as live:
+        yield live
+
+
+def test_a_thousand_in_layers_of_forty_open_as_a_screenful(driver: WebDriver,
+                                                           idle_server: LiveServer) -> None:
+    """No layer is over 50, yet the page does not open with 1,000 nodes: the largest layers
+    start folded until at most 60 nodes (summaries included) are drawn; each unfolds on demand."""
+    sizes = [40] * 24 + [39]
+    agents: list[dict[str, Any]] = []
+    for layer, size in enumerate(sizes):
+        above = [f"l{layer - 1:02d}_00"] if layer else []
+        agents += [{"name": f"l{layer:02d}_{i:02d}", "depends_on": above} for i in range(size)]
+    swarm = httpx.post(f"{idle_server.url}/swarms", timeout=60,
+                       json={"task": "deep and wide", "agents": agents}).json()
+    assert swarm["progress"]["total"] == 1000, swarm["progress"]
+    driver.get(f"{idle_server.url}/ui/swarms/{swarm['id']}")
+    wait_for(driver, "document.querySelector('.node.summary')", 60)
+    assert driver.execute_script(STATUS_NODES) < 100
+    drawn = driver.execute_script(DRAWN)
+    assert drawn + len(driver.find_elements(By.CSS_SELECTOR, ".node.summary")) <= 60, drawn
+    folded = driver.find_element(By.CSS_SELECTOR, ".node.summary")
+    layer = folded.get_attribute("data-layer")
+    folded.click()
+    wait_for(driver, f"document.querySelectorAll('.node[data-name]').length > {drawn}"
+                     f" && !document.querySelector('.node.summary[data-layer=\"{layer}\"]')")
+    screenshot(driver, "ui-big-1000-deep")
+    assert severe_console(driver) == []

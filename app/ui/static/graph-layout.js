@@ -5,6 +5,9 @@
 
 /** A layer of more than this many subtasks starts folded into one summary node (SPEC §13). */
 export const FOLD_OVER = 50;
+/** ... and a swarm opens with at most this many nodes (subtasks and summaries) drawn where
+ * its shape allows. */
+export const OPEN_AT_MOST = 60;
 const COMPRESSOR = "@compress.";
 
 /** name -> names it waits for, as the service computes timing (planner before root workers,
@@ -72,19 +75,45 @@ export function criticalPath(subtasks, deps, order) {
   return { names, set: new Set(names), seconds: Number(total.toFixed(3)) };
 }
 
-/** Which layers are drawn as one summary node: a layer over FOLD_OVER starts folded; the
- * reader's choices (one layer, or all) win over that default. Shared by graph and timeline. */
+/** Which layers are drawn as one summary node: a layer over FOLD_OVER starts folded, and so
+ * do the largest others while more than OPEN_AT_MOST nodes would be drawn (1,000 subtasks in
+ * layers of 40 open as a screenful too); the reader's choices (one layer, or all) win over
+ * that default. Shared by the graph and the timeline. */
 export class Folding {
   constructor() {
     this.folded = new Set();
     this.unfolded = new Set();
+    this.auto = null; // the default-folded layers of the swarm's shape
+    this.shape = null;
     this.listeners = [];
+  }
+
+  /** The default for layers of these sizes (sizes[li] = member count), made once per shape:
+   * unfolding one layer does not fold the others to make room. */
+  plan(sizes) {
+    const shape = sizes.join(",");
+    if (shape === this.shape) return;
+    this.shape = shape;
+    this.auto = new Set();
+    let drawn = 0;
+    sizes.forEach((n, li) => {
+      if (n > FOLD_OVER) this.auto.add(li);
+      drawn += this.isFolded(li, n) ? 1 : n;
+    });
+    const rest = sizes.map((n, li) => [n, li])
+      .filter(([n, li]) => n > 1 && !this.auto.has(li) && !this.folded.has(li) && !this.unfolded.has(li))
+      .sort((a, b) => b[0] - a[0]);
+    for (const [n, li] of rest) {
+      if (drawn <= OPEN_AT_MOST) break;
+      this.auto.add(li);
+      drawn -= n - 1;
+    }
   }
 
   isFolded(li, size) {
     if (this.folded.has(li)) return true;
     if (this.unfolded.has(li)) return false;
-    return size > FOLD_OVER;
+    return this.auto ? this.auto.has(li) : size > FOLD_OVER;
   }
 
   set(li, folded) {
@@ -136,6 +165,7 @@ export function layout(subtasks, folding = new Folding()) {
     members.forEach((s, i) => rank.set(s.name, i / members.length));
   });
 
+  folding.plan(layers.map((m) => (m ? m.length : 0)));
   // compact nodes only when many are drawn: a big swarm's folded layers do not count
   const drawn = layers.reduce((n, m, li) => n + (m && !folding.isFolded(li, m.length) ? m.length : 0), 0);
   const compact = drawn > 120;

@@ -188,7 +188,7 @@ function renderNote() {
   const note = document.getElementById("graph-note");
   const folded = view.layout ? view.layout.summaries.size : 0;
   const bits = [];
-  if (folded) bits.push(`${folded} layer${folded === 1 ? "" : "s"} of more than 50 subtasks shown as one summary (click to expand)`);
+  if (folded) bits.push(`${folded} layer${folded === 1 ? "" : "s"} shown as one summary node each (click one to expand it)`);
   if (view.layout && view.layout.compact) bits.push("compact nodes");
   note.hidden = !bits.length;
   note.textContent = `${swarm.subtasks.length} subtasks: ${bits.join("; ")}. Find a subtask by name to go to it.`;
