@@ -267,3 +267,31 @@ def test_a_thousand_in_layers_of_forty_open_as_a_screenful(driver: WebDriver,
                      f" && !document.querySelector('.node.summary[data-layer=\"{layer}\"]')")
     screenshot(driver, "ui-big-1000-deep")
     assert severe_console(driver) == []
+
+
+def test_many_failures_are_listed_with_reasons_and_found(driver: WebDriver,
+                                                         server: LiveServer) -> None:
+    """60 failed workers in a folded layer: the panel gives their reason once, with their
+    count and the first names; picking one there unfolds its layer and selects it."""
+    agents = [{"name": f"bad_{i:02d}", "system_prompt": "[[sim fail=400]]"} for i in range(60)]
+    agents.append({"name": "good"})
+    swarm = _run(server, {"task": "mostly broken", "agents": agents,
+                          "limits": {"failure_tolerance": 1.0}})
+    assert swarm["progress"]["failed"] == 60, swarm["progress"]
+    error = swarm["subtasks"][0]["error"]
+    _open(driver, server, swarm)
+    wait_for(driver, "!document.getElementById('failures').hidden")
+    panel = driver.find_element(By.ID, "failures").text
+    assert "60 subtasks failed, within the failure tolerance" in panel
+    groups = driver.find_elements(By.CSS_SELECTOR, "#failures li[data-reason]")
+    assert len(groups) == 1
+    assert f"60 \N{MULTIPLICATION SIGN} {error['code']}: {error['message']}" in groups[0].text
+    named = groups[0].find_elements(By.CSS_SELECTOR, "button[data-name]")
+    assert [b.text for b in named] == [f"bad_{i:02d}" for i in range(12)]
+    assert "and 48 more" in groups[0].text
+    assert driver.find_elements(By.CSS_SELECTOR, '.node.summary[data-layer="0"]')
+    driver.find_element(By.CSS_SELECTOR, '#failures button[data-name="bad_07"]').click()
+    wait_for(driver, "document.querySelector('.node.selected[data-name=bad_07]')")
+    assert "bad_07" in driver.find_element(By.CSS_SELECTOR, "#panel h2").text
+    screenshot(driver, "ui-big-failures")
+    assert severe_console(driver) == []

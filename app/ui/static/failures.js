@@ -4,10 +4,13 @@
 import { ApiError, apiJson } from "./api.js";
 import { el } from "./dom.js";
 
-const SHOWN = 20; // failed subtasks listed by name; the rest are counted
+const NAMED = 12; // subtasks named per reason; the rest are counted
 // one key for this page's retries: a second click (or a reload's resend) starts no second run
 const RETRY_KEY = `ui-retry-${[...crypto.getRandomValues(new Uint8Array(12))]
   .map((b) => b.toString(16).padStart(2, "0")).join("")}`;
+
+let failuresKey = "";
+let lineageKey = "";
 
 const swarmLink = (id) => el("a", { class: "mono", href: `/ui/swarms/${encodeURIComponent(id)}`,
   text: id.slice(0, 8), title: id });
@@ -18,16 +21,43 @@ function reason(error) {
   return error.message ? `${code}: ${error.message}` : code;
 }
 
+/** Failed subtasks grouped by their reason (60 rejected calls are one line, not 60), each
+ * group naming its first subtasks as buttons that select them. */
+function failureList(failed, onSelect) {
+  const groups = new Map();
+  for (const s of failed) {
+    const why = reason(s.error);
+    if (!groups.has(why)) groups.set(why, []);
+    groups.get(why).push(s);
+  }
+  const sorted = [...groups].sort((a, b) => b[1].length - a[1].length);
+  return el("ul", { class: "fail-list" }, ...sorted.map(([why, subs]) => {
+    const names = subs.slice(0, NAMED).map((s) => el("button", { type: "button", class: "link mono",
+      "data-name": s.name, text: s.name, title: s.attempts > 1 ? `after ${s.attempts} attempts` : null,
+      onclick: () => onSelect(s.name) }));
+    return el("li", { "data-reason": why },
+      el("span", { class: "fail-why" }, subs.length > 1 ? el("b", { text: `${subs.length} × ` }) : null, why),
+      el("span", { class: "fail-names" }, ...names,
+        subs.length > NAMED ? el("span", { class: "muted small", text: `and ${subs.length - NAMED} more` }) : null));
+  }));
+}
+
 /** The panel over the graph; hidden while nothing has failed and the swarm was not cancelled. */
 export function renderFailures(swarm, { onSelect }) {
   const box = document.getElementById("failures");
   const failed = swarm.subtasks.filter((s) => s.status === "failed");
   const broken = swarm.status === "failed" || swarm.status === "cancelled";
+  // redrawn only when what it says changed: a reader's click or selection is not lost
+  const key = JSON.stringify([swarm.status, swarm.error, swarm.progress,
+    failed.map((s) => [s.name, s.error, s.attempts])]);
+  if (key === failuresKey) return;
+  failuresKey = key;
   box.hidden = !broken && !failed.length;
   if (box.hidden) { box.replaceChildren(); return; }
   const p = swarm.progress;
+  const some = `${failed.length} subtask${failed.length === 1 ? "" : "s"} failed`;
   const head = swarm.status === "cancelled" ? "Cancelled" : swarm.status === "failed" ? "Failed"
-    : `${failed.length} subtask${failed.length === 1 ? "" : "s"} failed so far`;
+    : swarm.status === "succeeded" ? `${some}, within the failure tolerance` : `${some} so far`;
   const items = [];
   if (swarm.error) {
     items.push(el("p", { class: "fail-reason", text: reason(swarm.error) }));
@@ -37,18 +67,7 @@ export function renderFailures(swarm, { onSelect }) {
         .map(([code, n]) => `${n} × ${code}`).join(", ")}` }));
     }
   }
-  if (failed.length) {
-    const list = el("ul", { class: "fail-list" }, ...failed.slice(0, SHOWN).map((s) => el("li", {
-      "data-name": s.name },
-    el("button", { type: "button", class: "link mono", text: s.name, onclick: () => onSelect(s.name) }),
-    el("span", { class: "fail-why", text: reason(s.error) }),
-    s.attempts > 1 ? el("span", { class: "muted small", text: `after ${s.attempts} attempts` }) : null)));
-    items.push(list);
-    if (failed.length > SHOWN) {
-      items.push(el("p", { class: "muted small", text: `and ${failed.length - SHOWN} more failed`
-        + " (the legend's “failed” chip highlights them all)" }));
-    }
-  }
+  if (failed.length) items.push(failureList(failed, onSelect));
   const rest = [];
   if (p.skipped) rest.push(`${p.skipped} skipped (a dependency failed or the swarm stopped first)`);
   if (p.cancelled) rest.push(`${p.cancelled} cancelled`);
@@ -66,6 +85,9 @@ export function renderFailures(swarm, { onSelect }) {
 export function renderLineage(swarm, retries) {
   document.getElementById("retry").hidden = !(swarm.status === "failed" || swarm.status === "cancelled");
   const box = document.getElementById("lineage");
+  const key = JSON.stringify([swarm.retry_of, retries, swarm.retried_by]);
+  if (key === lineageKey) return;
+  lineageKey = key;
   const parts = [];
   if (swarm.retry_of) parts.push(el("span", { class: "retry-of" }, "retry of ", swarmLink(swarm.retry_of)));
   const ids = retries.length ? retries : swarm.retried_by ? [swarm.retried_by] : [];

@@ -269,6 +269,10 @@ function select(name, reveal = true) {
   selected = name;
   detail = null;
   history.replaceState(null, "", name ? `#subtask=${encodeURIComponent(name)}` : location.pathname);
+  const L = view.layout;
+  if (name && reveal && L && !L.nodes.has(name) && L.layer.has(name)) {
+    folding.set(L.layer.get(name), false); // picked from the failure panel or the timeline
+  }
   view.select(name);
   renderPanel();
   renderTimeline();
