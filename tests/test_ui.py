@@ -455,4 +455,8 @@ def test_failed_swarm_shows_why_and_retries_with_lineage(driver: WebDriver,
     links = driver.execute_script(
         "return [...document.querySelectorAll('#lineage .retried-by a')].map(a => a.href)")
     assert links == [f"{server.url}/ui/swarms/{new_id}"]
+    # the list marks both ends of the lineage
+    driver.get(f"{server.url}/ui")
+    wait_for(driver, f"document.querySelector('tr[data-id=\"{new_id}\"] .retry-tag')"
+                     f" && document.querySelector('tr[data-id=\"{old['id']}\"] .retried-tag')")
     assert severe_console(driver) == []

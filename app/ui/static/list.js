@@ -41,6 +41,8 @@ function row(s, now) {
   const tr = el("tr", { "data-id": s.id, "data-status": s.status },
     el("td", {}, el("div", { class: "swarm-cell" },
       el("a", { href, class: "mono id", text: s.id.slice(0, 8), title: s.id }),
+      s.retry_of ? el("span", { class: "tag retry-tag", text: "retry", title: `retry of ${s.retry_of}` }) : null,
+      s.retried_by ? el("span", { class: "tag retried-tag", text: "retried", title: `retried as ${s.retried_by}` }) : null,
       el("span", { class: "task-line", text: firstLine(s.task), title: s.task }))),
     el("td", {}, badge(s.status)),
     el("td", { class: "progress-col" }, el("div", { class: "progress-cell" }, progressBar(s.progress),
