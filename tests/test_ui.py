@@ -244,6 +244,16 @@ def test_cancel_button_cancels_the_running_swarm(driver: WebDriver,
     seconds_shown = [float(v.split()[0]) / (1000 if v.endswith(" ms") else 1) for v in shown]
     assert seconds_shown == sorted(seconds_shown) and len(set(shown)) == 4, shown
     assert seconds_shown[-1] - seconds_shown[0] == pytest.approx(3.15, abs=0.6), shown
+    # the timeline runs on the same clock: its axis ends at "now", further each second
+    driver.find_element(By.CSS_SELECTOR, '[data-view="timeline"]').click()
+    last_tick = "return document.querySelector('.tl-axis .tl-tick:last-child').textContent"
+    wait_for(driver, "document.querySelector('.tl-row[data-name=slow_a][data-status=running]"
+                     " .tl-bar')")
+    first = driver.execute_script(last_tick)
+    time.sleep(1.2)
+    assert driver.execute_script(last_tick) != first
+    screenshot(driver, "ui-timeline-running")
+    driver.find_element(By.CSS_SELECTOR, '[data-view="graph"]').click()
     driver.find_element(By.ID, "cancel").click()
     wait_for(driver, "document.getElementById('confirm-cancel').open")
     driver.find_element(By.CSS_SELECTOR, "#confirm-cancel button[value=yes]").click()
