@@ -22,6 +22,9 @@ export class ServerClock {
 
 /** Wall time: the API's once the swarm ended, counted on the service's clock while it runs. */
 export function wallTime(swarm, clock) {
+  if (swarm.endedHere && swarm.started_at) {
+    return Math.max(0, (Date.parse(swarm.finished_at) - Date.parse(swarm.started_at)) / 1000);
+  }
   if (swarm.finished_at || !swarm.started_at) return swarm.timing.wall_s;
   return Math.max(0, (clock.now() - Date.parse(swarm.started_at)) / 1000);
 }

@@ -111,6 +111,11 @@ function onEvent(ev) {
     refetch(); // planning -> running brings the planned subtasks
   } else if (ev.event === "swarm.completed") {
     swarm.status = data.status;
+    // the clock stops now; the snapshot this asks for brings the recorded end
+    if (!swarm.finished_at) {
+      swarm.finished_at = new Date(clock.now()).toISOString();
+      swarm.endedHere = true; // wall time from these two stamps until the snapshot says
+    }
     for (const name of data.cancelled || []) {
       const sub = swarm.subtasks.find((s) => s.name === name);
       if (sub) { sub.status = "cancelled"; view.setStatus(name, "cancelled"); }
