@@ -109,6 +109,13 @@ def wait_for(driver: WebDriver, script: str, timeout: float = 20) -> Any:
         lambda d: d.execute_script(f"return {script}"))
 
 
+def js_seconds(s: float) -> str:
+    """Seconds as the page prints them (dom.js `seconds`), for s under a minute."""
+    if s < 1:
+        return f"{round(s * 1000)} ms"
+    return f"{s:.2f} s" if s < 10 else f"{s:.1f} s"
+
+
 def screenshot(driver: WebDriver, name: str) -> Path:
     """Saved for a person to look at (test-artifacts/ is not committed)."""
     ARTIFACTS.mkdir(exist_ok=True)

@@ -20,6 +20,7 @@ from tests.browser import (
     ARTIFACTS,
     LiveServer,
     driver,
+    js_seconds,
     outside,
     requests_made,
     screenshot,
@@ -164,6 +165,13 @@ def test_swarm_page_turns_a_running_dag_green_live(driver: WebDriver,
     critical = driver.execute_script(
         "return [...document.querySelectorAll('.node.critical')].map(g => g.dataset.name)")
     assert "@synthesizer" in critical and "doc_writer" in critical
+    # ... the API's chain: its latencies sum to timing.critical_path_s, which the card shows
+    latency = {s["name"]: s["latency_ms"] or 0 for s in final["subtasks"]}
+    assert sum(latency[n] for n in critical) / 1000 == pytest.approx(
+        final["timing"]["critical_path_s"], abs=0.002)
+    assert {"code_analyst", "test_designer"} <= set(critical)  # 900 + 900 ms over risk's 1500
+    card = driver.find_element(By.CSS_SELECTOR, '[data-stat="critical"] .stat-value').text
+    assert card == js_seconds(final["timing"]["critical_path_s"]), card
 
     # selecting a node shows its output, usage and latency from the API
     driver.find_element(By.CSS_SELECTOR, '.node[data-name="test_designer"]').click()
@@ -227,6 +235,25 @@ def test_cancel_button_cancels_the_running_swarm(driver: WebDriver,
         {"name": "after", "depends_on": ["slow_a"]}]}).json()
     driver.get(f"{server.url}/ui/swarms/{swarm['id']}")
     wait_for(driver, "document.querySelector('.node[data-name=slow_a][data-status=running]')")
+    # no event comes while slow_a runs, and still the wall time counts on, second by second
+    wall = '[data-stat="wall"] .stat-value'
+    shown = []
+    for _ in range(4):
+        shown.append(driver.execute_script(f"return document.querySelector('{wall}').textContent"))
+        time.sleep(1.05)
+    seconds_shown = [float(v.split()[0]) / (1000 if v.endswith(" ms") else 1) for v in shown]
+    assert seconds_shown == sorted(seconds_shown) and len(set(shown)) == 4, shown
+    assert seconds_shown[-1] - seconds_shown[0] == pytest.approx(3.15, abs=0.6), shown
+    # the timeline runs on the same clock: its axis ends at "now", further each second
+    driver.find_element(By.CSS_SELECTOR, '[data-view="timeline"]').click()
+    last_tick = "return document.querySelector('.tl-axis .tl-tick:last-child').textContent"
+    wait_for(driver, "document.querySelector('.tl-row[data-name=slow_a][data-status=running]"
+                     " .tl-bar')")
+    first = driver.execute_script(last_tick)
+    time.sleep(1.2)
+    assert driver.execute_script(last_tick) != first
+    screenshot(driver, "ui-timeline-running")
+    driver.find_element(By.CSS_SELECTOR, '[data-view="graph"]').click()
     driver.find_element(By.ID, "cancel").click()
     wait_for(driver, "document.getElementById('confirm-cancel').open")
     driver.find_element(By.CSS_SELECTOR, "#confirm-cancel button[value=yes]").click()
@@ -234,7 +261,24 @@ def test_cancel_button_cancels_the_running_swarm(driver: WebDriver,
     wait_for(driver, "document.querySelector('.node[data-name=slow_a]')"
                      ".getAttribute('data-status') === 'cancelled'")
     wait_for(driver, "document.getElementById('cancel').hidden")
-    assert httpx.get(f"{server.url}/swarms/{swarm['id']}").json()["status"] == "cancelled"
+    done = httpx.get(f"{server.url}/swarms/{swarm['id']}").json()
+    assert done["status"] == "cancelled"
+    # the cut-off call is billed at its reservation: said so, never shown as a billed usage
+    cut = next(s for s in done["subtasks"] if s["name"] == "slow_a")
+    assert float(cut["usage"]["cost_usd"]) > 0, cut
+    wait_for(driver, "document.querySelector('.node[data-name=slow_a] .meta')"
+                     ".textContent.includes('reserved')")
+    driver.find_element(By.CSS_SELECTOR, '.node[data-name="slow_a"]').click()
+    wait_for(driver, "document.querySelector('#panel .reserved')")
+    panel = driver.find_element(By.ID, "panel").text
+    assert "reserved (upper bound, not billed usage)" in panel, panel
+    assert f"≤ {cut['usage']['completion_tokens']} out (reserved)" in panel, panel
+    stats = driver.find_element(By.ID, "stats").text
+    assert "reserved (upper bound" in stats, stats
+    # a cancelled swarm can be retried; the panel says what was cancelled
+    assert driver.find_element(By.ID, "retry").is_displayed()
+    assert "Cancelled" in driver.find_element(By.ID, "failures").text
+    screenshot(driver, "ui-cancelled-reserved")
     assert severe_console(driver) == []
 
 
@@ -304,8 +348,10 @@ def test_key_prompt_with_auth_on(driver: WebDriver, auth_server: LiveServer) -> 
     assert all("401" in m for m in severe_console(driver))
 
 
-def test_a_thousand_nodes_lay_out_and_collapse(driver: WebDriver,
-                                               auth_server: LiveServer) -> None:
+def test_a_thousand_nodes_open_folded_and_lay_out_on_demand(driver: WebDriver,
+                                                             auth_server: LiveServer) -> None:
+    """A layer of more than 50 subtasks opens as one summary node (SPEC §13); expanded, its
+    960 nodes lay out in sub-columns left of the layer that depends on them."""
     agents: list[dict[str, Any]] = [{"name": f"agent_{i:04d}"} for i in range(960)]
     agents += [{"name": f"review_{i:02d}",
                 "depends_on": [f"agent_{j:04d}" for j in range(i * 40, i * 40 + 40)]}
@@ -315,6 +361,13 @@ def test_a_thousand_nodes_lay_out_and_collapse(driver: WebDriver,
     driver.get(f"{auth_server.url}/ui")
     driver.execute_script(f"sessionStorage.setItem('swarm-api-key', '{KEY}')")
     driver.get(f"{auth_server.url}/ui/swarms/{swarm['id']}")
+    wait_for(driver, "document.querySelector('.node.summary[data-layer=\"0\"]')", 60)
+    drawn = "return document.querySelectorAll('.node[data-name]').length"
+    assert driver.execute_script(drawn) == 25
+    summary = driver.find_element(By.CSS_SELECTOR, '.node.summary[data-layer="0"]').text
+    assert "workers · 960" in summary and "960 pending" in summary
+    screenshot(driver, "ui-swarm-1000-folded")
+    driver.find_element(By.CSS_SELECTOR, '.node.summary[data-layer="0"]').click()
     wait_for(driver, "document.querySelectorAll('.node[data-name]').length === 985", 60)
     layout_ms = driver.execute_script("return document.querySelector('svg.dag').dataset.layoutMs")
     x = driver.execute_script("""return Object.fromEntries(['agent_0000', 'agent_0959',
@@ -324,11 +377,10 @@ def test_a_thousand_nodes_lay_out_and_collapse(driver: WebDriver,
     screenshot(driver, "ui-swarm-1000")
     driver.find_element(By.CSS_SELECTOR, '.layer-label[data-layer="0"]').click()
     wait_for(driver, "document.querySelectorAll('.node[data-name]').length === 25")
-    summary = driver.find_element(By.CSS_SELECTOR, '.node.summary[data-layer="0"]').text
-    assert "workers · 960" in summary and "960 pending" in summary
-    screenshot(driver, "ui-swarm-1000-collapsed")
     Path(ARTIFACTS / "ui-layout.txt").write_text(
-        f"985-node swarm: layout + first draw {layout_ms} ms in the browser\n")
+        f"985-node swarm: layout + draw of the expanded layer {layout_ms} ms in the browser\n")
+    # the only errors: the list page's reads before the key was put in the tab
+    assert all("401" in m for m in severe_console(driver))
 
 
 def test_panel_shows_a_subtasks_tool_calls(driver: WebDriver,
@@ -366,3 +418,55 @@ def test_panel_shows_a_subtasks_tool_calls(driver: WebDriver,
             assert severe_console(driver) == []
     finally:
         mcp.close()
+
+
+def test_failed_swarm_shows_why_and_retries_with_lineage(driver: WebDriver,
+                                                         server: LiveServer) -> None:
+    """The failure panel lists each failed subtask with its reason; Retry starts the retry
+    (POST /swarms/{id}/retry) and opens it; it links back, reuses what succeeded (badged),
+    and the origin links to it."""
+    api = httpx.Client(base_url=server.url, timeout=30)
+    old = api.post("/swarms", json={"task": "half broken", "agents": [
+        {"name": "fine", "system_prompt": slow(100)},
+        {"name": "broken", "system_prompt": "[[sim fail=400]]", "depends_on": ["fine"]},
+        {"name": "after", "depends_on": ["broken"]}]}).json()
+    old = api.get(f"/swarms/{old['id']}", params={"wait": 30}).json()
+    assert old["status"] == "failed", old
+    reason = next(s for s in old["subtasks"] if s["name"] == "broken")["error"]
+    driver.get(f"{server.url}/ui/swarms/{old['id']}")
+    wait_for(driver, "!document.getElementById('failures').hidden"
+                     " && !document.getElementById('retry').hidden")
+    panel = driver.find_element(By.ID, "failures").text
+    assert "Failed" in panel and old["error"]["code"] in panel
+    item = driver.find_element(By.CSS_SELECTOR, "#failures li[data-reason]").text
+    assert "broken" in item, item
+    assert f"{reason['code']}: {reason['message']}" in item, (item, reason)
+    assert f"{old['progress']['skipped']} skipped" in panel
+    screenshot(driver, "ui-failed")
+
+    driver.find_element(By.ID, "retry").click()
+    wait_for(driver, f"!location.pathname.endsWith({old['id']!r})")
+    new_id = driver.execute_script("return location.pathname.split('/').pop()")
+    new = api.get(f"/swarms/{new_id}").json()
+    assert new["retry_of"] == old["id"]
+    # the lineage is redrawn with each read of the swarm: read it in one go
+    back = wait_for(driver, "document.querySelector('#lineage .retry-of a')"
+                            " && document.querySelector('#lineage .retry-of a').href")
+    assert back.endswith(f"/ui/swarms/{old['id']}")
+    wait_for(driver, "document.querySelector('.node[data-name=fine][data-reused]')")
+    assert "reused" in driver.find_element(By.CSS_SELECTOR, '.node[data-name="fine"]').text
+    assert not driver.find_elements(By.CSS_SELECTOR, '.node[data-name="broken"][data-reused]')
+    driver.find_element(By.CSS_SELECTOR, '.node[data-name="fine"]').click()
+    wait_for(driver, "document.getElementById('panel').innerText.includes('no call was made')")
+    screenshot(driver, "ui-retry")
+
+    driver.get(f"{server.url}/ui/swarms/{old['id']}")
+    wait_for(driver, "document.querySelector('#lineage .retried-by a')")
+    links = driver.execute_script(
+        "return [...document.querySelectorAll('#lineage .retried-by a')].map(a => a.href)")
+    assert links == [f"{server.url}/ui/swarms/{new_id}"]
+    # the list marks both ends of the lineage
+    driver.get(f"{server.url}/ui")
+    wait_for(driver, f"document.querySelector('tr[data-id=\"{new_id}\"] .retry-tag')"
+                     f" && document.querySelector('tr[data-id=\"{old['id']}\"] .retried-tag')")
+    assert severe_console(driver) == []

@@ -1,8 +1,6 @@
 // /ui: recent swarms, newest first, from GET /swarms (filter by status, paged by its cursor).
-import {
-  SWARM_STATUSES, TERMINAL, ago, apiJson, badge, el, money, progressBar, seconds, showError,
-  showKeyState,
-} from "./common.js";
+import { SWARM_STATUSES, TERMINAL, ago, badge, el, money, progressBar, seconds } from "./dom.js";
+import { apiJson, showError, showKeyState } from "./api.js";
 
 const params = new URLSearchParams(location.search);
 const PAGE_SIZE = Math.min(200, Math.max(1, Number(params.get("limit")) || 25)); // ?limit=N
@@ -40,14 +38,15 @@ function firstLine(text, max = 110) {
 
 function row(s, now) {
   const href = `/ui/swarms/${encodeURIComponent(s.id)}`;
-  const done = s.progress.succeeded + s.progress.failed + s.progress.skipped + s.progress.cancelled;
   const tr = el("tr", { "data-id": s.id, "data-status": s.status },
     el("td", {}, el("div", { class: "swarm-cell" },
       el("a", { href, class: "mono id", text: s.id.slice(0, 8), title: s.id }),
+      s.retry_of ? el("span", { class: "tag retry-tag", text: "retry", title: `retry of ${s.retry_of}` }) : null,
+      s.retried_by ? el("span", { class: "tag retried-tag", text: "retried", title: `retried as ${s.retried_by}` }) : null,
       el("span", { class: "task-line", text: firstLine(s.task), title: s.task }))),
     el("td", {}, badge(s.status)),
     el("td", { class: "progress-col" }, el("div", { class: "progress-cell" }, progressBar(s.progress),
-      el("span", { class: "count mono", text: `${done}/${s.progress.total}` }))),
+      el("span", { class: "count mono", text: `${s.progress.succeeded}/${s.progress.total}` }))),
     el("td", { class: "num mono", title: `${s.usage.cost_usd} USD`, text: money(s.usage.cost_usd) }),
     el("td", { class: "num mono", text: seconds(s.timing.wall_s) }),
     el("td", { class: "num", title: new Date(s.created_at).toLocaleString(), text: ago(s.created_at, now) }));

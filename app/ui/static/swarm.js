@@ -1,23 +1,34 @@
-// /ui/swarms/{id}: the swarm's DAG, live from GET /swarms/{id}/events, with the selected
-// subtask's details, the swarm's timing and cost, and a cancel button. Public API only.
-import {
-  ApiError, SUBTASK_STATUSES, TERMINAL, api, apiJson, badge, el, money, progressBar, readEvents,
-  seconds, showError, showKeyState, tokens, when,
-} from "./common.js";
-import { DagView } from "./dag.js";
+// /ui/swarms/{id}: the swarm's DAG (or its timeline), live from GET /swarms/{id}/events, with
+// the selected subtask's details, stat cards on a ticking clock, the failure panel, Retry and
+// the retry lineage, and a cancel button. Public API only.
+import { ApiError, api, apiJson, readEvents, showError, showKeyState } from "./api.js";
+import { DagView } from "./dag-view.js";
+import { SUBTASK_STATUSES, TERMINAL, el, when } from "./dom.js";
+import { loadRetries, renderFailures, renderLineage, retry } from "./failures.js";
+import { Folding } from "./graph-layout.js";
+import { renderPanel as drawPanel } from "./panel.js";
+import { ServerClock, renderStats as drawStats, tickStats } from "./stats.js";
+import { TimelineView } from "./timeline.js";
 
 const swarmId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop());
 const base = `/swarms/${encodeURIComponent(swarmId)}`;
 const RANK = { pending: 0, running: 1, succeeded: 2, failed: 2, skipped: 2, cancelled: 2 };
-const SWARM_RANK = { queued: 0, planning: 1, running: 2, synthesizing: 3, succeeded: 4,
-  failed: 4, cancelled: 4 };
+const SWARM_RANK = { queued: 0, planning: 1, awaiting_approval: 1.5, running: 2, synthesizing: 3,
+  succeeded: 4, failed: 4, cancelled: 4 };
 const EVENT_STATUS = { "subtask.started": "running", "subtask.succeeded": "succeeded",
   "subtask.failed": "failed", "subtask.skipped": "skipped" };
 
 let swarm = null;
 let selected = new URLSearchParams(location.hash.slice(1)).get("subtask");
 let detail = null; // GET /swarms/{id}/subtasks/{name} of the selected one, when the service has it
-const view = new DagView(document.getElementById("graph"), { onSelect: (n) => select(n, false) });
+const folding = new Folding();
+const clock = new ServerClock();
+const view = new DagView(document.getElementById("graph"), { onSelect: (n) => select(n, false), folding });
+const timeline = new TimelineView(document.getElementById("timeline"), { onSelect: (n) => select(n), folding });
+let showing = "graph"; // or "timeline"
+let retries = []; // ids of this swarm's retries, newest first
+let retriesFor = null; // the retried_by they were read for
+folding.onChange(() => { view.redraw(); renderTimeline(); renderNote(); });
 const abort = new AbortController();
 
 // ---- reading the swarm -----------------------------------------------------------------------
@@ -62,6 +73,7 @@ function merge(fresh) {
     if (SWARM_RANK[swarm.status] > SWARM_RANK[fresh.status]) fresh.status = swarm.status;
   }
   swarm = fresh;
+  clock.update(fresh);
   render();
 }
 
@@ -78,6 +90,12 @@ function onEvent(ev) {
     if (!sub) { refetch(); return; } // a subtask born while running (plan, compressor)
     // the stream replays from the first event: never step back from what is already known
     if (RANK[status] >= RANK[sub.status]) sub.status = status;
+    // the events carry no time: stamp what the snapshot lacks on the service's clock (the
+    // next snapshot brings the recorded times)
+    const now = new Date(clock.now()).toISOString();
+    if (status === "running" && !sub.started_at) sub.started_at = now;
+    if (status !== "running" && !sub.finished_at && sub.started_at) sub.finished_at = now;
+    if (data.reused) sub.reused = true;
     if (data.latency_ms !== undefined) sub.latency_ms = data.latency_ms;
     if (data.error) sub.error = data.error;
     view.setStatus(sub.name, sub.status, sub);
@@ -93,6 +111,11 @@ function onEvent(ev) {
     refetch(); // planning -> running brings the planned subtasks
   } else if (ev.event === "swarm.completed") {
     swarm.status = data.status;
+    // the clock stops now; the snapshot this asks for brings the recorded end
+    if (!swarm.finished_at) {
+      swarm.finished_at = new Date(clock.now()).toISOString();
+      swarm.endedHere = true; // wall time from these two stamps until the snapshot says
+    }
     for (const name of data.cancelled || []) {
       const sub = swarm.subtasks.find((s) => s.name === name);
       if (sub) { sub.status = "cancelled"; view.setStatus(name, "cancelled"); }
@@ -113,8 +136,11 @@ function scheduleSummary() { // many events per frame: one header repaint
     summaryQueued = false;
     recount();
     renderHeader();
+    view.updateCritical(); // live latencies move the chain: the card and the graph agree
     renderStats();
     renderLegend();
+    renderFailures(swarm, { onSelect: select });
+    renderTimeline();
   });
 }
 
@@ -150,16 +176,51 @@ async function follow() {
 function render() {
   document.title = `${swarm.id.slice(0, 8)} · ${swarm.status} · Swarm API`;
   renderHeader();
-  renderStats();
   view.render(swarm.subtasks);
+  renderStats();
   renderLegend();
-  const note = document.getElementById("graph-note");
-  note.hidden = !(view.layout && view.layout.compact);
-  note.textContent = `${swarm.subtasks.length} subtasks: compact nodes; click a layer's title to`
-    + " collapse it, find a subtask by name, or zoom out.";
+  renderNote();
+  renderFailures(swarm, { onSelect: select });
+  renderLineage(swarm, retries);
+  readRetries();
   if (selected && !view.subtasks.has(selected)) selected = null;
   view.select(selected);
+  renderTimeline();
   renderPanel();
+}
+
+function renderNote() {
+  const note = document.getElementById("graph-note");
+  const folded = view.layout ? view.layout.summaries.size : 0;
+  const bits = [];
+  if (folded) bits.push(`${folded} layer${folded === 1 ? "" : "s"} shown as one summary node each (click one to expand it)`);
+  if (view.layout && view.layout.compact) bits.push("compact nodes");
+  note.hidden = !bits.length;
+  note.textContent = `${swarm.subtasks.length} subtasks: ${bits.join("; ")}. Find a subtask by name to go to it.`;
+}
+
+function renderStats() { drawStats(swarm, view.criticalInfo, clock); }
+
+function renderPanel() {
+  drawPanel({ swarm, selected, detail, critical: view.critical, onSelect: select });
+}
+
+function renderTimeline() {
+  if (showing !== "timeline" || !swarm) return;
+  timeline.selected = selected;
+  timeline.render(swarm, view.layout, clock.now());
+}
+
+/** This swarm's retries (both ways of the lineage), read again when a new one appears. */
+async function readRetries() {
+  if (!swarm.retried_by || retriesFor === swarm.retried_by) return;
+  retriesFor = swarm.retried_by;
+  try {
+    retries = await loadRetries(swarm.id);
+    renderLineage(swarm, retries);
+  } catch (err) {
+    showError(err);
+  }
 }
 
 function renderHeader() {
@@ -171,33 +232,7 @@ function renderHeader() {
   document.getElementById("swarm-times").textContent =
     `created ${when(swarm.created_at)}${swarm.finished_at ? ` · finished ${when(swarm.finished_at)}` : ""}`;
   document.getElementById("cancel").hidden = TERMINAL.has(swarm.status);
-}
-
-function stat(label, value, sub, attrs = {}) {
-  return el("div", { class: "stat", ...attrs },
-    el("div", { class: "stat-label", text: label }),
-    el("div", { class: "stat-value mono", text: value }),
-    sub ? el("div", { class: "stat-sub", text: sub }) : null);
-}
-
-function renderStats() {
-  const p = swarm.progress;
-  const done = p.succeeded + p.failed + p.skipped + p.cancelled;
-  const t = swarm.timing;
-  const u = swarm.usage;
-  const progress = el("div", { class: "stat grow" },
-    el("div", { class: "stat-label", text: "Progress" }),
-    el("div", { class: "stat-value mono", text: `${done} / ${p.total}` }),
-    progressBar(p));
-  document.getElementById("stats").replaceChildren(
-    progress,
-    stat("Cost", money(u.cost_usd), `${tokens(u.prompt_tokens)} in · ${tokens(u.completion_tokens)} out · ${u.gateway_calls} calls`,
-      { title: `${u.cost_usd} USD${u.unresolved_usd ? ` (${u.unresolved_usd} unresolved)` : ""}` }),
-    stat("Wall time", seconds(t.wall_s), swarm.queue_position ? `queue position ${swarm.queue_position}` : null),
-    stat("Critical path", seconds(t.critical_path_s), "highlighted in the graph", { class: "stat critical-stat" }),
-    stat("Serial", seconds(t.serial_s), "sum of subtask latencies"),
-    stat("Speedup", t.speedup ? `${t.speedup}×` : "–", "serial ÷ wall"),
-    stat("Latency p50 / p95", `${seconds(t.subtask_latency_s.p50)} / ${seconds(t.subtask_latency_s.p95)}`, null));
+  document.getElementById("retry").hidden = !(swarm.status === "failed" || swarm.status === "cancelled");
 }
 
 let highlight = null;
@@ -214,96 +249,6 @@ function renderLegend() {
       renderLegend();
     },
   }, el("span", { class: "dot", "data-status": s }), `${s} `, el("b", { text: String(counts[s] || 0) }))));
-}
-
-function kv(pairs) {
-  const dl = el("dl", { class: "kv" });
-  for (const [k, v] of pairs) if (v !== null && v !== undefined && v !== "") dl.append(el("dt", { text: k }), el("dd", {}, v));
-  return dl;
-}
-
-function pre(text, cls = "") {
-  return el("pre", { class: `out ${cls}`, text });
-}
-
-function section(title, ...children) {
-  return el("section", { class: "panel-section" }, el("h3", { text: title }), ...children);
-}
-
-let panelKey = "";
-
-function renderPanel() {
-  const sub0 = selected && swarm.subtasks.find((s) => s.name === selected);
-  // re-reads of a running swarm must not reset what the reader scrolled to: redraw on change
-  const key = JSON.stringify([selected, sub0 || swarm.status, sub0 ? detail : swarm.result,
-    swarm.error, view.critical.has(selected)]);
-  if (key === panelKey) return;
-  panelKey = key;
-  const panel = { replaceChildren: (...nodes) => document.getElementById("panel")
-    .replaceChildren(...nodes.filter((n) => n !== null && n !== undefined)) };
-  const sub = selected && swarm.subtasks.find((s) => s.name === selected);
-  if (!sub) {
-    const spec = swarm.spec || {};
-    panel.replaceChildren(
-      el("h2", { text: "Swarm" }),
-      el("p", { class: "muted small", text: "Select a subtask in the graph to see its output, usage and calls." }),
-      kv([["status", badge(swarm.status)], ["model", spec.model], ["synthesis", spec.synthesis && spec.synthesis.strategy],
-        ["started", when(swarm.started_at)], ["finished", swarm.finished_at ? when(swarm.finished_at) : null],
-        ["budget", spec.limits && spec.limits.budget_usd ? `$${spec.limits.budget_usd}` : null],
-        ["concurrency", spec.limits && String(spec.limits.concurrency)]]),
-      swarm.error ? section("Error", pre(JSON.stringify(swarm.error, null, 2), "error")) : null,
-      section("Result", swarm.result ? pre(swarm.result) : el("p", { class: "muted", text: TERMINAL.has(swarm.status) ? "No result." : "Not finished yet." })),
-      Object.keys(swarm.metadata || {}).length ? section("Metadata", pre(JSON.stringify(swarm.metadata, null, 2))) : null);
-    return;
-  }
-  const d = detail && detail.name === sub.name ? { ...sub, ...detail, status: sub.status } : sub;
-  const deps = el("div", { class: "deps" }, ...(d.depends_on.length ? d.depends_on.map((n) => el("button", {
-    type: "button", class: "link mono", text: n, onclick: () => select(n) })) : [el("span", { class: "muted", text: "none" })]));
-  panel.replaceChildren(
-    el("div", { class: "panel-head" },
-      el("h2", { class: "mono", text: d.name }), badge(d.status),
-      el("button", { type: "button", class: "link close", text: "× close", onclick: () => select(null) })),
-    kv([["kind", d.kind], ["model", d.model], ["attempts", String(d.attempts)],
-      ["latency", d.latency_ms !== null && d.latency_ms !== undefined ? seconds(d.latency_ms / 1000) : "–"],
-      ["tokens", `${d.usage.prompt_tokens} in · ${d.usage.completion_tokens} out`],
-      ["cost", el("span", { class: "mono", title: `${d.usage.cost_usd} USD`, text: money(d.usage.cost_usd) })],
-      ["started", when(d.started_at)], ["finished", when(d.finished_at)],
-      ["turns", d.turns ? String(d.turns) : null], ["tool calls", d.tool_calls ? String(d.tool_calls) : null],
-      ["depends on", deps]]),
-    d.critical || view.critical.has(d.name) ? el("p", { class: "crit-note", text: "On the critical path." }) : null,
-    d.error ? section("Error", pre(JSON.stringify(d.error, null, 2), "error")) : null,
-    toolCalls(d),
-    section(d.truncated ? "Output (truncated)" : "Output",
-      d.output ? pre(d.output) : el("p", { class: "muted", text: d.status === "running" ? "Running…" : "No output." })));
-}
-
-/** Tool calls from the subtask's transcript: each call with its arguments and result. */
-function toolCalls(d) {
-  const transcript = Array.isArray(d.transcript) ? d.transcript : [];
-  const results = new Map();
-  for (const m of transcript) if (m && m.role === "tool") results.set(m.tool_call_id, m.content);
-  const items = [];
-  let turn = 0;
-  for (const m of transcript) {
-    if (!m || m.role !== "assistant") continue;
-    turn += 1;
-    for (const call of m.tool_calls || []) {
-      const fn = call.function || {};
-      let args = fn.arguments || "";
-      try { args = JSON.stringify(JSON.parse(args), null, 2); } catch { /* shown as sent */ }
-      const result = results.get(call.id);
-      const text = typeof result === "string" ? result : JSON.stringify(result, null, 2);
-      const failed = typeof text === "string" && text.startsWith("error:");
-      items.push(el("li", { class: `tool-call${failed ? " failed" : ""}` },
-        el("div", { class: "tool-head" }, el("span", { class: "mono tool-name", text: (fn.name || "?").replace("__", ".") }),
-          el("span", { class: "muted small", text: `turn ${turn}` })),
-        el("details", {}, el("summary", { text: "arguments" }), pre(args)),
-        result === undefined ? el("p", { class: "muted small", text: "no result recorded" })
-          : el("details", { open: failed }, el("summary", { text: failed ? "error" : "result" }), pre(text, failed ? "error" : ""))));
-    }
-  }
-  if (!items.length) return d.tool_calls ? section("Tool calls", el("p", { class: "muted", text: `${d.tool_calls} calls (loading transcript…)` })) : null;
-  return section(`Tool calls (${items.length})`, el("ol", { class: "tool-calls" }, ...items));
 }
 
 let detailSeq = 0;
@@ -329,8 +274,13 @@ function select(name, reveal = true) {
   selected = name;
   detail = null;
   history.replaceState(null, "", name ? `#subtask=${encodeURIComponent(name)}` : location.pathname);
+  const L = view.layout;
+  if (name && reveal && L && !L.nodes.has(name) && L.layer.has(name)) {
+    folding.set(L.layer.get(name), false); // picked from the failure panel or the timeline
+  }
   view.select(name);
   renderPanel();
+  renderTimeline();
   if (name) { loadDetail(); if (reveal) view.reveal(name); }
 }
 
@@ -350,7 +300,32 @@ document.getElementById("show-critical").addEventListener("change", (ev) => {
   view.showCritical = ev.target.checked;
   view.updateCritical();
 });
-document.getElementById("find").addEventListener("input", (ev) => view.find(ev.target.value));
+const findBox = document.getElementById("find");
+function showFound(n) {
+  const out = document.getElementById("find-count");
+  out.textContent = findBox.value.trim() ? `${n ? view.matchAt + 1 : 0} of ${n}` : "";
+}
+findBox.addEventListener("input", () => { if (showing !== "graph") show("graph"); showFound(view.find(findBox.value)); });
+findBox.addEventListener("keydown", (ev) => {
+  if (ev.key !== "Enter") return;
+  ev.preventDefault();
+  view.findNext();
+  showFound(view.matches.length);
+});
+const layerIds = () => (view.layout ? view.layout.boxes.map((b) => b.li) : []);
+document.getElementById("collapse-all").addEventListener("click", () => folding.all(true, layerIds()));
+document.getElementById("expand-all").addEventListener("click", () => folding.all(false, layerIds()));
+document.getElementById("retry").addEventListener("click", () => retry(swarmId, { onError: showError }));
+
+function show(which) {
+  showing = which;
+  document.getElementById("graph").hidden = which !== "graph";
+  document.getElementById("timeline").hidden = which !== "timeline";
+  for (const b of document.querySelectorAll("[data-view]")) b.setAttribute("aria-pressed", String(b.dataset.view === which));
+  for (const id of ["zoom-in", "zoom-out", "zoom-fit", "show-critical"]) document.getElementById(id).disabled = which !== "graph";
+  renderTimeline();
+}
+for (const b of document.querySelectorAll("[data-view]")) b.addEventListener("click", () => show(b.dataset.view));
 document.getElementById("zoom-in").addEventListener("click", () => view.setZoom(view.zoom * 1.25));
 document.getElementById("zoom-out").addEventListener("click", () => view.setZoom(view.zoom / 1.25));
 document.getElementById("zoom-fit").addEventListener("click", () => view.fit());
@@ -360,11 +335,19 @@ setInterval(() => {
   if (dirty && swarm && !TERMINAL.has(swarm.status)) { dirty = false; refetch(); }
 }, 2000);
 
+// the clock ticks between events: wall time, and the timeline's running bars
+setInterval(() => {
+  if (!swarm || swarm.finished_at) return;
+  tickStats(swarm, clock);
+  renderTimeline();
+}, 1000);
+
 async function start() {
   showKeyState();
   document.getElementById("swarm-id").textContent = swarmId;
   try {
     swarm = await apiJson(base);
+    clock.update(swarm);
   } catch (err) {
     showError(err);
     document.getElementById("swarm-status").textContent = err.status === 404 ? "not found" : "error";

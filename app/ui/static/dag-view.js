@@ -1,159 +1,15 @@
-// The swarm's DAG as SVG, left to right: planner -> workers (by depth) -> compressors ->
-// synthesizer. Layers come from one topological pass (longest path, O(V + E)); a layer taller
-// than a screen wraps into sub-columns, and any layer collapses into one summary node, so a
-// thousand subtasks lay out in milliseconds and stay readable. Each node is an SVG group with
-// the subtask's name as text and its status in data-status (CSS colours it).
+// The swarm's DAG drawn as SVG from graph-layout.js's numbers. Each node is an SVG group with
+// the subtask's name as text and its status in data-status (CSS colours it); a folded layer is
+// one summary node (counts by status, cost) until expanded. Find expands and zooms to a match.
+import { criticalPath, layout } from "./graph-layout.js";
+import { isReserved, money } from "./dom.js";
 
 const SVG = "http://www.w3.org/2000/svg";
-const COMPRESSOR = "@compress.";
-
-/** name -> names it waits for, as the service computes timing (planner before root workers,
- * a compressed input reaching its consumer through its compressor). */
-export function dependencies(subtasks) {
-  const names = new Set(subtasks.map((s) => s.name));
-  const planners = subtasks.filter((s) => s.kind === "planner").map((s) => s.name);
-  const deps = new Map();
-  for (const s of subtasks) {
-    const ds = s.depends_on.length ? [...s.depends_on] : s.kind === "worker" ? [...planners] : [];
-    if (s.kind !== "compressor") for (const d of s.depends_on) ds.push(COMPRESSOR + d);
-    deps.set(s.name, [...new Set(ds)].filter((d) => names.has(d) && d !== s.name));
-  }
-  return deps;
-}
-
-/** Names in topological order and each one's layer (longest path from a source). */
-function layering(subtasks, deps) {
-  const indeg = new Map();
-  const out = new Map();
-  for (const s of subtasks) { indeg.set(s.name, 0); out.set(s.name, []); }
-  for (const [n, ds] of deps) for (const d of ds) { out.get(d).push(n); indeg.set(n, indeg.get(n) + 1); }
-  const layer = new Map();
-  const order = [];
-  for (const s of subtasks) if (indeg.get(s.name) === 0) { order.push(s.name); layer.set(s.name, 0); }
-  for (let i = 0; i < order.length; i++) {
-    const n = order[i];
-    for (const m of out.get(n)) {
-      layer.set(m, Math.max(layer.get(m) || 0, layer.get(n) + 1));
-      indeg.set(m, indeg.get(m) - 1);
-      if (indeg.get(m) === 0) order.push(m);
-    }
-  }
-  const deepest = Math.max(0, ...layer.values());
-  for (const s of subtasks) {
-    if (!layer.has(s.name) || indeg.get(s.name) > 0) { // only on a cycle: put it last, still shown
-      if (!order.includes(s.name)) order.push(s.name);
-      layer.set(s.name, deepest + 1);
-    }
-  }
-  return { order, layer };
-}
-
-/** Critical path: the chain of largest summed latency through the DAG (a Set of names). */
-export function criticalPath(subtasks, deps, order) {
-  const lat = new Map(subtasks.map((s) => [s.name, s.latency_ms || 0]));
-  const best = new Map();
-  const via = new Map();
-  let end = null;
-  for (const n of order) {
-    let b = 0;
-    let p = null;
-    for (const d of deps.get(n) || []) if ((best.get(d) || 0) > b) { b = best.get(d); p = d; }
-    best.set(n, b + lat.get(n));
-    via.set(n, p);
-    if (end === null || best.get(n) > best.get(end)) end = n;
-  }
-  const path = new Set();
-  for (let n = end; n !== null && best.get(n) > 0; n = via.get(n)) path.add(n);
-  return path;
-}
-
-function layerLabel(members) {
-  const kinds = new Set(members.map((s) => s.kind));
-  const kind = kinds.size === 1 ? [...kinds][0] : "mixed";
-  const word = { planner: "planner", worker: "workers", compressor: "compressors",
-    synthesizer: "synthesizer" }[kind] || "subtasks";
-  return `${word} · ${members.length}`;
-}
-
-/** Positions of nodes, layer boxes and edges (collapsed layers become one summary node). */
-export function layout(subtasks, { collapsed = new Set() } = {}) {
-  const deps = dependencies(subtasks);
-  const { order, layer } = layering(subtasks, deps);
-  const compact = subtasks.length > 120;
-  const W = compact ? 150 : 196;
-  const H = compact ? 24 : 42;
-  const GAP_Y = compact ? 6 : 10;
-  const ROWS = compact ? 36 : 14;
-  const GAP_X = 76;
-  const SUB_GAP = 14;
-  const TOP = 34;
-  const position = new Map(subtasks.map((s, i) => [s.name, i]));
-  const byName = new Map(subtasks.map((s) => [s.name, s]));
-  const layers = [];
-  for (const n of order) (layers[layer.get(n)] ||= []).push(byName.get(n));
-  // order within a layer by where its dependencies sit (barycentre), so edges cross less
-  const rank = new Map();
-  layers.forEach((members, li) => {
-    const key = new Map(members.map((s) => {
-      const ds = deps.get(s.name);
-      const bary = li && ds.length ? ds.reduce((a, d) => a + (rank.get(d) || 0), 0) / ds.length : 0;
-      return [s.name, bary];
-    }));
-    members.sort((a, b) => key.get(a.name) - key.get(b.name) || position.get(a.name) - position.get(b.name));
-    members.forEach((s, i) => rank.set(s.name, i / members.length));
-  });
-
-  const boxes = [];
-  let x = 16;
-  let height = 0;
-  for (const [li, members] of layers.entries()) {
-    if (!members) continue;
-    const folded = collapsed.has(li);
-    const cols = folded ? 1 : Math.ceil(members.length / ROWS);
-    const rows = folded ? 1 : Math.ceil(members.length / cols);
-    const w = folded ? Math.max(W, 170) : cols * W + (cols - 1) * SUB_GAP;
-    const h = folded ? 64 : rows * H + (rows - 1) * GAP_Y;
-    boxes.push({ li, x, w, h, rows, cols, members, folded, label: layerLabel(members) });
-    height = Math.max(height, h);
-    x += w + GAP_X;
-  }
-  const nodes = new Map(); // name -> {x, y, w, h}
-  const summaries = new Map(); // layer -> {x, y, w, h, members}
-  const centre = height <= 560; // small graphs centre short layers; tall ones align to the top
-  for (const b of boxes) {
-    const top = TOP + (centre ? (height - b.h) / 2 : 0);
-    b.y = top;
-    if (b.folded) {
-      summaries.set(b.li, { x: b.x, y: top, w: b.w, h: b.h, members: b.members, label: b.label });
-      continue;
-    }
-    b.members.forEach((s, i) => {
-      const col = Math.floor(i / b.rows);
-      const row = i % b.rows;
-      nodes.set(s.name, { x: b.x + col * (W + SUB_GAP), y: top + row * (H + GAP_Y), w: W, h: H });
-    });
-  }
-  // edges between drawn things: a collapsed layer's edges meet at its summary node
-  const end = (n) => (nodes.has(n) ? n : `#${layer.get(n)}`);
-  const seen = new Set();
-  const edges = [];
-  for (const [n, ds] of deps) {
-    for (const d of ds) {
-      const a = end(d);
-      const b = end(n);
-      const k = `${a}\u0000${b}`;
-      if (a === b || seen.has(k)) continue;
-      seen.add(k);
-      edges.push({ from: a, to: b, a: d, b: n });
-    }
-  }
-  return { deps, order, layer, nodes, summaries, boxes, edges, compact,
-    width: x - GAP_X + 16, height: TOP + height + 16 };
-}
+const STATUS_ORDER = ["succeeded", "failed", "cancelled", "skipped", "running", "pending"];
 
 function svg(tag, attrs = {}) {
   const node = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  for (const [k, v] of Object.entries(attrs)) if (v !== null) node.setAttribute(k, v);
   return node;
 }
 
@@ -163,13 +19,16 @@ function fmtLatency(ms) {
 }
 
 export class DagView {
-  constructor(container, { onSelect }) {
+  constructor(container, { onSelect, folding }) {
     this.container = container;
     this.onSelect = onSelect;
-    this.collapsed = new Set();
+    this.folding = folding;
     this.zoom = 1;
     this.selected = null;
     this.critical = new Set();
+    this.criticalInfo = { names: [], set: this.critical, seconds: 0 };
+    this.matches = [];
+    this.matchAt = -1;
     this.showCritical = true;
     this.structure = "";
     this.zoomed = false; // the reader's zoom wins over fitting once they used it
@@ -182,6 +41,13 @@ export class DagView {
     const fit = (this.container.clientWidth - 16) / this.layout.width;
     const zoom = fit >= 0.6 ? Math.min(1, fit) : 1;
     if (Math.abs(zoom - this.zoom) > 0.005) { this.zoom = zoom; this.applyZoom(); }
+  }
+
+  /** Draw again as it is (a layer folded or unfolded). */
+  redraw() {
+    if (!this.subtasks) return;
+    this.draw([...this.subtasks.values()]);
+    this.updateCritical();
   }
 
   /** Draw `subtasks`; re-lays out only when the set of subtasks (or collapsing) changed. */
@@ -199,7 +65,7 @@ export class DagView {
 
   draw(subtasks) {
     const t0 = performance.now();
-    const L = (this.layout = layout(subtasks, { collapsed: this.collapsed }));
+    const L = (this.layout = layout(subtasks, this.folding));
     // edges live in an SVG of their own under the nodes': a node's status change then
     // re-lays out only the nodes (thousands of curves made each change cost a second)
     const viewBox = `0 0 ${L.width} ${L.height}`;
@@ -226,11 +92,7 @@ export class DagView {
       const tip = svg("title");
       tip.textContent = b.folded ? "expand this layer" : "collapse this layer into one node";
       t.append(tip);
-      const toggle = () => {
-        if (this.collapsed.has(b.li)) this.collapsed.delete(b.li); else this.collapsed.add(b.li);
-        this.draw([...this.subtasks.values()]);
-        this.updateCritical();
-      };
+      const toggle = () => this.folding.toggle(b.li, b.members.length);
       t.addEventListener("click", toggle);
       t.addEventListener("keydown", (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); toggle(); } });
       labels.append(t);
@@ -263,7 +125,8 @@ export class DagView {
     for (const [name, r] of L.nodes) {
       const s = this.subtasks.get(name);
       const g = svg("g", { class: "node", transform: `translate(${r.x},${r.y})`, tabindex: 0,
-        role: "button", "data-name": name, "data-kind": s.kind, "data-status": s.status });
+        role: "button", "data-name": name, "data-kind": s.kind, "data-status": s.status,
+        "data-reused": s.reused ? "true" : null });
       g.append(svg("rect", { class: "box", width: r.w, height: r.h, rx: 6 }));
       g.append(svg("rect", { class: "stripe", width: 4, height: r.h, rx: 2 }));
       const label = svg("text", { class: "name", x: 12, y: L.compact ? 16 : 17, "clip-path": "url(#node-text)" });
@@ -272,6 +135,11 @@ export class DagView {
       if (!L.compact) {
         const meta = svg("text", { class: "meta", x: 12, y: 33, "clip-path": "url(#node-text)" });
         g.append(meta);
+      }
+      if (s.reused) { // copied from the swarm this one retries: no call of its own
+        const tag = svg("text", { class: "tag reused", x: r.w - 6, y: L.compact ? 16 : 17, "text-anchor": "end" });
+        tag.textContent = "reused";
+        g.append(tag);
       }
       g.append(svg("title"));
       g.addEventListener("click", () => this.onSelect(name));
@@ -285,9 +153,15 @@ export class DagView {
       const g = svg("g", { class: "node summary", transform: `translate(${r.x},${r.y})`, "data-layer": li });
       g.append(svg("rect", { class: "box", width: r.w, height: r.h, rx: 6 }));
       const t = svg("text", { class: "name", x: 10, y: 18 });
-      t.textContent = r.label;
-      g.append(t, svg("g", { class: "mini" }), svg("text", { class: "meta", x: 10, y: 56 }));
-      g.addEventListener("click", () => labels.querySelector(`[data-layer="${li}"]`).dispatchEvent(new Event("click")));
+      t.textContent = `${r.label} ▸`;
+      const tip = svg("title");
+      tip.textContent = "expand this layer";
+      g.append(t, svg("g", { class: "mini" }), svg("text", { class: "meta", x: 10, y: 56 }), tip);
+      g.setAttribute("tabindex", 0);
+      g.setAttribute("role", "button");
+      const expand = () => this.folding.set(li, false);
+      g.addEventListener("click", expand);
+      g.addEventListener("keydown", (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); expand(); } });
       nodes.append(g);
       this.summaryEls.set(li, { g, r });
       this.updateSummary(li);
@@ -303,6 +177,7 @@ export class DagView {
     this.applyZoom();
     this.autoFit();
     if (this.selected) this.select(this.selected);
+    if (this.query) this.markMatches();
     this.layoutMs = performance.now() - t0;
     root.dataset.layoutMs = this.layoutMs.toFixed(1);
   }
@@ -312,6 +187,8 @@ export class DagView {
     const bits = [s.kind === "worker" ? s.model : s.kind];
     if (s.latency_ms !== null && s.latency_ms !== undefined) bits.push(fmtLatency(s.latency_ms));
     if (s.attempts > 1) bits.push(`${s.attempts} attempts`);
+    if (s.reused) bits.push("reused");
+    if (isReserved(s)) bits.push(`${money(s.usage.cost_usd)} reserved`);
     if (meta) meta.textContent = bits.join(" · ");
     g.querySelector("title").textContent = `${s.name} — ${s.status}${bits.length ? ` (${bits.join(", ")})` : ""}`;
     g.setAttribute("aria-label", `${s.name}: ${s.status}`);
@@ -322,21 +199,29 @@ export class DagView {
     if (!entry) return;
     const { g, r } = entry;
     const counts = {};
+    let cost = 0;
+    let reused = 0;
     for (const m of r.members) {
       const s = this.subtasks.get(m.name) || m;
       counts[s.status] = (counts[s.status] || 0) + 1;
+      cost += Number((s.usage && s.usage.cost_usd) || 0);
+      if (s.reused) reused += 1;
     }
     const mini = g.querySelector(".mini");
     mini.replaceChildren();
     let x = 10;
     const width = r.w - 20;
-    for (const st of ["succeeded", "failed", "cancelled", "skipped", "running", "pending"]) {
+    for (const st of STATUS_ORDER) {
       if (!counts[st]) continue;
       const w = (width * counts[st]) / r.members.length;
       mini.append(svg("rect", { x, y: 28, width: Math.max(w, 1), height: 10, class: "seg", "data-status": st }));
       x += w;
     }
-    g.querySelector(".meta").textContent = Object.entries(counts).map(([k, v]) => `${v} ${k}`).join(" · ");
+    const parts = STATUS_ORDER.filter((k) => counts[k]).map((k) => `${counts[k]} ${k}`);
+    if (reused) parts.push(`${reused} reused`);
+    parts.push(money(cost));
+    g.querySelector(".meta").textContent = parts.join(" · ");
+    g.setAttribute("aria-label", `${r.label}: ${parts.join(", ")}`);
   }
 
   setStatus(name, status, sub) {
@@ -379,7 +264,8 @@ export class DagView {
   updateCritical() {
     if (!this.svg || !this.layout) return;
     const subtasks = [...this.subtasks.values()];
-    this.critical = criticalPath(subtasks, this.layout.deps, this.layout.order);
+    this.criticalInfo = criticalPath(subtasks, this.layout.deps, this.layout.order);
+    this.critical = this.criticalInfo.set;
     for (const el of this.svg.querySelectorAll(".critical")) el.classList.remove("critical");
     for (const el of this.edgeSvg.querySelectorAll(".critical")) el.classList.remove("critical");
     if (!this.showCritical) return;
@@ -399,19 +285,48 @@ export class DagView {
     }
   }
 
+  /** Marks every subtask whose name holds `text` and goes to the first: its layer unfolds
+   * if folded, the graph zooms to legible size and scrolls it to the middle. */
   find(text) {
     if (!this.svg) return 0;
     const q = text.trim().toLowerCase();
-    let first = null;
-    let n = 0;
-    for (const [name, g] of this.nodeEls) {
-      const hit = q !== "" && name.toLowerCase().includes(q);
-      g.classList.toggle("match", hit);
-      if (hit) { n += 1; first ||= name; }
-    }
-    this.svg.classList.toggle("searching", q !== "");
-    if (first) this.reveal(first);
-    return n;
+    this.query = q;
+    this.matches = q ? [...this.subtasks.keys()].filter((n) => n.toLowerCase().includes(q)) : [];
+    this.matchAt = -1;
+    this.markMatches();
+    if (this.matches.length) this.findNext();
+    return this.matches.length;
+  }
+
+  markMatches() {
+    const hits = new Set(this.matches);
+    for (const [name, g] of this.nodeEls) g.classList.toggle("match", hits.has(name));
+    this.svg.classList.toggle("searching", !!this.query);
+  }
+
+  /** The next match (Enter in the find box): unfolded, zoomed to, marked as current. */
+  findNext() {
+    if (!this.matches.length) return null;
+    this.matchAt = (this.matchAt + 1) % this.matches.length;
+    const name = this.matches[this.matchAt];
+    const li = this.layout.layer.get(name);
+    if (!this.layout.nodes.has(name)) this.folding.set(li, false); // redraws through onChange
+    this.markMatches();
+    for (const g of this.svg.querySelectorAll(".current")) g.classList.remove("current");
+    const g = this.nodeEls.get(name);
+    if (g) g.classList.add("current");
+    this.zoomTo(name);
+    return name;
+  }
+
+  /** Zoom so that nodes read at full size, and centre `name` in the graph's box. */
+  zoomTo(name) {
+    const r = this.layout && this.layout.nodes.get(name);
+    if (!r) return;
+    if (this.zoom < 1) this.setZoom(1);
+    const c = this.container;
+    c.scrollLeft = (r.x + r.w / 2) * this.zoom - c.clientWidth / 2;
+    c.scrollTop = (r.y + r.h / 2) * this.zoom - c.clientHeight / 2;
   }
 
   applyZoom() {
