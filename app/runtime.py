@@ -25,6 +25,7 @@ from app.engine.passthrough import settle_stale
 from app.engine.scheduler import Scheduler, process_owner
 from app.engine.tenancy import TenantGates
 from app.engine.waiters import SwarmNotifier
+from app.gateway.asgi import StreamingASGITransport
 from app.gateway.client import GatewayClient
 from app.simulator import SimulatorConfig, create_simulator
 from app.tools.registry import ToolRegistry
@@ -44,7 +45,7 @@ def make_gateway(settings: Settings) -> GatewayClient:
         latency_ms=settings.simulator_latency_ms,
         latency_jitter_ms=settings.simulator_latency_jitter_ms))
     return GatewayClient(SIMULATOR_BASE_URL, max_inflight=settings.max_inflight,
-                         transport=httpx.ASGITransport(app=sim))
+                         transport=StreamingASGITransport(sim))
 
 
 async def start_tools(settings: Settings) -> ToolRegistry | None:

@@ -470,3 +470,27 @@ def test_failed_swarm_shows_why_and_retries_with_lineage(driver: WebDriver,
     wait_for(driver, f"document.querySelector('tr[data-id=\"{new_id}\"] .retry-tag')"
                      f" && document.querySelector('tr[data-id=\"{old['id']}\"] .retried-tag')")
     assert severe_console(driver) == []
+
+
+def test_a_streaming_swarms_panel_shows_the_workers_text_as_it_comes(
+        driver: WebDriver, server: LiveServer) -> None:
+    swarm = httpx.post(f"{server.url}/swarms", json={
+        "task": "write it", "limits": {"stream_tokens": True}, "synthesis": {"strategy": "none"},
+        "agents": [{"name": "writer", "system_prompt": "[[sim stream_ms=6000]] Write.",
+                    "max_tokens": 400}]}).json()
+    driver.get(f"{server.url}/ui/swarms/{swarm['id']}#subtask=writer")
+    live = "document.querySelector('#panel pre.out.live')"
+    wait_for(driver, f"{live} && {live}.textContent.length > 0", 30)
+    first = driver.execute_script(f"return {live}.textContent")
+    assert driver.execute_script(
+        "return document.querySelector('.node[data-name=writer]').dataset.status") == "running"
+    wait_for(driver, f"{live} && {live}.textContent.length > {len(first)}", 30)  # it grows
+    screenshot(driver, "ui-live-text")
+    wait_for(driver, "document.getElementById('swarm-status').textContent === 'succeeded'", 30)
+    done = httpx.get(f"{server.url}/swarms/{swarm['id']}").json()
+    output = done["subtasks"][0]["output"]
+    assert first in output  # the text since the page connected (deltas are not replayed)
+    wait_for(driver, "document.querySelector('#panel pre.out') && "
+             "!document.querySelector('#panel pre.out.live')", 30)
+    made = requests_made(driver)
+    assert any(r["url"].endswith(f"/swarms/{swarm['id']}/events?deltas=true") for r in made)

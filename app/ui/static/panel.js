@@ -19,12 +19,12 @@ function section(title, ...children) {
 let panelKey = "";
 
 /** The swarm's summary, or the selected subtask's output, usage, timing and tool calls. */
-export function renderPanel({ swarm, selected, detail, critical, onSelect }) {
+export function renderPanel({ swarm, selected, detail, critical, onSelect, live }) {
   const select = onSelect;
   const sub0 = selected && swarm.subtasks.find((s) => s.name === selected);
   // re-reads of a running swarm must not reset what the reader scrolled to: redraw on change
   const key = JSON.stringify([selected, sub0 || swarm.status, sub0 ? detail : swarm.result,
-    swarm.error, critical.has(selected)]);
+    swarm.error, critical.has(selected), live]);
   if (key === panelKey) return;
   panelKey = key;
   const panel = { replaceChildren: (...nodes) => document.getElementById("panel")
@@ -69,7 +69,8 @@ export function renderPanel({ swarm, selected, detail, critical, onSelect }) {
     d.error ? section("Error", pre(JSON.stringify(d.error, null, 2), "error")) : null,
     toolCalls(d),
     section(d.truncated ? "Output (truncated)" : "Output",
-      d.output ? pre(d.output) : el("p", { class: "muted", text: d.status === "running" ? "Running…" : "No output." })));
+      d.output ? pre(d.output) : live ? pre(live, "live")
+        : el("p", { class: "muted", text: d.status === "running" ? "Running…" : "No output." })));
 }
 
 function retryOf(swarm) {

@@ -80,6 +80,7 @@ function merge(fresh) {
 // ---- live events -----------------------------------------------------------------------------
 
 let dirty = false;
+const live = new Map(); // subtask name -> its text so far (subtask.delta events)
 
 function onEvent(ev) {
   let data = {};
@@ -102,6 +103,10 @@ function onEvent(ev) {
     if (status !== "running") dirty = true;
     if (sub.name === selected) loadDetail();
     scheduleSummary();
+  } else if (ev.event === "subtask.delta") {
+    // a worker's text as it comes (a swarm with limits.stream_tokens): shown until its output
+    live.set(data.name, (live.get(data.name) || "") + (data.text || ""));
+    if (data.name === selected) renderPanel();
   } else if (ev.event === "subtask.turn") {
     turned.add(data.name);
     if (data.name === selected) loadDetail();
@@ -161,7 +166,9 @@ async function follow() {
   };
   setState("live");
   try {
-    await readEvents(`${base}/events`, {
+    // a swarm that streams its workers' tokens: ask for them too
+    const tokens = swarm && swarm.spec && swarm.spec.limits && swarm.spec.limits.stream_tokens;
+    await readEvents(`${base}/events${tokens ? "?deltas=true" : ""}`, {
       onEvent, onState: setState, signal: abort.signal, isDone: () => finished,
     });
     setState("ended");
@@ -202,7 +209,8 @@ function renderNote() {
 function renderStats() { drawStats(swarm, view.criticalInfo, clock); }
 
 function renderPanel() {
-  drawPanel({ swarm, selected, detail, critical: view.critical, onSelect: select });
+  drawPanel({ swarm, selected, detail, critical: view.critical, onSelect: select,
+    live: selected ? live.get(selected) : undefined });
 }
 
 function renderTimeline() {
