@@ -84,7 +84,9 @@ def test_ctrl_c_while_following_names_the_swarm(monkeypatch: pytest.MonkeyPatch,
     def interrupted(*_: Any, **__: Any) -> Any:
         raise KeyboardInterrupt
 
+    # a terminal's stderr follows live, a pipe's waits quietly: Ctrl-C can land in either
     monkeypatch.setattr(client_cli, "follow", interrupted)
+    monkeypatch.setattr(SwarmClient, "wait", interrupted)
     monkeypatch.setattr(SwarmClient, "create", lambda *_, **__: _read(created))
     args = argparse.Namespace(command="submit", url="http://swarm.test", file="-", wait=True,
                               json=False, timeout=None, idempotency_key=None)
