@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from app.schemas import Int, MaxTokens, ModelName, Number, Temperature
+from app.schemas import Int, MaxTokens, ModelChoice, Number, Temperature, model_chain
 
 FanIn = Literal["weighted_vote", "majority", "concatenate", "synthesize"]
 
@@ -96,7 +96,8 @@ class ChatCompletionCreate(BaseModel):
         extra="allow",
         json_schema_extra={"examples": [EXAMPLE_SWARM, EXAMPLE_PASSTHROUGH]})
 
-    model: ModelName
+    model: ModelChoice = Field(description="a model, or (with agent_swarm) a list of models "
+                                           "to fall back on in order")
     messages: list[ChatMessage] = Field(min_length=1, max_length=10_000)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -104,6 +105,11 @@ class ChatCompletionCreate(BaseModel):
     max_completion_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     agent_swarm: AgentSwarmOptions | None = None
+
+    @property
+    def first_model(self) -> str:
+        """The model asked for first: the one a passthrough names, a swarm's answer's."""
+        return model_chain(self.model)[0]
 
 
 # ---- answers ---------------------------------------------------------------------------------

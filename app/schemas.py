@@ -94,6 +94,33 @@ MaxTokens = Annotated[Int, Field(ge=1, le=128_000)]
 Temperature = Annotated[Number, Field(ge=0, le=2)]
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=64),
                       AfterValidator(_storable)]
+MAX_FALLBACK_MODELS = 8
+
+
+def _distinct_models(v: list[str]) -> list[str]:
+    seen: set[str] = set()
+    for i, name in enumerate(v):
+        if name in seen:
+            raise PydanticCustomError("duplicate_model", "model {name!r} is listed twice "
+                                      "(item {index})", {"name": name, "index": i})
+        seen.add(name)
+    return v
+
+
+# a model, or models in order of preference: each next one is tried when the one before is
+# down (its attempts spent on retryable failures; SPEC §15)
+ModelList = Annotated[list[ModelName], Field(min_length=1, max_length=MAX_FALLBACK_MODELS),
+                      AfterValidator(_distinct_models)]
+ModelChoice = Annotated[ModelName | ModelList, Field(
+    description="a model, or a list of models to fall back on in order",
+    examples=["kimi-k2.5", ["kimi-k2.5", "deepseek-v3.2"]])]
+
+
+def model_chain(value: str | list[str]) -> list[str]:
+    """A model field's models in order: one name, or the list to fall back on."""
+    return [value] if isinstance(value, str) else list(value)
+
+
 # `server` (all its tools) or `server.tool` (one; MCP tool names are 1-128 of [A-Za-z0-9_.-])
 ToolSelector = Annotated[str, StringConstraints(
     pattern=r"^[A-Za-z0-9_-]{1,48}(\.[A-Za-z0-9_.\-]{1,128})?$")]
@@ -104,7 +131,7 @@ EXAMPLE_REQUEST: dict[str, Any] = {
     "agents": [
         {"name": "code_analyst", "system_prompt": "You are a senior code analyst."},
         {"name": "risk_auditor", "system_prompt": "You are a security auditor.",
-         "model": "deepseek-v3.2"},
+         "model": ["deepseek-v3.2", "kimi-k2.5"]},
         {"name": "test_designer", "system_prompt": "You are a QA engineer.",
          "depends_on": ["code_analyst"]},
         {"name": "doc_writer", "system_prompt": "You write release notes.",
@@ -129,7 +156,7 @@ class AgentCreate(Strict):
     name: AgentName
     system_prompt: Text = ""
     prompt: Text | None = None
-    model: ModelName | None = None
+    model: ModelChoice | None = None
     max_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     depends_on: list[AgentName] = Field(default_factory=list, max_length=1000)
@@ -139,7 +166,7 @@ class AgentCreate(Strict):
 
 
 class OrchestratorOptions(Strict):
-    model: ModelName | None = None
+    model: ModelChoice | None = None
     system_prompt: Text = Field(default="", max_length=100_000,
                                 description="the caller's guidance, added to the planner's "
                                             "instructions")
@@ -152,7 +179,7 @@ class OrchestratorOptions(Strict):
 
 class SynthesisOptions(Strict):
     strategy: Literal["synthesize", "concatenate", "vote", "none"] = "synthesize"
-    model: ModelName | None = None
+    model: ModelChoice | None = None
     max_tokens: MaxTokens | None = None
     compress: Literal["auto", "always", "never"] = "auto"
 
@@ -188,7 +215,7 @@ class SwarmCreate(Strict):
     agents: list[AgentCreate] | None = Field(default=None, min_length=1)
     orchestrator: OrchestratorOptions = Field(default_factory=OrchestratorOptions)
     synthesis: SynthesisOptions = Field(default_factory=SynthesisOptions)
-    model: ModelName | None = None
+    model: ModelChoice | None = None
     max_tokens: MaxTokens = 1500
     temperature: Temperature | None = None
     limits: Limits = Field(default_factory=Limits)
@@ -281,7 +308,7 @@ class SubtaskRead(BaseModel):
     name: str
     kind: str
     status: str
-    model: str
+    model: str = Field(description="the model in use: the one that answered, when it did")
     depends_on: list[str]
     attempts: int
     output: str | None = None
@@ -297,6 +324,8 @@ class SubtaskRead(BaseModel):
     finished_at: datetime | None
     turns: int = 0
     tool_calls: int = 0
+    fallbacks: int = Field(default=0, description="how many of the subtask's models were "
+                           "passed over (down: their attempts spent on retryable failures)")
 
 
 class SubtaskDetail(SubtaskRead):

@@ -218,7 +218,7 @@ class SwarmCall:
             return _failure(swarm)
         return ChatCompletion(
             id=f"chatcmpl-{swarm.id}", created=int(swarm.created_at.timestamp()),
-            model=self.req.model, swarm_id=swarm.id, usage=_usage(swarm),
+            model=self.req.first_model, swarm_id=swarm.id, usage=_usage(swarm),
             choices=[Choice(message=AssistantMessage(content=swarm.result or ""),
                             finish_reason="stop")])
 
@@ -241,7 +241,7 @@ class SwarmCall:
     def _chunk(self, swarm_id: str, delta: ChunkDelta, finish: str | None = None,
                usage: CompletionUsage | None = None, empty: bool = False) -> dict[str, str]:
         chunk = ChatCompletionChunk(
-            id=f"chatcmpl-{swarm_id}", created=self.created, model=self.req.model,
+            id=f"chatcmpl-{swarm_id}", created=self.created, model=self.req.first_model,
             swarm_id=swarm_id, usage=usage,
             choices=[] if empty else [ChunkChoice(delta=delta, finish_reason=finish)])
         return {"data": chunk.model_dump_json(exclude_none=True)}

@@ -96,7 +96,8 @@ _SUBTASKS = table_of(Subtask)
 # what a view reads of a subtask (SubtaskView), after the swarm to group by
 _VIEWED = ("swarm_id", "name", "kind", "status", "model", "depends_on", "attempts", "truncated",
            "reused", "sanitized", "error", "prompt_tokens", "completion_tokens", "cost_usd",
-           "latency_ms", "started_at", "finished_at", "turns", "tool_calls", "output")
+           "latency_ms", "started_at", "finished_at", "turns", "tool_calls", "fallbacks",
+           "output")
 
 
 class SubtaskRow(NamedTuple):
@@ -122,6 +123,7 @@ class SubtaskRow(NamedTuple):
     finished_at: datetime | None
     turns: int
     tool_calls: int
+    fallbacks: int
     output: str | None = None
 
 

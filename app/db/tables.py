@@ -142,6 +142,11 @@ class Subtask(Base):
     max_turns: Mapped[int] = mapped_column(Integer, default=8)
     turns: Mapped[int] = mapped_column(Integer, default=0)
     tool_calls: Mapped[int] = mapped_column(Integer, default=0)
+    # fallback models (SPEC §15): the agent's model list in order, NULL for one model;
+    # `model` is the one in use (the one that answered) and `fallbacks` how many were passed
+    # over (migration 0018)
+    models: Mapped[list[str] | None] = mapped_column(JSONType, default=None)
+    fallbacks: Mapped[int] = mapped_column(Integer, default=0)
 
     __table_args__ = (
         UniqueConstraint("swarm_id", "name", name="uq_subtasks_swarm_id_name"),
@@ -268,6 +273,8 @@ class SubtaskView(Protocol):
     def turns(self) -> int: ...
     @property
     def tool_calls(self) -> int: ...
+    @property
+    def fallbacks(self) -> int: ...
 
 
 class GatewayCall(Base):

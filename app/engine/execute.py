@@ -313,7 +313,7 @@ class SubtaskExecutor:
         subs: list[Subtask] = [
             new_subtask(swarm_id, p.id, base + i, SubtaskKind.worker,
                         p.model_hint if routed and p.model_hint and p.model_hint in prices
-                        else str(spec["model"]),
+                        else spec["model"],
                         spec["max_tokens"], depends_on=list(p.depends_on),
                         system_prompt=None,  # worker_system_prompt(task), when called
                         prompt=p.description, temperature=spec.get("temperature"),

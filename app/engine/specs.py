@@ -17,7 +17,7 @@ from app.engine.dag import DagError, validate_dag
 from app.engine.layout import PLANNER, new_subtask, synthesizer_for
 from app.engine.planner import planner_max_tokens
 from app.errors import Refused
-from app.schemas import Limits, SwarmCreate
+from app.schemas import Limits, SwarmCreate, model_chain
 from app.states import SubtaskKind, SwarmStatus
 from app.tools.registry import ToolRegistry, ToolSelectionError, permitted
 
@@ -37,11 +37,22 @@ def request_hash(body: SwarmCreate) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
-def check_model(settings: Settings, model: str, field: str) -> None:
-    if model not in settings.prices:
-        raise Refused(
-            f"model {model!r} has no price; priced models: {', '.join(settings.prices.names())}",
-            code="unknown_model", details={"field": field, "model": model})
+def check_model(settings: Settings, model: str | list[str], field: str) -> None:
+    """Every model a field names is priced (a list: each of its items, named by index)."""
+    listed = not isinstance(model, str)
+    for i, name in enumerate(model_chain(model)):
+        if name not in settings.prices:
+            raise Refused(
+                f"model {name!r} has no price; priced models: "
+                f"{', '.join(settings.prices.names())}", code="unknown_model",
+                details={"field": f"{field}.{i}" if listed else field, "model": name})
+
+
+def check_models(settings: Settings, spec: dict[str, Any]) -> None:
+    """The swarm's own models (its default, the synthesis's, the orchestrator's) are priced."""
+    check_model(settings, spec["model"], "model")
+    check_model(settings, spec["synthesis"]["model"], "synthesis.model")
+    check_model(settings, spec["orchestrator"]["model"], "orchestrator.model")
 
 
 def _check_agents(body: SwarmCreate, settings: Settings) -> None:
@@ -133,9 +144,7 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
     With `agents`, they are the workers; without, a planner subtask decomposes the task when
     the swarm runs (its workers and synthesizer are added then)."""
     spec = normalise(body, settings)
-    check_model(settings, spec["model"], "model")
-    check_model(settings, spec["synthesis"]["model"], "synthesis.model")
-    check_model(settings, spec["orchestrator"]["model"], "orchestrator.model")
+    check_models(settings, spec)
     _check_agents(body, settings)
     _check_tools(body, tools, settings.tenant_limits(tenant).tools)
     swarm_id = str(uuid.uuid4())
@@ -197,8 +206,6 @@ def retry_row(old: Swarm, limits: dict[str, Any], settings: Settings,
     over its limits; its subtasks are copied from the old swarm's rows."""
     merged = Limits.model_validate({**old.spec["limits"], **limits})
     spec = {**old.spec, "limits": {**old.spec["limits"], **limits}}
-    check_model(settings, spec["model"], "model")
-    check_model(settings, spec["synthesis"]["model"], "synthesis.model")
-    check_model(settings, spec["orchestrator"]["model"], "orchestrator.model")
+    check_models(settings, spec)
     return new_swarm_row(str(uuid.uuid4()), old.tenant, old.task, spec, old.meta,
                          merged.budget_usd, idempotency_key, digest, retry_of=old.id)

@@ -115,30 +115,46 @@ class SubtaskSteps:
 
     def meter(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
               tools: list[dict[str, Any]] | None = None) -> CallMeter:
-        """The meter of one logical call: its key, its label, its worst case."""
+        """The meter of one logical call on the subtask's model: its key, its label, its
+        worst case at that model's prices."""
         handle, ctx = self.handle, self.handle.ctx
         key = idempotency_key(handle.swarm.id, sub.name, call_no)
         label = metric_model_label(sub.model, ctx.prices)
         bound = (estimate_prompt_tokens(messages) if tools is None
                  else estimate_request_tokens(messages, tools))
         worst = ctx.prices[sub.model].worst_case(bound, sub.max_tokens)
-        return CallMeter(handle, sub, worst, key, label, bound)
+        return CallMeter(handle, sub, worst, key, label, bound, sub.model)
 
     async def gateway(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
                       response_format: dict[str, str] | None = None,
                       tools: list[dict[str, Any]] | None = None,
                       meter: CallMeter | None = None
                       ) -> tuple[ChatResult, list[LedgerRow]]:
-        """One logical call with retries; raises the client's errors or BudgetExceeded.
-        `meter`: one made (and maybe prepared) by the caller for this call."""
-        handle, ctx = self.handle, self.handle.ctx
+        """One logical call with retries, on the subtask's model and then, while each is
+        down, on the next of its list (SPEC §15); raises the client's errors or
+        BudgetExceeded. `meter`: one made (and maybe prepared) by the caller for this call."""
         if meter is None:
             meter = self.meter(sub, messages, call_no, tools)
+        while True:
+            try:
+                return await self._complete(sub, messages, response_format, tools, meter)
+            except GatewayUnavailable as exc:
+                if not self._fall_back(sub, exc):
+                    raise
+            # the same logical call (its key), reserved and priced at the next model
+            meter = self.meter(sub, messages, call_no, tools)
+
+    async def _complete(self, sub: Subtask, messages: list[dict[str, Any]],
+                        response_format: dict[str, str] | None,
+                        tools: list[dict[str, Any]] | None, meter: CallMeter
+                        ) -> tuple[ChatResult, list[LedgerRow]]:
+        """The call on the meter's model, retried by the §4 policy."""
+        handle, ctx = self.handle, self.handle.ctx
         key, label = meter.key, meter.label
         metrics.child(metrics.subtasks_in_flight, label).inc()
         try:
             result = await ctx.gateway.complete(
-                ChatRequest(model=sub.model, messages=messages, max_tokens=sub.max_tokens,
+                ChatRequest(model=meter.model, messages=messages, max_tokens=sub.max_tokens,
                             temperature=sub.temperature, response_format=response_format,
                             idempotency_key=key, tools=tools, on_delta=self._deltas(sub)),
                 max_attempts=int(handle.limits["max_attempts"]),
@@ -150,6 +166,25 @@ class SubtaskSteps:
         finish = metrics.finish_label(result.finish_reason)
         metrics.child(metrics.finish_reasons, label, finish).inc()
         return result, meter.ok_rows
+
+    def _fall_back(self, sub: Subtask, exc: GatewayUnavailable) -> bool:
+        """Move the subtask to the next model of its list when its model is down (attempts
+        spent on retryable failures, the deadline not reached); False: none is left. The
+        move is written with the subtask's next write: a takeover goes on from there."""
+        chain = sub.models or []
+        if exc.deadline_hit or sub.model not in chain:
+            return False
+        at = chain.index(sub.model) + 1
+        if at >= len(chain):
+            return False
+        prices = self.handle.ctx.prices
+        was, sub.model, sub.fallbacks = sub.model, chain[at], at
+        metrics.child(metrics.model_fallbacks, metric_model_label(was, prices),
+                      metric_model_label(sub.model, prices)).inc()
+        tracing.event("model_fallback", from_model=was, to_model=sub.model,
+                      outcome=exc.outcome)
+        self.handle.commit_soon([sub])
+        return True
 
     def _deltas(self, sub: Subtask) -> Callable[[str], None] | None:
         """Where a worker's tokens go as they come, when its swarm streams them (SPEC §10)."""

@@ -92,7 +92,7 @@ class _Simulator:
             return error(400, str(exc))
         key = idem or hashlib.blake2b(raw, digest_size=16).hexdigest()
         attempt = self.stats.record(key, req.model, req.messages, received_at)
-        fault = self._fault(d, key, attempt)
+        fault = "503" if d.is_down(req.model) else self._fault(d, key, attempt)
         if fault == "timeout":
             wait = d.hang_s if d.hang_s is not None else cfg.timeout_s
         elif d.latency_ms is not None:

@@ -40,6 +40,11 @@ class Directives:
     extra_tool: str | None = None  # also call this (unoffered) tool on the first turn
     poison: int = 0  # 1: answers and error bodies carry a NUL and a lone surrogate
     stream_ms: float | None = None  # a streamed answer's pieces spread over this many ms
+    down: str | None = None  # models (comma-separated) that answer 503 to every call
+
+    def is_down(self, model: str) -> bool:
+        """Whether `down` names this model."""
+        return self.down is not None and model in self.down.split(",")
 
 
 # name -> converter, read from the annotations above ("int | None" -> int)
