@@ -15,6 +15,9 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    WrapValidator,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -101,8 +104,8 @@ def _distinct_models(v: list[str]) -> list[str]:
     seen: set[str] = set()
     for i, name in enumerate(v):
         if name in seen:
-            raise PydanticCustomError("duplicate_model", "model {name!r} is listed twice "
-                                      "(item {index})", {"name": name, "index": i})
+            raise PydanticCustomError("duplicate_model", "{detail}", {
+                "detail": f"model {name!r} is listed twice (item {i})"})
         seen.add(name)
     return v
 
@@ -111,7 +114,25 @@ def _distinct_models(v: list[str]) -> list[str]:
 # down (its attempts spent on retryable failures; SPEC §15)
 ModelList = Annotated[list[ModelName], Field(min_length=1, max_length=MAX_FALLBACK_MODELS),
                       AfterValidator(_distinct_models)]
-ModelChoice = Annotated[ModelName | ModelList, Field(
+_ONE_MODEL: TypeAdapter[str] = TypeAdapter(ModelName)
+_MODEL_LIST: TypeAdapter[list[str]] = TypeAdapter(ModelList)
+
+
+def _model_choice(v: Any, _handler: Any) -> str | list[str]:
+    """A name or a list, validated as the one it is: a union's error would name both
+    branches (`model.function-after[...]`) where the client wrote `model`."""
+    adapter: TypeAdapter[Any] = _MODEL_LIST if isinstance(v, list) else _ONE_MODEL
+    try:
+        chosen: str | list[str] = adapter.validate_python(v)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise PydanticCustomError(first["type"], "{detail}", {
+            "detail": f"item {where}: {first['msg']}" if where else first["msg"]}) from None
+    return chosen
+
+
+ModelChoice = Annotated[ModelName | ModelList, WrapValidator(_model_choice), Field(
     description="a model, or a list of models to fall back on in order",
     examples=["kimi-k2.5", ["kimi-k2.5", "deepseek-v3.2"]])]
 
