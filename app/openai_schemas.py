@@ -14,7 +14,7 @@ from app.schemas import Int, MaxTokens, ModelChoice, Number, Temperature, model_
 FanIn = Literal["weighted_vote", "majority", "concatenate", "synthesize"]
 
 EXAMPLE_SWARM: dict[str, Any] = {
-    "model": "kimi-k2.5",
+    "model": ["kimi-k2.5", "deepseek-v3.2"],  # the second when the first is down
     "messages": [
         {"role": "system", "content": "You are the root orchestrator. Split the work into "
                                       "independent sub-tasks and delegate them in parallel."},

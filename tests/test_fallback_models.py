@@ -5,6 +5,7 @@ row names the model it was sent to and is priced at it; the budget stays hard ac
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -13,9 +14,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from app import metrics, tracing
+from app.engine.execute import _routed_model
 from app.pricing import PriceTable
 from tests.conftest import Harness
-from tests.helpers import by_name, check_budget, ledger
+from tests.helpers import by_name, check_budget, ledger, sse_events
 
 PRICES = PriceTable.builtin()
 KIMI, DEEPSEEK, CLAUDE = "kimi-k2.5", "deepseek-v3.2", "claude-sonnet-4.5"
@@ -65,6 +67,11 @@ async def test_a_down_primary_moves_every_agent_to_the_fallback(harness: Harness
     assert total > 0 and Decimal(done["usage"]["cost_usd"]) == total
     assert done["usage"]["gateway_calls"] == 12
     assert _fallbacks(KIMI, DEEPSEEK) - before == 4
+    stream = (await harness.client.get(f"/swarms/{done['id']}/events")).text
+    ends = [json.loads(e["data"]) for e in sse_events(stream) if e.get("event") ==
+            "subtask.succeeded"]
+    assert {(e["name"], e["model"], e["fallbacks"]) for e in ends} == {
+        (name, DEEPSEEK, 1) for name in subs}
     usage = (await harness.client.get("/usage", params={"group_by": "model"})).json()
     per_model = {i["key"]: i for i in usage["items"]}
     assert per_model[KIMI]["gateway_calls"] == 8 and Decimal(per_model[KIMI]["cost_usd"]) == 0
@@ -202,3 +209,15 @@ async def test_each_attempt_span_names_the_model_it_was_sent_to(api: Harness) ->
     chats = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
     assert [(s.name, (s.attributes or {}).get("gen_ai.request.model")) for s in chats] == [
         (f"chat {KIMI}", KIMI), (f"chat {DEEPSEEK}", DEEPSEEK)]
+
+
+@pytest.mark.parametrize(("model", "hint", "priced", "expected"), [
+    (KIMI, DEEPSEEK, True, DEEPSEEK),  # one model: the hint alone, as before lists
+    (KIMI, "nope", False, KIMI),
+    ([KIMI, DEEPSEEK], CLAUDE, True, [CLAUDE, KIMI, DEEPSEEK]),
+    ([KIMI, DEEPSEEK], DEEPSEEK, True, [DEEPSEEK, KIMI]),
+    ([KIMI, DEEPSEEK], None, False, [KIMI, DEEPSEEK]),
+])
+def test_a_planners_hint_goes_in_front_of_the_swarms_list(
+        model: Any, hint: str | None, priced: bool, expected: Any) -> None:
+    assert _routed_model(model, hint, priced) == expected

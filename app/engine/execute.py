@@ -312,8 +312,8 @@ class SubtaskExecutor:
         routed = spec.get("orchestrator", {}).get("routing", "auto") == "auto"
         subs: list[Subtask] = [
             new_subtask(swarm_id, p.id, base + i, SubtaskKind.worker,
-                        p.model_hint if routed and p.model_hint and p.model_hint in prices
-                        else spec["model"],
+                        _routed_model(spec["model"], p.model_hint if routed else None,
+                                      p.model_hint in prices),
                         spec["max_tokens"], depends_on=list(p.depends_on),
                         system_prompt=None,  # worker_system_prompt(task), when called
                         prompt=p.description, temperature=spec.get("temperature"),
@@ -424,3 +424,14 @@ class SubtaskExecutor:
                                    {"role": "user", "content": self._prompt(sub)}])
         return sub.output if sub.status == SubtaskStatus.succeeded else None
 
+
+
+def _routed_model(model: str | list[str], hint: str | None, priced: bool
+                  ) -> str | list[str]:
+    """A planned worker's model: the planner's priced hint, else the swarm's; a hint in front
+    of the swarm's list keeps the list's models to fall back on."""
+    if not hint or not priced:
+        return model
+    if isinstance(model, str):
+        return hint
+    return [hint, *(m for m in model if m != hint)]

@@ -238,7 +238,7 @@ class SubtaskSteps:
         latency_ms = self._latency(sub, t0, SubtaskStatus.succeeded)
         event = move_subtask(sub, SubtaskStatus.succeeded, utcnow(), kind=sub.kind,
                              latency_ms=latency_ms, truncated=sub.truncated,
-                             sanitized=sub.sanitized)
+                             sanitized=sub.sanitized, **_moved(sub))
         assert event is not None
         sub.output = output
         row = self.handle.event(event)
@@ -265,7 +265,8 @@ class SubtaskSteps:
     async def fail(self, sub: Subtask, t0: float, err: dict[str, Any],
                    rows: list[LedgerRow] | None = None) -> Outcome:
         self._latency(sub, t0, SubtaskStatus.failed)
-        event = move_subtask(sub, SubtaskStatus.failed, utcnow(), kind=sub.kind, error=err)
+        event = move_subtask(sub, SubtaskStatus.failed, utcnow(), kind=sub.kind, error=err,
+                             **_moved(sub))
         assert event is not None
         sub.error = err
         self.handle.answered(sub)
@@ -278,6 +279,12 @@ class SubtaskSteps:
         metrics.child(metrics.subtask_duration, sub.kind, label, status).observe(
             sub.latency_ms / 1000)
         return sub.latency_ms
+
+
+def _moved(sub: Subtask) -> dict[str, Any]:
+    """What an end's event says of a subtask that fell back: the model it ended on (its
+    `subtask.started` named the first)."""
+    return {"model": sub.model, "fallbacks": sub.fallbacks} if sub.fallbacks else {}
 
 
 def _error_of(exc: GatewayRejected | GatewayUnavailable | WriteRejected) -> dict[str, Any]:
