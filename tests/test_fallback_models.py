@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from sqlalchemy import select
 
 from app import metrics, tracing
+from app.db.tables import Subtask
 from app.engine.execute import _routed_model
 from app.pricing import PriceTable
 from tests.conftest import Harness
@@ -67,6 +69,11 @@ async def test_a_down_primary_moves_every_agent_to_the_fallback(harness: Harness
     assert total > 0 and Decimal(done["usage"]["cost_usd"]) == total
     assert done["usage"]["gateway_calls"] == 12
     assert _fallbacks(KIMI, DEEPSEEK) - before == 4
+    async with harness.app.state.sessions() as session:  # what a takeover reads back
+        stored = (await session.execute(select(Subtask.name, Subtask.models, Subtask.model)
+                                        .where(Subtask.swarm_id == done["id"]))).all()
+    assert sorted((n, list(m or []), model) for n, m, model in stored) == sorted(
+        (n, [KIMI, DEEPSEEK], DEEPSEEK) for n in subs)
     stream = (await harness.client.get(f"/swarms/{done['id']}/events")).text
     ends = [json.loads(e["data"]) for e in sse_events(stream) if e.get("event") ==
             "subtask.succeeded"]
