@@ -123,6 +123,7 @@ class FileKey(BaseModel):
 def file_keys(path: Path, tables: dict[str, Any]) -> list[ApiKey]:
     """The `keys` of each `[tenants.<name>]` table (already removed from the limits)."""
     out: list[ApiKey] = []
+    owners: dict[bytes, str] = {}
     for tenant, entries in tables.items():
         if not isinstance(entries, list):
             raise ValueError(f"SWARM_TENANTS_FILE {path}: [tenants.{tenant}] keys must be a "
@@ -136,6 +137,10 @@ def file_keys(path: Path, tables: dict[str, Any]) -> list[ApiKey]:
                                      f"{e['msg']}" for e in exc.errors())
                 raise ValueError(f"SWARM_TENANTS_FILE {path}: [tenants.{tenant}] keys[{i}]: "
                                  f"{problems}") from None
+            if key.digest in owners:
+                raise ValueError(f"SWARM_TENANTS_FILE {path}: one key is listed twice "
+                                 f"(tenants {owners[key.digest]!r} and {tenant!r})")
+            owners[key.digest] = tenant
             if key.key_id in ids:
                 raise ValueError(f"SWARM_TENANTS_FILE {path}: [tenants.{tenant}] two keys "
                                  f"have the id {key.key_id!r}")
