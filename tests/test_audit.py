@@ -10,8 +10,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from swarm_api_client import AsyncSwarmClient
+from swarm_api_client.errors import SwarmApiError
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import agent, error_of
 
@@ -133,3 +136,17 @@ async def test_open_mode_records_the_default_tenant(harness: Harness) -> None:
     rows = (await harness.client.get("/audit")).json()["items"]
     assert [(r["tenant"], r["key_id"], r["action"], r["swarm_id"]) for r in rows] == [
         ("default", None, "create", sid)]
+
+
+async def test_the_client_reads_the_trail(two: Harness) -> None:
+    h = two
+    sid = (await h.post(QUICK, headers=A)).json()["id"]
+    transport = httpx.ASGITransport(app=h.app)
+    async with AsyncSwarmClient("http://api", api_key="ka-secret", transport=transport) as c:
+        page = await c.audit(action="create", limit=5)
+        assert [(e.action, e.swarm_id, e.key_id) for e in page.items] == [("create", sid, "ci")]
+        assert page.next_cursor is None
+        assert (await c.audit(action="cancel")).items == []
+        with pytest.raises(SwarmApiError) as refused:
+            await c.audit(cursor="nonsense!")
+        assert refused.value.status_code == 422 and refused.value.code == "invalid_cursor"
