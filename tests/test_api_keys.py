@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import ValidationError
 
-from app import logs
+from app import logs, tracing
 from app.api import deps
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import agent, error_of
@@ -196,3 +198,25 @@ async def test_logs_name_the_key_by_its_id_never_the_key(
     everything: list[Any] = [rec.getMessage() for rec in caplog.records]
     everything += [repr(logs.fields(rec)) for rec in caplog.records]
     assert not any(WRITE_KEY in line or sha(WRITE_KEY) in line for line in everything)
+
+
+async def test_the_creation_span_names_the_key_by_its_id(sqlite_url: str,
+                                                         tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    tracing.configure([SimpleSpanProcessor(exporter)], env={})
+    tenants = tmp_path / "tenants.toml"
+    write_tenants(tenants, TENANTS)
+    try:
+        h, close = await start_harness(make_settings(sqlite_url, tenants_file=str(tenants)))
+        try:
+            r = await h.post(SWARM, headers=bearer(WRITE_KEY))
+            assert r.status_code == 202, r.text
+        finally:
+            await close()
+        [create] = [s for s in exporter.get_finished_spans() if s.name == "create_swarm"]
+        assert (create.attributes or {}).get("swarm_api.key_id") == "ci"
+        everything = repr([(s.name, dict(s.attributes or {}))
+                           for s in exporter.get_finished_spans()])
+        assert WRITE_KEY not in everything and sha(WRITE_KEY) not in everything
+    finally:
+        tracing.shutdown()
