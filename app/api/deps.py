@@ -68,12 +68,19 @@ def scope_of(method: str, path: str) -> str:
     return "swarms:read" if method in ("GET", "HEAD") else "swarms:write"
 
 
+def route_path(request: Request) -> str:
+    """The matched route's path template (`/swarms/{swarm_id}`), whatever prefix a proxy's
+    `root_path` adds; the request's path before routing."""
+    route = request.scope.get("route")
+    return getattr(route, "path", None) or request.url.path
+
+
 def authenticate(request: Request) -> str:
     """`get_tenant` without FastAPI: the tenant, after the key and its scope are checked; binds
     the caller for the request's log lines and its audit rows (app/db/audit.py)."""
     settings: Settings = request.app.state.settings
     key = key_of(settings, request.headers.get("authorization"),
-                 scope_of(request.method, request.url.path))
+                 scope_of(request.method, route_path(request)))
     tenant = key.tenant if key is not None else DEFAULT_TENANT
     key_id = key.key_id if key is not None else None
     client = request.client

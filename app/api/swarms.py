@@ -19,7 +19,14 @@ from starlette.background import BackgroundTask
 from app import logs, tracing
 from app.aio import alongside
 from app.api.admission import AdmissionInInsertDep, StreamGateDep, WaitSlotDep, admit_in_insert
-from app.api.deps import EngineDep, NotifierDep, SessionDep, TenantDep, authenticate
+from app.api.deps import (
+    EngineDep,
+    NotifierDep,
+    SessionDep,
+    TenantDep,
+    authenticate,
+    route_path,
+)
 from app.api.errors import error_responses
 from app.api.follow import FALLBACK_S, follow_events, follow_with_deltas
 from app.api.hand_parsed import hand_parsed, header, json_body
@@ -86,7 +93,7 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
     # claimed as it is created: its runner now, its first calls written ahead with it
     runner = local.adoption(new.swarm, new.subtasks) if local is not None else None
     ahead = runner.first_wave() if runner is not None else None
-    action: audit.Action = "chat" if request.url.path.startswith("/v1/") else "create"
+    action: audit.Action = "chat" if route_path(request).startswith("/v1/") else "create"
     position: int | None = None
     fields: dict[str, Any] | None = None  # the answer's, built while it is inserted
 
