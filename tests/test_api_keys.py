@@ -220,3 +220,21 @@ async def test_the_creation_span_names_the_key_by_its_id(sqlite_url: str,
         assert WRITE_KEY not in everything and sha(WRITE_KEY) not in everything
     finally:
         tracing.shutdown()
+
+
+async def test_the_access_log_names_the_key_by_its_id(
+        database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tenants = tmp_path / "tenants.toml"
+    write_tenants(tenants, TENANTS)
+    h, close = await start_harness(make_settings(database_url, tenants_file=str(tenants),
+                                                 access_log=True))
+    try:
+        caplog.set_level(logging.INFO, logger="swarm_api.access")
+        assert (await h.client.get("/swarms", headers=bearer(READ_KEY))).status_code == 200
+        error_of(await h.post(SWARM, headers=bearer(READ_KEY)), 403, "insufficient_scope")
+        lines = [r for r in caplog.records if r.name == "swarm_api.access"]
+        assert [(logs.fields(r)["http_status"], logs.fields(r).get("key_id"))
+                for r in lines] == [(200, "dash"), (403, "dash")]
+        assert not any(READ_KEY in repr(logs.fields(r)) for r in lines)
+    finally:
+        await close()
