@@ -86,6 +86,8 @@ async def test_each_route_family_needs_its_scope(scoped: Harness) -> None:
     # swarms:read: every GET of a swarm, its events, the tools
     for path in ("/swarms", f"/swarms/{sid}", f"/swarms/{sid}/subtasks/a", "/tools"):
         assert (await h.client.get(path, headers=read)).status_code in (200, 404), path
+    for path in ("/swarms", f"/swarms/{sid}", f"/swarms/{sid}/subtasks/a", "/tools",
+                 f"/swarms/{sid}/events"):
         err = error_of(await h.client.get(path, headers=write), 403, "insufficient_scope")
         assert err["details"] == {"scope": "swarms:read", "key_id": "ci"}
     # swarms:write: create, cancel, retry (a read key is refused before its body is read)

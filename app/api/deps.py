@@ -41,8 +41,9 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
 # the OpenAPI document's security scheme, on every route that resolves the tenant; it never
 # refuses (auto_error=False): tenant_of checks the key and answers 401 in the API's shape
 BEARER = HTTPBearer(scheme_name="bearer", auto_error=False,
-                    description="A key of SWARM_API_KEYS, which names the caller's tenant "
-                                "(needed when SWARM_API_KEYS is set)")
+                    description="A key of SWARM_API_KEYS or of the tenants file, which names "
+                                "the caller's tenant and may be limited to scopes (needed "
+                                "when any key is configured)")
 
 
 async def get_tenant(
