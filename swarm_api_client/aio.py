@@ -16,8 +16,8 @@ from httpx_sse import EventSource
 from pydantic import BaseModel
 from tenacity import AsyncRetrying
 
-from app.audit_schemas import AuditPage
 from app.schemas import (
+    AuditPage,
     SubtaskDetail,
     SwarmCreate,
     SwarmEvent,

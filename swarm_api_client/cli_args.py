@@ -7,7 +7,7 @@ import argparse
 from importlib.metadata import PackageNotFoundError, version
 from typing import get_args
 
-from app.audit_schemas import AuditAction
+from app.schemas import AuditAction
 from swarm_api_client._base import DEFAULT_URL, TERMINAL
 from swarm_api_client.report import SUBTASK_ROWS
 

@@ -15,8 +15,9 @@ from httpx_sse import EventSource
 from pydantic import BaseModel
 from tenacity import Retrying
 
-from app.audit_schemas import AuditEntry, AuditPage
 from app.schemas import (
+    AuditEntry,
+    AuditPage,
     SubtaskDetail,
     SwarmCreate,
     SwarmEvent,

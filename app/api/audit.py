@@ -9,9 +9,9 @@ from fastapi import APIRouter, Query
 from app.api.deps import SessionDep, TenantDep
 from app.api.errors import error_responses
 from app.api.usage import Instant
-from app.audit_schemas import AuditAction, AuditEntry, AuditPage
 from app.db import audit
 from app.errors import RequestInvalid
+from app.schemas import AuditAction, AuditEntry, AuditPage
 
 router = APIRouter(tags=["audit"])
 

@@ -18,10 +18,10 @@ from typing import Any, get_args
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.audit_schemas import AuditAction
 from app.db.session import SessionFactory
 from app.db.tables import AuditRow
 from app.db.types import utcnow
+from app.schemas import AuditAction
 
 Action = AuditAction
 ACTIONS: tuple[str, ...] = get_args(AuditAction)
