@@ -2,7 +2,7 @@
 how many of its models were passed over; `model` is the one in use (the one that answered)
 
 Revision ID: 0018_subtask_fallbacks
-Revises: 0016_swarm_vote
+Revises: 0023_audit
 Create Date: 2026-12-05
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0018_subtask_fallbacks"
-down_revision: str | None = "0016_swarm_vote"
+down_revision: str | None = "0023_audit"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
