@@ -98,6 +98,12 @@ ModelName = Annotated[str, StringConstraints(min_length=1, max_length=64),
 ToolSelector = Annotated[str, StringConstraints(
     pattern=r"^[A-Za-z0-9_-]{1,48}(\.[A-Za-z0-9_.\-]{1,128})?$")]
 ToolSelectors = Annotated[list[ToolSelector], Field(min_length=1, max_length=200)]
+# a JSON Schema (draft 2020-12), checked when the swarm is built (422 `invalid_schema`)
+OutputSchema = Annotated[Any, Field(
+    default=None, json_schema_extra={"type": "object"},
+    description="a JSON Schema (draft 2020-12, at most 64 KiB) the answer must be valid for: "
+                "asked of the gateway as response_format json_schema, parsed and repaired "
+                "once if it is not")]
 
 EXAMPLE_REQUEST: dict[str, Any] = {
     "task": "Review the v1 -> v2 migration of our FastAPI payment service",
@@ -136,6 +142,7 @@ class AgentCreate(Strict):
     weight: Number = Field(default=1.0, gt=0, le=1e6)
     tools: ToolSelectors | None = None
     max_turns: Int = Field(default=8, ge=1, le=50)
+    output_schema: OutputSchema = None
 
 
 class OrchestratorOptions(Strict):
@@ -155,6 +162,7 @@ class SynthesisOptions(Strict):
     model: ModelName | None = None
     max_tokens: MaxTokens | None = None
     compress: Literal["auto", "always", "never"] = "auto"
+    output_schema: OutputSchema = None
 
 
 class Limits(Strict):
@@ -297,6 +305,14 @@ class SubtaskRead(BaseModel):
     finished_at: datetime | None
     turns: int = 0
     tool_calls: int = 0
+    output_json: Any = Field(default=None, description="an agent with `output_schema`: its "
+                             "answer parsed (left out of lists, as `output` is)")
+    output_status: Literal["valid", "repaired", "invalid"] | None = Field(
+        default=None, description="an agent with `output_schema`: whether its answer was "
+        "valid, repaired (taken from a fence or prose, or after one repair turn) or invalid")
+    output_format: Literal["json_schema", "json_object"] | None = Field(
+        default=None, description="the response_format its answer was asked with: json_object "
+        "where the gateway refused json_schema (the schema then went in the system message)")
 
 
 class SubtaskDetail(SubtaskRead):

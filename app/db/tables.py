@@ -142,6 +142,11 @@ class Subtask(Base):
     max_turns: Mapped[int] = mapped_column(Integer, default=8)
     turns: Mapped[int] = mapped_column(Integer, default=0)
     tool_calls: Mapped[int] = mapped_column(Integer, default=0)
+    # structured outputs (SPEC §15): the parsed value, valid | repaired | invalid, and the
+    # response_format asked (json_schema; json_object where the gateway refused it)
+    output_json: Mapped[Any] = mapped_column(JSONType)
+    output_status: Mapped[str | None] = mapped_column(String(16))
+    output_format: Mapped[str | None] = mapped_column(String(16))
 
     __table_args__ = (
         UniqueConstraint("swarm_id", "name", name="uq_subtasks_swarm_id_name"),
@@ -268,6 +273,12 @@ class SubtaskView(Protocol):
     def turns(self) -> int: ...
     @property
     def tool_calls(self) -> int: ...
+    @property
+    def output_status(self) -> str | None: ...
+    @property
+    def output_format(self) -> str | None: ...
+    @property
+    def output_json(self) -> Any: ...
 
 
 class GatewayCall(Base):

@@ -16,6 +16,8 @@ from app.engine.calls import CallMeter, idempotency_key
 from app.engine.context import estimate_prompt_tokens, estimate_request_tokens
 from app.engine.faults import crash_point
 from app.engine.handle import EventRow, LedgerRow, Outcome, SwarmHandle, failure
+from app.engine.outputs import response_format as schema_format
+from app.engine.outputs import schema_tokens, schemas_of
 from app.engine.writer import WriteRejected
 from app.gateway.client import ChatRequest, ChatResult, GatewayRejected, GatewayUnavailable
 from app.pricing import metric_model_label
@@ -86,6 +88,7 @@ class SubtaskSteps:
 
     def __init__(self, handle: SwarmHandle) -> None:
         self.handle = handle
+        self.schemas = schemas_of(handle.spec)  # subtasks with an output schema (SPEC §15)
 
     def slots(self, sub: Subtask, ahead: CallMeter | None = None) -> Slots:
         """The swarm's slot, a per-model one (when the model table limits it), the tenant's
@@ -121,11 +124,13 @@ class SubtaskSteps:
         label = metric_model_label(sub.model, ctx.prices)
         bound = (estimate_prompt_tokens(messages) if tools is None
                  else estimate_request_tokens(messages, tools))
+        if (schema := self.schemas.get(sub.name)) is not None:  # sent as response_format
+            bound += schema_tokens(schema)
         worst = ctx.prices[sub.model].worst_case(bound, sub.max_tokens)
         return CallMeter(handle, sub, worst, key, label, bound)
 
     async def gateway(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
-                      response_format: dict[str, str] | None = None,
+                      response_format: dict[str, Any] | None = None,
                       tools: list[dict[str, Any]] | None = None,
                       meter: CallMeter | None = None
                       ) -> tuple[ChatResult, list[LedgerRow]]:
@@ -135,6 +140,8 @@ class SubtaskSteps:
         if meter is None:
             meter = self.meter(sub, messages, call_no, tools)
         key, label = meter.key, meter.label
+        if response_format is None and (schema := self.schemas.get(sub.name)) is not None:
+            response_format = schema_format(schema, sub.name)
         metrics.child(metrics.subtasks_in_flight, label).inc()
         try:
             result = await ctx.gateway.complete(
