@@ -210,7 +210,7 @@ class SubtaskSteps:
         latency_ms = self._latency(sub, t0, SubtaskStatus.succeeded)
         event = move_subtask(sub, SubtaskStatus.succeeded, utcnow(), kind=sub.kind,
                              latency_ms=latency_ms, truncated=sub.truncated,
-                             sanitized=sub.sanitized)
+                             sanitized=sub.sanitized, **_structured(sub))
         assert event is not None
         sub.output = output
         row = self.handle.event(event)
@@ -237,7 +237,8 @@ class SubtaskSteps:
     async def fail(self, sub: Subtask, t0: float, err: dict[str, Any],
                    rows: list[LedgerRow] | None = None) -> Outcome:
         self._latency(sub, t0, SubtaskStatus.failed)
-        event = move_subtask(sub, SubtaskStatus.failed, utcnow(), kind=sub.kind, error=err)
+        event = move_subtask(sub, SubtaskStatus.failed, utcnow(), kind=sub.kind, error=err,
+                             **_structured(sub))
         assert event is not None
         sub.error = err
         self.handle.answered(sub)
@@ -250,6 +251,14 @@ class SubtaskSteps:
         metrics.child(metrics.subtask_duration, sub.kind, label, status).observe(
             sub.latency_ms / 1000)
         return sub.latency_ms
+
+
+def _structured(sub: Subtask) -> dict[str, Any]:
+    """A schema subtask's event fields (SPEC §15): its parsed value and how it was got."""
+    if sub.output_status is None:
+        return {}
+    return {"output_status": sub.output_status, "output_format": sub.output_format,
+            "output_json": sub.output_json}
 
 
 def _error_of(exc: GatewayRejected | GatewayUnavailable | WriteRejected) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from app.simulator import structured
 from app.simulator import tools as sim_tools
 from app.simulator.directives import DIRECTIVE, ChatRequest, Directives
 
@@ -164,6 +165,8 @@ def chat_completion(req: ChatRequest, d: Directives, key: str, attempt: int, len
         content = sim_tools.final_answer(req.messages)
     elif d.answer is not None:
         content = d.answer
+    elif req.schema is not None:
+        content = structured.answer(req.schema, d.output, req.messages)
     elif req.json_mode:
         flaw = plan_flaw()
         content = _plan(_task_of(req), flaw, d.plan_size,
