@@ -144,7 +144,7 @@ class Subtask(Base):
     tool_calls: Mapped[int] = mapped_column(Integer, default=0)
     # structured outputs (SPEC §15): the parsed value, valid | repaired | invalid, and the
     # response_format asked (json_schema; json_object where the gateway refused it)
-    output_json: Mapped[Any] = mapped_column(JSONType)
+    output_json: Mapped[Any] = mapped_column(JSONType, nullable=True)
     output_status: Mapped[str | None] = mapped_column(String(16))
     output_format: Mapped[str | None] = mapped_column(String(16))
 
