@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import Harness
+from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import ledger, sse_events
+from tests.mcp_servers import stdio_server, write_config
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -179,3 +181,21 @@ async def test_a_synthesis_schema_needs_an_llm_to_write_the_result(harness: Harn
                             "synthesis": {"strategy": "concatenate", "output_schema": SCHEMA}})
     assert r.status_code == 422, r.text
     assert r.json()["error"]["details"]["field"] == "synthesis.output_schema"
+
+
+async def test_a_tool_using_agent_gets_its_repair_turn_after_its_last_turn(
+        database_url: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path / "mcp.json",
+                          {"docs": stdio_server(tmp_path / "docs.log", timeout_s=30)})
+    h, close = await start_harness(make_settings(database_url, mcp_config=config))
+    try:
+        data = await h.run(body("[[sim output=prose turns=1]]", tools=["docs"]))
+        assert data["status"] == "succeeded", data["error"]
+        sub = only(data)
+        assert sub["turns"] == 2 and sub["tool_calls"] >= 1
+        assert sub["output_status"] == "repaired" and sub["output_json"] == EXPECTED
+        # turn 1 called the tools, turn 2 answered in prose, the repair is call 3
+        assert await calls(h, data["id"]) == [("1", "ok", 200), ("2", "ok", 200),
+                                              ("3", "ok", 200)]
+    finally:
+        await close()

@@ -42,11 +42,11 @@ def check_schema(schema: Any) -> None:
     whose references stay inside it; raises SchemaInvalid."""
     if not isinstance(schema, dict):
         raise SchemaInvalid("must be a JSON Schema object")
+    _walk(schema, 0)  # first: the depth bound keeps the encoder below off deep recursion
     size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode(
         "utf-8", "replace"))
     if size > SCHEMA_MAX_BYTES:
         raise SchemaInvalid(f"is {size} bytes; at most {SCHEMA_MAX_BYTES} are allowed")
-    _walk(schema, 0)
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -137,6 +137,8 @@ def validation_errors(schema: dict[str, Any], value: Any) -> list[str]:
         found = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
     except Unresolvable as exc:  # a '#...' reference to nothing: no value can be valid
         return [f"the schema cannot be applied: {exc}"[:ERROR_CHARS]]
+    except RecursionError:  # a value (or a recursive schema) deeper than Python's stack
+        return ["the answer is nested too deeply to validate"]
     return [f"{'/'.join(str(p) for p in e.path) or '(root)'}: {e.message}"[:ERROR_CHARS]
             for e in found[:ERRORS_SHOWN]]
 
@@ -147,7 +149,7 @@ _NOTHING = object()
 def _whole(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # an answer nested past the parser's depth too
         return _NOTHING
 
 
@@ -166,7 +168,7 @@ def extract(text: str) -> Any:
         start = min(starts)
         try:
             value, end = decoder.raw_decode(text, start)
-        except ValueError:
+        except (ValueError, RecursionError):
             tries += 1
             pos = start + 1
             continue

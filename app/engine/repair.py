@@ -38,16 +38,17 @@ class OutputLadder:
         return refuses_format(exc) and self.schema(sub) is not None
 
     async def settle(self, sub: Subtask, t0: float, messages: list[dict[str, Any]],
-                     answer: ChatResult | None, rows: list[LedgerRow]) -> Outcome:
-        """From the first call's answer (None: the gateway refused json_schema) to the
+                     answer: ChatResult | None, rows: list[LedgerRow], call_no: int = 1
+                     ) -> Outcome:
+        """From the answer of call `call_no` (None: the gateway refused json_schema) to the
         subtask's end: valid, repaired (without a call, or after one repair turn), or
-        failed `output_invalid`."""
+        failed `output_invalid`. Later calls take the next numbers."""
         schema = self.schema(sub)
         assert schema is not None
-        fmt, call_no = response_format(schema, sub.name), 1
+        fmt = response_format(schema, sub.name)
         sub.output_format = "json_schema"
         if answer is None:  # asked once more as json_object, the schema in the system message
-            messages, fmt, call_no = with_schema(messages, schema), JSON_OBJECT, 2
+            messages, fmt, call_no = with_schema(messages, schema), JSON_OBJECT, call_no + 1
             sub.output_format = "json_object"
             tracing.event("response_format_fallback", to="json_object")
             got = await self._ask(sub, t0, messages, call_no, fmt)

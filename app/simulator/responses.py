@@ -161,12 +161,12 @@ def chat_completion(req: ChatRequest, d: Directives, key: str, attempt: int, len
                                      sim_tools.turns_done(req.messages) + 1, d.extra_tool)
         content = ""
         tokens = min(limit, max(1, len(json.dumps(calls)) // 4))
+    elif req.schema is not None:
+        content = structured.answer(req.schema, d.output, req.messages)
     elif req.tools:
         content = sim_tools.final_answer(req.messages)
     elif d.answer is not None:
         content = d.answer
-    elif req.schema is not None:
-        content = structured.answer(req.schema, d.output, req.messages)
     elif req.json_mode:
         flaw = plan_flaw()
         content = _plan(_task_of(req), flaw, d.plan_size,

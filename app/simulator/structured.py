@@ -40,7 +40,8 @@ def asked_schema(fmt: Any, messages: list[Any]) -> dict[str, Any] | None:
 def answer(schema: dict[str, Any], kind: str | None, messages: list[Any]) -> str:
     """The content for a call asking `schema`; `kind` is the `output=` directive."""
     text = json.dumps(instance(schema, schema))
-    repaired = any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+    repaired = any(isinstance(m, dict) and m.get("role") == "assistant"
+                   and not m.get("tool_calls") for m in messages)
     if kind == "fence":
         return f"Here is the result you asked for:\n```json\n{text}\n```\nAnything else?"
     if kind == "prose" and not repaired:
