@@ -99,8 +99,8 @@ ToolSelector = Annotated[str, StringConstraints(
     pattern=r"^[A-Za-z0-9_-]{1,48}(\.[A-Za-z0-9_.\-]{1,128})?$")]
 ToolSelectors = Annotated[list[ToolSelector], Field(min_length=1, max_length=200)]
 # a JSON Schema (draft 2020-12), checked when the swarm is built (422 `invalid_schema`)
-OutputSchema = Annotated[Any, Field(
-    default=None, json_schema_extra={"type": "object"},
+OutputSchema = Annotated[dict[str, Any] | None, Field(
+    default=None,
     description="a JSON Schema (draft 2020-12, at most 64 KiB) the answer must be valid for: "
                 "asked of the gateway as response_format json_schema, parsed and repaired "
                 "once if it is not")]
@@ -124,6 +124,22 @@ EXAMPLE_REQUEST: dict[str, Any] = {
     "limits": {"concurrency": 8, "budget_usd": 5.0, "failure_tolerance": 0.0,
                "max_attempts": 3, "subtask_timeout_s": 60, "deadline_s": 900},
     "metadata": {"ticket": "PAY-1234"},
+}
+
+
+EXAMPLE_STRUCTURED: dict[str, Any] = {
+    "task": "Review the v2 release of the payment service",
+    "agents": [
+        {"name": "reviewer", "system_prompt": "You are a release reviewer.",
+         "output_schema": {
+             "type": "object",
+             "properties": {"verdict": {"enum": ["ship", "hold"]},
+                            "risks": {"type": "array", "items": {"type": "string"}}},
+             "required": ["verdict", "risks"], "additionalProperties": False}},
+        {"name": "writer", "system_prompt": "You write release notes.",
+         "depends_on": ["reviewer"]},
+    ],
+    "synthesis": {"strategy": "none"},
 }
 
 
@@ -190,7 +206,8 @@ class Limits(Strict):
 class SwarmCreate(Strict):
     """The body of `POST /swarms`; only `task` is required."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_REQUEST]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_REQUEST,
+                                                                       EXAMPLE_STRUCTURED]})
 
     task: Text = Field(min_length=1, max_length=1_000_000)
     agents: list[AgentCreate] | None = Field(default=None, min_length=1)

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from app.openai_schemas import EXAMPLE_STRUCTURED_SWARM
+from app.schemas import EXAMPLE_STRUCTURED
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import ledger, sse_events
 from tests.mcp_servers import stdio_server, write_config
@@ -161,7 +163,6 @@ async def test_events_carry_the_parsed_value_and_the_metric_counts(harness: Harn
 
 @pytest.mark.parametrize(("schema", "why"), [
     ({"type": "nope"}, "not a valid JSON Schema"),
-    ("a string", "must be a JSON Schema object"),
     ({"$ref": "https://example.com/s.json"}, "points outside the schema"),
     ({"description": "x" * 70_000}, "at most 65536"),
     (json.loads('{"items":' * 40 + "{}" + "}" * 40), "nested deeper"),
@@ -174,6 +175,24 @@ async def test_a_bad_schema_is_refused_naming_the_field(harness: Harness, schema
     err = r.json()["error"]
     assert err["code"] == "invalid_schema" and err["details"]["field"] == "agents.1.output_schema"
     assert why in err["message"]
+
+
+async def test_a_schema_that_is_no_object_is_refused_naming_the_field(
+        harness: Harness) -> None:
+    r = await harness.post({"task": "t", "agents": [{"name": "a", "output_schema": "a string"}]})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["details"][0]["field"] == "agents.0.output_schema"
+
+
+async def test_the_openapi_examples_run(harness: Harness) -> None:
+    data = await harness.run(EXAMPLE_STRUCTURED)
+    assert data["status"] == "succeeded", data["error"]
+    reviewer = only(data)
+    assert reviewer["output_status"] == "valid" and reviewer["output_json"]["verdict"] == "ship"
+    r = await harness.client.post("/v1/chat/completions", json=EXAMPLE_STRUCTURED_SWARM)
+    assert r.status_code == 200, r.text
+    assert json.loads(r.json()["choices"][0]["message"]["content"]) == {"ready": True,
+                                                                        "why": "xx"}
 
 
 async def test_a_synthesis_schema_needs_an_llm_to_write_the_result(harness: Harness) -> None:
