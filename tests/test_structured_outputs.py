@@ -218,3 +218,17 @@ async def test_a_tool_using_agent_gets_its_repair_turn_after_its_last_turn(
                                               ("3", "ok", 200)]
     finally:
         await close()
+
+
+async def test_the_repair_turn_is_held_to_the_budget(harness: Harness) -> None:
+    """A budget that fits the first call but not the repair turn stops the swarm with
+    `budget_exceeded` before the repair is sent: the cap stays hard."""
+    probe = await harness.run(body("[[sim output=prose]]"))
+    first, repair = await ledger(harness, probe["id"])
+    budget = first.cost_usd + repair.reserved_usd - Decimal("0.000000001")
+    assert budget >= first.reserved_usd
+    data = await harness.run({**body("[[sim output=prose]]"),
+                              "limits": {"budget_usd": str(budget)}})
+    assert data["status"] == "failed" and data["error"]["code"] == "budget_exceeded"
+    assert await calls(harness, data["id"]) == [("1", "ok", 200)]
+    assert Decimal(data["usage"]["cost_usd"]) == first.cost_usd <= budget
