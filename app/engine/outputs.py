@@ -5,6 +5,7 @@ the repair ladder are app/engine/repair.py's."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -43,16 +44,34 @@ def check_schema(schema: Any) -> None:
     if not isinstance(schema, dict):
         raise SchemaInvalid("must be a JSON Schema object")
     _walk(schema, 0)  # first: the depth bound keeps the encoder below off deep recursion
-    size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode(
-        "utf-8", "replace"))
+    text = _text_of(schema)
+    size = len(text.encode("utf-8", "replace"))
     if size > SCHEMA_MAX_BYTES:
         raise SchemaInvalid(f"is {size} bytes; at most {SCHEMA_MAX_BYTES} are allowed")
+    if (why := _against_metaschema(text)) is not None:
+        raise SchemaInvalid(why)
+
+
+def _text_of(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+# Checking a schema against the 2020-12 metaschema costs milliseconds (its vocabularies are
+# reached through $dynamicRef): agents of one swarm, and swarms of one client, share schemas
+@functools.lru_cache(maxsize=256)
+def _against_metaschema(text: str) -> str | None:
     try:
-        Draft202012Validator.check_schema(schema)
+        Draft202012Validator.check_schema(json.loads(text))
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
-        raise SchemaInvalid(f"is not a valid JSON Schema: {exc.message[:ERROR_CHARS]}"
-                            + (f" (at {where})" if where else "")) from None
+        return (f"is not a valid JSON Schema: {exc.message[:ERROR_CHARS]}"
+                + (f" (at {where})" if where else ""))
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(text: str) -> Draft202012Validator:
+    return Draft202012Validator(json.loads(text), registry=_REGISTRY)
 
 
 def _walk(value: Any, depth: int) -> None:
@@ -132,7 +151,7 @@ def repair_messages(messages: Sequence[dict[str, Any]], answer: str,
 
 def validation_errors(schema: dict[str, Any], value: Any) -> list[str]:
     """What makes `value` invalid for `schema` (empty: valid), each with its location."""
-    validator = Draft202012Validator(schema, registry=_REGISTRY)
+    validator = _validator(_text_of(schema))
     try:
         found = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
     except Unresolvable as exc:  # a '#...' reference to nothing: no value can be valid
