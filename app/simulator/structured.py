@@ -91,7 +91,7 @@ def _resolve(root: dict[str, Any], ref: str) -> Any:
 
 def _scalar(schema: dict[str, Any], kind: Any) -> Any:
     if kind == "string":
-        return "x" * int(schema.get("minLength", 2))
+        return "x" * int(schema.get("minLength", min(2, schema.get("maxLength", 2))))
     if kind in ("integer", "number"):
         if "minimum" in schema:
             value = schema["minimum"]

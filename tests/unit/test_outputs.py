@@ -105,6 +105,7 @@ def test_the_repair_turn_replays_the_answer_and_the_errors() -> None:
     OBJ,
     {"type": "array", "items": {"type": "string", "minLength": 3}, "minItems": 2},
     {"type": "number", "exclusiveMinimum": 5},
+    {"type": "string", "maxLength": 1},
     {"type": ["null", "boolean"]},
     {"anyOf": [{"const": "a"}, {"type": "integer"}]},
     {"type": "object", "properties": {"x": {"$ref": "#/$defs/x"}}, "required": ["x"],
