@@ -87,13 +87,52 @@ def _walk(value: Any, depth: int) -> None:
     elif isinstance(value, dict):
         for key, item in value.items():
             _walk(key, depth)
-            if key in ("$ref", "$dynamicRef") and not str(item).startswith("#"):
-                raise SchemaInvalid(f"{key} {item!r} points outside the schema (only '#...' "
-                                    "references are resolved)")
+            _check_keyword(key, item)
             _walk(item, depth + 1)
     elif isinstance(value, list):
         for item in value:
             _walk(item, depth + 1)
+
+
+def _check_keyword(key: str, item: Any) -> None:
+    """References stay inside the schema; regexes are ones the validator can run."""
+    if key in ("$ref", "$dynamicRef") and not str(item).startswith("#"):
+        raise SchemaInvalid(f"{key} {item!r} points outside the schema (only '#...' "
+                            "references are resolved)")
+    if key == "pattern" and isinstance(item, str):
+        _check_pattern(item)
+    elif key == "patternProperties" and isinstance(item, dict):
+        for regex in item:
+            _check_pattern(str(regex))
+
+
+_ESCAPE = re.compile(r"\\.")
+_CLASS = re.compile(r"\[\^?\]?[^\]]*\]")
+
+
+def _check_pattern(pattern: str) -> None:
+    """A regex the validator can run on any answer: it compiles, and no repeated group holds
+    a repetition or an alternation (`(a+)+`, `(a|ab)*`): Python's backtracking takes time
+    exponential in the answer's length on those, with the engine's loop held."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise SchemaInvalid(f"pattern {pattern[:100]!r} is not a regular expression: "
+                            f"{exc}") from None
+    flat = _CLASS.sub("x", _ESCAPE.sub("x", pattern))
+    groups: list[bool] = []  # per open group: whether it repeats or branches inside
+    for i, ch in enumerate(flat):
+        if ch == "(":
+            groups.append(False)
+        elif ch == ")" and groups:
+            inner = groups.pop()
+            if inner and flat[i + 1:i + 2] in ("+", "*", "{"):
+                raise SchemaInvalid(f"pattern {pattern[:100]!r} repeats a group that repeats "
+                                    "or branches inside: its matching time can explode")
+            if groups and inner:
+                groups[-1] = True
+        elif ch in "+*{|" and groups:
+            groups[-1] = True
 
 
 def schemas_of(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -64,11 +64,21 @@ def test_errors_name_where_the_value_is_wrong() -> None:
     ({"$ref": "other.json#/x"}, "outside the schema"),
     ({"$defs": {"a": {"$dynamicRef": "http://x/y"}}}, "outside the schema"),
     ({"description": "\x00"}, "NUL"),
+    ({"type": "string", "pattern": "^(a+)+$"}, "explode"),
+    ({"pattern": "(x|xy)*z"}, "explode"),
+    ({"patternProperties": {"^((ab)*c)+$": {}}}, "explode"),
+    ({"pattern": "(unclosed"}, "not a regular expression"),
     ({"description": "é" * 40_000}, "bytes"),
 ])
 def test_unusable_schemas_are_refused(schema: Any, why: str) -> None:
     with pytest.raises(SchemaInvalid, match=why):
         check_schema(schema)
+
+
+@pytest.mark.parametrize("pattern", [r"^[a-z]+$", r"^\d{3}-\d{4}$", r"^(ab)?c+$",
+                                     r"^[(+)]*$", r"^\(\d+\)+$", r"^(?:foo|bar)$"])
+def test_patterns_that_cannot_explode_are_taken(pattern: str) -> None:
+    check_schema({"type": "string", "pattern": pattern})
 
 
 def test_local_references_are_kept_and_followed() -> None:
