@@ -3,7 +3,7 @@ parsed value, whether it was valid, repaired or invalid, and the response_format
 with (json_schema, or json_object where the gateway refused json_schema)
 
 Revision ID: 0019_structured_outputs
-Revises: 0016_swarm_vote
+Revises: 0023_audit
 Create Date: 2026-12-05
 """
 
@@ -14,7 +14,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0019_structured_outputs"
-down_revision: str | None = "0016_swarm_vote"
+down_revision: str | None = "0023_audit"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
