@@ -80,6 +80,9 @@ model_fallbacks = Counter("swarm_model_fallbacks_total",
 # pairs grow as the square of the models: shown from the start only for a table this small
 FALLBACK_PAIRS_MAX_MODELS = 16
 budget_denials = Counter("swarm_budget_denials_total", "Calls refused by a budget", ["scope"])
+structured_outputs = Counter("swarm_structured_outputs_total",
+                             "Answers of subtasks with an output schema, by how they ended",
+                             ["status"])
 run_cost = Histogram("swarm_run_cost_usd", "Cost per swarm", ["status"], buckets=COST_BUCKETS)
 queue_wait = Histogram("swarm_subtask_queue_wait_seconds", "Subtask ready -> started",
                        ["kind"], buckets=LATENCY_BUCKETS)
@@ -120,6 +123,8 @@ def _init_labels() -> None:
     _init_models(MODEL_LABELS)
     for scope in ("swarm", "daily"):
         budget_denials.labels(scope)
+    for status in ("valid", "repaired", "invalid"):
+        structured_outputs.labels(status)
     for limit in QUOTA_LIMITS:
         quota_denials.labels(limit)
     for reason in TAKEOVER_REASONS:

@@ -26,6 +26,16 @@ EXAMPLE_SWARM: dict[str, Any] = {
     "temperature": 0.3,
     "max_tokens": 4096,
 }
+EXAMPLE_STRUCTURED_SWARM: dict[str, Any] = {
+    "model": "kimi-k2.5",
+    "messages": [{"role": "user", "content": "Is the v2 release of the payment service ready?"}],
+    "response_format": {"type": "json_schema", "json_schema": {
+        "name": "verdict", "strict": True,
+        "schema": {"type": "object", "properties": {"ready": {"type": "boolean"},
+                                                    "why": {"type": "string"}},
+                   "required": ["ready", "why"], "additionalProperties": False}}},
+    "agent_swarm": {"enabled": True, "max_sub_agents": 4},
+}
 EXAMPLE_PASSTHROUGH: dict[str, Any] = {
     "model": "deepseek-v3.2",
     "messages": [{"role": "user", "content": "Say hello"}],
@@ -94,7 +104,8 @@ class ChatCompletionCreate(BaseModel):
 
     model_config = ConfigDict(
         extra="allow",
-        json_schema_extra={"examples": [EXAMPLE_SWARM, EXAMPLE_PASSTHROUGH]})
+        json_schema_extra={"examples": [EXAMPLE_SWARM, EXAMPLE_STRUCTURED_SWARM,
+                                         EXAMPLE_PASSTHROUGH]})
 
     model: ModelChoice = Field(description="a model, or (with agent_swarm) a list of models "
                                            "to fall back on in order")

@@ -146,6 +146,12 @@ def model_chain(value: str | list[str]) -> list[str]:
 ToolSelector = Annotated[str, StringConstraints(
     pattern=r"^[A-Za-z0-9_-]{1,48}(\.[A-Za-z0-9_.\-]{1,128})?$")]
 ToolSelectors = Annotated[list[ToolSelector], Field(min_length=1, max_length=200)]
+# a JSON Schema (draft 2020-12), checked when the swarm is built (422 `invalid_schema`)
+OutputSchema = Annotated[dict[str, Any] | None, Field(
+    default=None,
+    description="a JSON Schema (draft 2020-12, at most 64 KiB) the answer must be valid for: "
+                "asked of the gateway as response_format json_schema, parsed and repaired "
+                "once if it is not")]
 
 EXAMPLE_REQUEST: dict[str, Any] = {
     "task": "Review the v1 -> v2 migration of our FastAPI payment service",
@@ -169,6 +175,22 @@ EXAMPLE_REQUEST: dict[str, Any] = {
 }
 
 
+EXAMPLE_STRUCTURED: dict[str, Any] = {
+    "task": "Review the v2 release of the payment service",
+    "agents": [
+        {"name": "reviewer", "system_prompt": "You are a release reviewer.",
+         "output_schema": {
+             "type": "object",
+             "properties": {"verdict": {"enum": ["ship", "hold"]},
+                            "risks": {"type": "array", "items": {"type": "string"}}},
+             "required": ["verdict", "risks"], "additionalProperties": False}},
+        {"name": "writer", "system_prompt": "You write release notes.",
+         "depends_on": ["reviewer"]},
+    ],
+    "synthesis": {"strategy": "none"},
+}
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -184,6 +206,7 @@ class AgentCreate(Strict):
     weight: Number = Field(default=1.0, gt=0, le=1e6)
     tools: ToolSelectors | None = None
     max_turns: Int = Field(default=8, ge=1, le=50)
+    output_schema: OutputSchema = None
 
 
 class OrchestratorOptions(Strict):
@@ -203,6 +226,7 @@ class SynthesisOptions(Strict):
     model: ModelChoice | None = None
     max_tokens: MaxTokens | None = None
     compress: Literal["auto", "always", "never"] = "auto"
+    output_schema: OutputSchema = None
 
 
 class Limits(Strict):
@@ -230,7 +254,8 @@ class Limits(Strict):
 class SwarmCreate(Strict):
     """The body of `POST /swarms`; only `task` is required."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_REQUEST]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_REQUEST,
+                                                                       EXAMPLE_STRUCTURED]})
 
     task: Text = Field(min_length=1, max_length=1_000_000)
     agents: list[AgentCreate] | None = Field(default=None, min_length=1)
@@ -347,6 +372,14 @@ class SubtaskRead(BaseModel):
     tool_calls: int = 0
     fallbacks: int = Field(default=0, description="how many of the subtask's models were "
                            "passed over (down: their attempts spent on retryable failures)")
+    output_json: Any = Field(default=None, description="an agent with `output_schema`: its "
+                             "answer parsed (left out of lists, as `output` is)")
+    output_status: Literal["valid", "repaired", "invalid"] | None = Field(
+        default=None, description="an agent with `output_schema`: whether its answer was "
+        "valid, repaired (taken from a fence or prose, or after one repair turn) or invalid")
+    output_format: Literal["json_schema", "json_object"] | None = Field(
+        default=None, description="the response_format its answer was asked with: json_object "
+        "where the gateway refused json_schema (the schema then went in the system message)")
 
 
 class SubtaskDetail(SubtaskRead):

@@ -39,6 +39,7 @@ def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind,
         prompt_tokens=0, completion_tokens=0, cost_usd=Decimal(0), latency_ms=None,
         ready_at=None, started_at=None, finished_at=None, reused=False,
         tools=list(tools or []), max_turns=max_turns, turns=0, tool_calls=0,
+        output_json=None, output_status=None, output_format=None,
     )
 
 

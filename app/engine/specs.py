@@ -15,6 +15,7 @@ from app.db.tables import Subtask, Swarm, new_live_swarm
 from app.db.types import utcnow
 from app.engine.dag import DagError, validate_dag
 from app.engine.layout import PLANNER, new_subtask, synthesizer_for
+from app.engine.outputs import SchemaInvalid, check_schema
 from app.engine.planner import planner_max_tokens
 from app.errors import Refused
 from app.schemas import Limits, SwarmCreate, model_chain
@@ -84,6 +85,26 @@ def _check_agents(body: SwarmCreate, settings: Settings) -> None:
         raise Refused(str(exc), code=exc.code, details=details) from exc
 
 
+def _check_schemas(body: SwarmCreate) -> None:
+    """Every `output_schema` is a usable JSON Schema (SPEC §15); the synthesis one only where
+    an LLM writes the result."""
+    given = [(f"agents.{i}.output_schema", a.output_schema)
+             for i, a in enumerate(body.agents or []) if a.output_schema is not None]
+    synthesis = body.synthesis.output_schema
+    if synthesis is not None:
+        given.append(("synthesis.output_schema", synthesis))
+        if body.synthesis.strategy != "synthesize":
+            raise Refused("synthesis.output_schema needs strategy 'synthesize' (no LLM writes "
+                          f"a {body.synthesis.strategy!r} result)", code="invalid_schema",
+                          details={"field": "synthesis.output_schema"})
+    for field, schema in given:
+        try:
+            check_schema(schema)
+        except SchemaInvalid as exc:
+            raise Refused(f"{field} {exc}", code="invalid_schema",
+                          details={"field": field}) from exc
+
+
 def _selectors(top: list[str] | None, agents: list[list[str] | None]) -> list[tuple[str, str]]:
     """(field, selector) of every tool a request names: its `tools`, then each agent's."""
     given = [(f"tools.{j}", sel) for j, sel in enumerate(top or [])]
@@ -146,6 +167,7 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
     spec = normalise(body, settings)
     check_models(settings, spec)
     _check_agents(body, settings)
+    _check_schemas(body)
     _check_tools(body, tools, settings.tenant_limits(tenant).tools)
     swarm_id = str(uuid.uuid4())
     # the task is stored once, in its own column: not in the spec, and a prompt that is the

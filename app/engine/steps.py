@@ -16,6 +16,8 @@ from app.engine.calls import CallMeter, idempotency_key
 from app.engine.context import estimate_prompt_tokens, estimate_request_tokens
 from app.engine.faults import crash_point
 from app.engine.handle import EventRow, LedgerRow, Outcome, SwarmHandle, failure
+from app.engine.outputs import response_format as schema_format
+from app.engine.outputs import schema_tokens, schemas_of
 from app.engine.writer import WriteRejected
 from app.gateway.client import ChatRequest, ChatResult, GatewayRejected, GatewayUnavailable
 from app.pricing import metric_model_label
@@ -86,6 +88,7 @@ class SubtaskSteps:
 
     def __init__(self, handle: SwarmHandle) -> None:
         self.handle = handle
+        self.schemas = schemas_of(handle.spec)  # subtasks with an output schema (SPEC §15)
 
     def slots(self, sub: Subtask, ahead: CallMeter | None = None) -> Slots:
         """The swarm's slot, a per-model one (when the model table limits it), the tenant's
@@ -122,11 +125,13 @@ class SubtaskSteps:
         label = metric_model_label(sub.model, ctx.prices)
         bound = (estimate_prompt_tokens(messages) if tools is None
                  else estimate_request_tokens(messages, tools))
+        if (schema := self.schemas.get(sub.name)) is not None:  # sent as response_format
+            bound += schema_tokens(schema)
         worst = ctx.prices[sub.model].worst_case(bound, sub.max_tokens)
         return CallMeter(handle, sub, worst, key, label, bound, sub.model)
 
     async def gateway(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
-                      response_format: dict[str, str] | None = None,
+                      response_format: dict[str, Any] | None = None,
                       tools: list[dict[str, Any]] | None = None,
                       meter: CallMeter | None = None
                       ) -> tuple[ChatResult, list[LedgerRow]]:
@@ -151,6 +156,8 @@ class SubtaskSteps:
         """The call on the meter's model, retried by the §4 policy."""
         handle, ctx = self.handle, self.handle.ctx
         key, label = meter.key, meter.label
+        if response_format is None and (schema := self.schemas.get(sub.name)) is not None:
+            response_format = schema_format(schema, sub.name)
         metrics.child(metrics.subtasks_in_flight, label).inc()
         try:
             result = await ctx.gateway.complete(
@@ -238,7 +245,7 @@ class SubtaskSteps:
         latency_ms = self._latency(sub, t0, SubtaskStatus.succeeded)
         event = move_subtask(sub, SubtaskStatus.succeeded, utcnow(), kind=sub.kind,
                              latency_ms=latency_ms, truncated=sub.truncated,
-                             sanitized=sub.sanitized, **_moved(sub))
+                             sanitized=sub.sanitized, **_moved(sub), **_structured(sub))
         assert event is not None
         sub.output = output
         row = self.handle.event(event)
@@ -266,7 +273,7 @@ class SubtaskSteps:
                    rows: list[LedgerRow] | None = None) -> Outcome:
         self._latency(sub, t0, SubtaskStatus.failed)
         event = move_subtask(sub, SubtaskStatus.failed, utcnow(), kind=sub.kind, error=err,
-                             **_moved(sub))
+                             **_moved(sub), **_structured(sub))
         assert event is not None
         sub.error = err
         self.handle.answered(sub)
@@ -285,6 +292,14 @@ def _moved(sub: Subtask) -> dict[str, Any]:
     """What an end's event says of a subtask that fell back: the model it ended on (its
     `subtask.started` named the first)."""
     return {"model": sub.model, "fallbacks": sub.fallbacks} if sub.fallbacks else {}
+
+
+def _structured(sub: Subtask) -> dict[str, Any]:
+    """A schema subtask's event fields (SPEC §15): its parsed value and how it was got."""
+    if sub.output_status is None:
+        return {}
+    return {"output_status": sub.output_status, "output_format": sub.output_format,
+            "output_json": sub.output_json}
 
 
 def _error_of(exc: GatewayRejected | GatewayUnavailable | WriteRejected) -> dict[str, Any]:
