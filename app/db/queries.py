@@ -44,10 +44,11 @@ TERMINAL_VALUES = tuple(s.value for s in TERMINAL_SWARM)
 
 async def get_swarm(session: AsyncSession, swarm_id: str, tenant: str | None, *,
                     for_update: bool = False) -> Swarm | None:
-    """One swarm (of this tenant); `for_update` locks its row for the transaction."""
+    """One swarm (of this tenant); `for_update` locks its row for the transaction and reads
+    it afresh (a row the session read before may have changed since: an erase)."""
     stmt = select(Swarm).where(Swarm.id == swarm_id)
     if for_update:
-        stmt = stmt.with_for_update()
+        stmt = stmt.with_for_update().execution_options(populate_existing=True)
     swarm = (await session.execute(stmt)).scalar_one_or_none()
     return swarm if swarm is not None and tenant in (None, swarm.tenant) else None
 
