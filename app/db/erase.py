@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, bindparam, delete, func, select, text, update
@@ -83,16 +83,16 @@ async def erase_swarm(session: AsyncSession, swarm: Swarm, now: datetime) -> boo
 
 @dataclass(frozen=True)
 class Rule:
-    """Which swarms are old enough to erase: those that ended before `before`, of `tenants`
-    (None: any) but none of `except_tenants`."""
+    """Which swarms are old enough to erase: those that ended more than `older_than` ago, of
+    `tenants` (None: any) but none of `except_tenants`."""
 
-    before: datetime
+    older_than: timedelta
     tenants: tuple[str, ...] | None = None
     except_tenants: tuple[str, ...] = ()
 
-    def where(self) -> ColumnElement[bool]:
+    def where(self, now: datetime) -> ColumnElement[bool]:
         cond = ((Swarm.erased_at.is_(None)) & Swarm.finished_at.is_not(None)
-                & (Swarm.finished_at < self.before)
+                & (Swarm.finished_at < now - self.older_than)
                 & Swarm.status.in_([s.value for s in TERMINAL_SWARM]))
         if self.tenants is not None:
             cond &= Swarm.tenant.in_(self.tenants)
@@ -103,26 +103,30 @@ class Rule:
 
 async def count_erasable(session: AsyncSession, rules: Sequence[Rule]) -> int:
     """How many swarms the rules would erase now (`prune --dry-run`)."""
+    now = await db_now(session)
     total = 0
     for rule in rules:
         total += (await session.execute(
-            select(func.count()).select_from(Swarm).where(rule.where()))).scalar_one()
+            select(func.count()).select_from(Swarm).where(rule.where(now)))).scalar_one()
     return int(total)
 
 
-async def erase_batch(session: AsyncSession, rules: Sequence[Rule], limit: int) -> int:
-    """Erase up to `limit` swarms the rules name, oldest end first; rows another transaction
-    holds (a retry copying one, a DELETE) are skipped, for the next batch."""
+async def erase_batch(session: AsyncSession, rules: Sequence[Rule], limit: int, *,
+                      skip_locked: bool) -> int:
+    """Erase up to `limit` swarms the rules name, oldest end first. A row another transaction
+    holds (a retry copying it, a DELETE) is skipped for a later batch (`skip_locked`), else
+    waited for; either way a swarm is erased after that transaction, never under it."""
     now = await db_now(session)
     done = 0
     for rule in rules:
         if done >= limit:
             break
-        stmt = (select(Swarm).where(rule.where()).order_by(Swarm.finished_at)
+        stmt = (select(Swarm).where(rule.where(now)).order_by(Swarm.finished_at)
                 .limit(limit - done)
-                .with_for_update(skip_locked=True)
+                .with_for_update(skip_locked=skip_locked)
                 .execution_options(populate_existing=True))
         for swarm in (await session.execute(stmt)).scalars():
+            # a row waited for is read again as its holder left it: erased, say
             done += await erase_swarm(session, swarm, now)
     return done
 
@@ -136,14 +140,17 @@ async def sweep_lock(session: AsyncSession) -> bool:
 
 
 async def prune_ledger(session: AsyncSession, before: datetime, tenant: str | None,
-                       *, dry_run: bool) -> int:
-    """Ledger rows (gateway attempts) recorded before `before`: counted, or removed. Only
-    settled ones: an attempt still in flight is money not yet known."""
+                       *, dry_run: bool, limit: int = 5000) -> int:
+    """Ledger rows (gateway attempts) recorded before `before`: all counted (`dry_run`), or
+    up to `limit` removed (one batch). Only settled ones: an attempt in flight is money not
+    yet known."""
     cond = (GatewayCall.created_at < before) & (GatewayCall.outcome != "in_flight")
     if tenant is not None:
         cond &= GatewayCall.tenant == tenant
     if dry_run:
         return int((await session.execute(
             select(func.count()).select_from(GatewayCall).where(cond))).scalar_one())
-    result = await session.execute(delete(GatewayCall).where(cond))
+    batch = select(GatewayCall.id).where(cond).limit(limit).scalar_subquery()
+    result = await session.execute(delete(GatewayCall).where(GatewayCall.id.in_(batch)),
+                                   execution_options={"synchronize_session": False})
     return int(getattr(result, "rowcount", 0) or 0)
