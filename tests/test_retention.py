@@ -228,7 +228,7 @@ async def test_prune_racing_a_retry_leaves_a_whole_copy_or_a_refusal(
             "task": "the task", "agents": [agent("a", prompt="the prompt of a"),
                                            agent("x", FLAKY_400, depends_on=["a"])]})
         old_id = r.json()["id"]
-        await until(lambda: _terminal(h, old_id, "t1"), 30, "the swarm's end")
+        await until(lambda i=old_id: _terminal(h, i, "t1"), 30, "the swarm's end")
         old = (await h.client.get(f"/swarms/{old_id}", headers=auth("t1"))).json()
         assert old["status"] == "failed" and by_name(old)["a"]["status"] == "succeeded"
         flags.discard("flaky")
