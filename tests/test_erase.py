@@ -215,3 +215,21 @@ async def test_erase_during_a_webhook_retry_drops_the_delivery(database_url: str
 
 def _delivery(request: httpx.Request) -> str:
     return request.headers["X-Swarm-Delivery"].partition(":")[0]
+
+
+async def test_the_async_client_erases(api: Harness) -> None:
+    from swarm_api_client import AsyncSwarmClient, Conflict
+
+    done = await api.run({"task": "t", "agents": [{"name": "a"}]})
+    async with AsyncSwarmClient("http://api", transport=httpx.ASGITransport(
+            app=api.app)) as client:
+        assert await client.erase(done["id"]) is None
+        swarm = await client.get(done["id"])
+        assert swarm.erased is True and swarm.task == "" and swarm.result is None
+        await client.erase(done["id"])  # again: no error
+        running = await client.create({"task": "t",
+                                       "agents": [agent("a", "[[sim latency_ms=30000]]")]})
+        with pytest.raises(Conflict) as refused:
+            await client.erase(running.id)
+        assert refused.value.code == "not_terminal"
+        await client.cancel(running.id)
