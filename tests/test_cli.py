@@ -1,5 +1,5 @@
 """The CLI's client commands (`swarm-api submit/get/ls/watch/cancel/retry/erase/usage`), run
-console script against a real `swarm-api serve` on PostgreSQL."""
+as the console script against a real `swarm-api serve` on PostgreSQL."""
 
 from __future__ import annotations
 
