@@ -55,10 +55,11 @@ async def get_swarm(session: AsyncSession, swarm_id: str, tenant: str | None, *,
 
 async def recent_twin(session: AsyncSession, tenant: str, digest: str,
                       since: datetime) -> str | None:
-    """The newest swarm of `tenant` created since `since` from a body of hash `digest`."""
+    """The newest swarm of `tenant` created since `since` from a body of hash `digest`, its
+    content not erased (an SDK retry of an erased swarm runs anew)."""
     stmt = (select(Swarm.id)
             .where(Swarm.tenant == tenant, Swarm.created_at >= since,
-                   Swarm.request_hash == digest)
+                   Swarm.request_hash == digest, Swarm.erased_at.is_(None))
             .order_by(Swarm.created_at.desc()).limit(1))
     return (await session.execute(stmt)).scalar_one_or_none()
 
