@@ -233,3 +233,28 @@ async def test_the_async_client_erases(api: Harness) -> None:
             await client.erase(running.id)
         assert refused.value.code == "not_terminal"
         await client.cancel(running.id)
+
+
+async def test_erase_needs_the_write_scope_and_is_audited(database_url: str,
+                                                          tmp_path: Path) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[tenants.acme]\nkeys = [{ key = "reader", scopes = ["swarms:read"] },'
+                       ' { key = "writer", id = "ops" }]\n')
+    h, close = await start_harness(make_settings(database_url, tenants_file=str(tenants)))
+    try:
+        writer = {"Authorization": "Bearer writer"}
+        r = await h.client.post("/swarms", json={"task": "t", "agents": [{"name": "a"}]},
+                                headers=writer)
+        swarm_id = r.json()["id"]
+        await until(lambda: _ended(h, swarm_id, writer), 30, "the swarm's end")
+        error_of(await h.client.delete(f"/swarms/{swarm_id}",
+                                       headers={"Authorization": "Bearer reader"}),
+                 403, "insufficient_scope")
+        assert (await h.client.delete(f"/swarms/{swarm_id}", headers=writer)).status_code == 204
+        assert (await h.client.delete(f"/swarms/{swarm_id}", headers=writer)).status_code == 204
+        rows = (await h.client.get("/audit", params={"action": "erase"},
+                                   headers=writer)).json()["items"]
+        assert [(r["action"], r["swarm_id"], r["key_id"]) for r in rows] == [
+            ("erase", swarm_id, "ops")]  # one change: the second erase changed nothing
+    finally:
+        await close()
