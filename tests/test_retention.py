@@ -249,3 +249,17 @@ async def test_prune_racing_a_retry_leaves_a_whole_copy_or_a_refusal(
             assert retried.json()["error"]["code"] == "swarm_erased"
         assert old_id in await erased_ids(h)
     assert outcomes <= {202, 409}
+
+
+def test_an_erased_error_keeps_its_code_and_causes_only() -> None:
+    from app.db.erase import erased_error
+
+    assert erased_error(None) is None
+    assert erased_error({"code": "gateway_rejected", "message": "said: secret prompt",
+                         "details": {"status": 400, "body": "secret"}}) == {
+        "code": "gateway_rejected", "message": "erased", "details": None}
+    assert erased_error({"code": "failure_tolerance_exceeded", "message": "2 of 3 failed",
+                         "details": {"causes": {"timeout": 2},
+                                     "cause": {"subtask": "a", "message": "secret"}}}) == {
+        "code": "failure_tolerance_exceeded", "message": "erased",
+        "details": {"causes": {"timeout": 2}}}
