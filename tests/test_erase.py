@@ -70,10 +70,14 @@ async def test_erase_removes_every_content_and_keeps_the_money(tooled: Harness) 
             "agents": [{"name": "reader", "tools": ["docs.lookup"],
                         "system_prompt": f"system {tag}-system", "prompt": f"{tag}-lookup"},
                        {"name": "writer", "prompt": f"prompt {tag}-prompt",
-                        "depends_on": ["reader"]}]}
+                        "depends_on": ["reader"]},
+                       {"name": "shaped", "output_schema": {
+                           "type": "object", "required": ["k"],
+                           "properties": {"k": {"const": f"{tag}-json"}}}}]}
     done = await h.run(body, timeout=120)
     assert done["status"] == "succeeded", done["error"]
     assert by_name(done)["reader"]["tool_calls"] == 1
+    assert by_name(done)["shaped"]["output_json"] == {"k": f"{tag}-json"}
     detail = (await h.client.get(f"/swarms/{done['id']}/subtasks/reader")).json()
     assert any(tag in json.dumps(m) for m in detail["transcript"] if m["role"] == "tool")
     assert tag in await raw_dump(h)  # the content is there, in several tables
@@ -92,7 +96,7 @@ async def test_erase_removes_every_content_and_keeps_the_money(tooled: Harness) 
     assert (got["task"], got["metadata"], got["result"]) == ("", {}, None)
     assert got["usage"] == done["usage"] and got["created_at"] == done["created_at"]
     assert got["finished_at"] == done["finished_at"]
-    assert all(s["output"] is None for s in got["subtasks"])
+    assert all(s["output"] is None and s["output_json"] is None for s in got["subtasks"])
     assert [s["status"] for s in got["subtasks"]] == [s["status"] for s in done["subtasks"]]
     listed = (await h.client.get("/swarms")).json()["items"]
     assert [(i["id"], i["erased"]) for i in listed] == [(done["id"], True)]

@@ -59,7 +59,7 @@ async def erase_swarm(session: AsyncSession, swarm: Swarm, now: datetime) -> boo
         execution_options={"synchronize_session": False})
     await session.execute(
         update(Subtask).where(Subtask.swarm_id == swarm.id)
-        .values(system_prompt=None, prompt=None, output=None),
+        .values(system_prompt=None, prompt=None, output=None, output_json=None),
         execution_options={"synchronize_session": False})
     failed = (await session.execute(
         select(Subtask.id, Subtask.error)

@@ -2,7 +2,7 @@
 sweep, `swarm-api prune`); an index of the terminal swarms not erased yet, by end, for the sweep
 
 Revision ID: 0022_swarm_erasure
-Revises: 0023_audit
+Revises: 0019_structured_outputs
 Create Date: 2026-12-05
 """
 
@@ -14,7 +14,7 @@ from alembic import op
 from app.db.types import UTCDateTime
 
 revision: str = "0022_swarm_erasure"
-down_revision: str | None = "0023_audit"
+down_revision: str | None = "0019_structured_outputs"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
