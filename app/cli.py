@@ -1,15 +1,17 @@
-"""The `swarm-api` console script: serve, worker, migrate, simulator, and the client commands
-(submit, get, ls, watch, cancel, retry, usage) of `swarm_api_client.cli`, which need none of the
-server's dependencies."""
+"""The `swarm-api` console script: serve, worker, migrate, simulator, prune, and the client
+commands (submit, get, ls, watch, cancel, retry, erase, usage) of `swarm_api_client.cli`, which
+need none of the server's dependencies."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import ipaddress
 import logging
 import signal
 import sys
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -168,6 +170,60 @@ async def _worker(settings: Settings) -> int:
     return 1 if died else 0
 
 
+def _duration(value: str) -> timedelta:
+    """An argparse type: `<n>s|m|h|d`; anything else is a usage error (exit 2)."""
+    from app.engine.retention import parse_duration
+
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+async def _prune(settings: Settings, args: argparse.Namespace) -> int:
+    """`swarm-api prune`: erase the content of swarms that ended before --older-than (and
+    remove ledger rows older than --ledger-older-than), on SWARM_DATABASE_URL directly."""
+    from app import logs
+    from app.db import erase
+    from app.db.retry import database_not_migrated, database_unavailable, reason
+    from app.db.session import db_now, make_db_engine, make_session_factory
+    from app.engine.retention import erase_all
+
+    engine = make_db_engine(settings.database_url)
+    sessions = make_session_factory(engine)
+    dry, tenant = args.dry_run, args.tenant
+    try:
+        if args.older_than is not None:
+            rules = [erase.Rule(args.older_than, tenants=None if tenant is None else (tenant,))]
+            if dry:
+                async with sessions() as s, s.begin():
+                    n = await erase.count_erasable(s, rules)
+            else:
+                n = await erase_all(sessions, rules, settings.retention_batch, sweep=False)
+            print(f"{'would erase' if dry else 'erased'} {n} swarms")
+        if args.ledger_older_than is not None:
+            total = 0
+            while True:  # in batches: no transaction holds the ledger long
+                async with sessions() as s, s.begin():
+                    before = await db_now(s) - args.ledger_older_than
+                    n = await erase.prune_ledger(s, before, tenant, dry_run=dry)
+                total += n
+                if dry or not n:
+                    break
+            print(f"{'would remove' if dry else 'removed'} {total} ledger rows")
+    except Exception as exc:
+        if database_unavailable(exc):
+            logs.say(f"swarm-api prune: database unavailable ({reason(exc)})")
+        elif database_not_migrated(exc):
+            logs.say("swarm-api prune: database not migrated (run `swarm-api migrate`)")
+        else:
+            raise
+        return 1
+    finally:
+        await engine.dispose()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     try:  # the client's imports take ~0.5 s: a Ctrl-C then is an interrupt, not a traceback
         from swarm_api_client import cli as client_cli
@@ -188,8 +244,20 @@ def main(argv: list[str] | None = None) -> int:
     p_sim = sub.add_parser("simulator", help="the simulated gateway as its own process")
     p_sim.add_argument("--host", default="127.0.0.1")
     p_sim.add_argument("--port", type=int, default=8100)
+    p_prune = sub.add_parser(
+        "prune", help="erase the content of swarms that ended before a time, now "
+        "(SWARM_DATABASE_URL directly: no service needed)")
+    p_prune.add_argument("--older-than", type=_duration, metavar="DURATION",
+                         help="swarms that ended more than this ago: <n>s|m|h|d, e.g. 30d")
+    p_prune.add_argument("--tenant", help="only this tenant's swarms (and ledger rows)")
+    p_prune.add_argument("--dry-run", action="store_true", help="count, change nothing")
+    p_prune.add_argument("--ledger-older-than", type=_duration, metavar="DURATION",
+                         help="also remove ledger rows recorded more than this ago, e.g. "
+                         "400d (spend reports over that time lose them)")
     client_cli.add_commands(sub)
     args = parser.parse_args(argv)
+    if args.command == "prune" and args.older_than is None and args.ledger_older_than is None:
+        p_prune.error("name what to prune: --older-than and/or --ledger-older-than")
     if args.command in client_cli.COMMANDS:
         return client_cli.run(args)
     from pydantic import ValidationError
@@ -218,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         logs.say("database at head", error=False)
         return 0
+    if args.command == "prune":
+        return asyncio.run(_prune(settings, args))
     if args.command == "worker":
         with contextlib.suppress(ImportError):
             import uvloop  # what uvicorn runs `serve` on: markedly less CPU per call

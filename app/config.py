@@ -149,6 +149,12 @@ class Settings(LogSettings):
     tool_result_max_bytes: int = Field(default=16384, ge=256, le=10_000_000)
     # a model's tool-call arguments longer than this are the call's error, never sent (§9)
     tool_args_max_bytes: int = Field(default=262144, ge=256, le=100_000_000)
+    # ended swarms' content is erased this many days after their end (SPEC §16; a tenant's
+    # retention_days overrides it), by a sweep each process runs every retention_sweep_s, one
+    # process at a time, retention_batch swarms per transaction
+    retention_days: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    retention_sweep_s: float = Field(default=300.0, gt=0)
+    retention_batch: int = Field(default=20, ge=1, le=10_000)
     # the Alembic scripts (the image sets /app/migrations); unset: <repo>/migrations
     migrations_dir: str | None = None
     # crash tests only: SIGKILL this process at `<point>:<subtask>[,…]` (app/engine/faults.py)

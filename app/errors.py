@@ -102,6 +102,20 @@ class NotRetryable(ApiError):
     code = "not_retryable"
 
 
+class NotTerminal(ApiError):
+    """An erase of a swarm that has not ended (SPEC §16)."""
+
+    status_code = 409
+    code = "not_terminal"
+
+
+class SwarmErased(ApiError):
+    """A retry of a swarm whose content was erased: nothing is left to run again."""
+
+    status_code = 409
+    code = "swarm_erased"
+
+
 class IdempotencyKeyReused(ApiError):
     status_code = 422
     code = "idempotency_key_reused"

@@ -98,6 +98,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
             app.state.tenant_gates = runtime.tenants
             app.state.inflight = runtime.inflight  # SWARM_MAX_INFLIGHT, the engine's too
             app.state.tools = runtime.tools
+            app.state.retention = runtime.retention  # the retention sweep of this process
             watch = asyncio.create_task(_stop_when_failed(app, runtime), name="side-monitor")
             _stop_with_parent(app)
             hup = _reload_keys_on_hup(settings)

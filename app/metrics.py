@@ -102,6 +102,10 @@ http_duration = Histogram("swarm_http_request_duration_seconds", "HTTP requests 
 TAKEOVER_REASONS = ("lease_expired", "released")
 takeovers = Counter("swarm_takeovers_total", "Swarms taken over from another owner",
                     ["reason"])
+# SPEC §16: swarms whose content was erased, by why (a DELETE, the retention sweep)
+ERASE_REASONS = ("request", "retention")
+erased_swarms = Counter("swarm_erased_swarms_total", "Swarms whose content was erased",
+                        ["reason"])
 # Measured from the database when /metrics is asked (`set_queue_oldest_age`): every API
 # process sees the same queue, and the process just scraped has the freshest figure, so the
 # merge across processes keeps the most recent value (a `max` would keep a process's old,
@@ -129,6 +133,8 @@ def _init_labels() -> None:
         quota_denials.labels(limit)
     for reason in TAKEOVER_REASONS:
         takeovers.labels(reason)
+    for reason in ERASE_REASONS:
+        erased_swarms.labels(reason)
 
 
 def _init_models(models: tuple[str, ...] | list[str]) -> None:

@@ -22,6 +22,7 @@ from app.engine.budget import DailyCap
 from app.engine.deltas import CHANNEL as DELTAS
 from app.engine.listener import PgListener
 from app.engine.passthrough import settle_stale
+from app.engine.retention import RetentionSweep
 from app.engine.scheduler import Scheduler, process_owner
 from app.engine.tenancy import TenantGates
 from app.engine.waiters import SwarmNotifier
@@ -136,6 +137,7 @@ class Runtime:
         # SWARM_MAX_INFLIGHT: the engine's calls and the facade's passthrough calls share it
         self.inflight = asyncio.Semaphore(settings.max_inflight)
         self.tools: ToolRegistry | None = None
+        self.retention: RetentionSweep | None = None  # started with the database
 
     async def __aenter__(self) -> Runtime:
         settings, stack = self.settings, self._stack
@@ -152,6 +154,10 @@ class Runtime:
             stack.push_async_callback(self.db.dispose)
             self.sessions = make_session_factory(self.db)
             await self._settle_stale()
+            # every process, API replicas too: one at a time erases what is past retention
+            self.retention = RetentionSweep(settings, self.sessions)
+            self.retention.start()
+            stack.push_async_callback(self.retention.stop)
             self.gateway = self._given_gateway or make_gateway(settings)
             if self._given_gateway is None:
                 stack.push_async_callback(self.gateway.aclose)

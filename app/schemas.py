@@ -433,6 +433,9 @@ class SwarmRead(BaseModel):
     vote: VoteRead | None = Field(default=None, description="a voted swarm's count")
     retry_of: str | None = Field(default=None, description="the swarm this one retries")
     retried_by: str | None = Field(default=None, description="the newest retry of this swarm")
+    erased: bool = Field(default=False, description="its content was erased (DELETE, or the "
+                         "retention period): task, metadata, spec, outputs, result and "
+                         "event payloads are gone; usage, status and timestamps stay")
 
 
 class SwarmList(BaseModel):

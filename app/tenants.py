@@ -51,6 +51,9 @@ class TenantLimits(BaseModel):
     max_streams: int | None = Field(default=None, ge=0)
     webhook_secret: SecretStr | None = None
     tools: list[ToolSelector] | None = None  # the MCP servers / tools it may use (None: all)
+    # its ended swarms' content is erased this many days after their end (None:
+    # SWARM_RETENTION_DAYS; SPEC §16)
+    retention_days: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _default_within_max(self) -> TenantLimits:

@@ -126,6 +126,7 @@ def swarm_fields(swarm: Swarm, subtasks: Sequence[SubtaskView], *, with_outputs:
         "vote": swarm.vote,
         "retry_of": swarm.retry_of,
         "retried_by": retried_by,
+        "erased": swarm.erased_at is not None,
     }
 
 

@@ -119,6 +119,8 @@ class WebhookDispatcher:
             subs = (await queries.subtask_views(session, [hook.swarm_id],
                                                 outputs=False))[hook.swarm_id]
         assert swarm is not None
+        if swarm.erased_at is not None:  # erased since it was claimed: never sent again
+            return
         logs.bind(tenant=swarm.tenant, traceparent=swarm.trace_parent)
         body = swarm_json(swarm, subs, with_outputs=False, with_result=True)
         secret = webhook_secret(self.settings, swarm.tenant, self._secrets)

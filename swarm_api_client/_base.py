@@ -154,6 +154,10 @@ def cancel_call(swarm_id: str) -> Call:
     return Call("POST", swarm_path(swarm_id, "/cancel"))
 
 
+def erase_call(swarm_id: str) -> Call:
+    return Call("DELETE", swarm_path(swarm_id))
+
+
 def retry_call(swarm_id: str, limits: Mapping[str, Any] | None, key: str | None) -> Call:
     body = {} if limits is None else {"limits": dict(limits)}
     return Call("POST", swarm_path(swarm_id, "/retry"), json=body,

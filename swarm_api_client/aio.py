@@ -95,6 +95,11 @@ class AsyncSwarmClient:
         """`POST /swarms/{id}/cancel`; `Conflict` (`already_terminal`) when it already ended."""
         return await self._call(b.cancel_call(swarm_id), SwarmRead)
 
+    async def erase(self, swarm_id: str) -> None:
+        """`DELETE /swarms/{id}`: erase an ended swarm's content (its usage stays);
+        `Conflict` (`not_terminal`) while it runs. Erasing it again is no error."""
+        await self._send(b.erase_call(swarm_id))
+
     async def retry(self, swarm_id: str, *, limits: Mapping[str, Any] | None = None,
                     idempotency_key: str | None = None) -> SwarmRead:
         """`POST /swarms/{id}/retry`: a new swarm reusing what succeeded (SPEC §11)."""
@@ -169,12 +174,15 @@ class AsyncSwarmClient:
                     yield b.to_event(sse)
 
     async def _call(self, call: b.Call, model: type[M]) -> M:
+        return b.parse(model, await self._send(call))
+
+    async def _send(self, call: b.Call) -> httpx.Response:
         try:
             retrying = AsyncRetrying(**self.retry_policy.tenacity())
             response: httpx.Response = await retrying(self._attempt, call)
         except b.TRANSIENT as exc:
             raise self._unreachable(exc) from exc
-        return b.parse(model, response)
+        return response
 
     async def _attempt(self, call: b.Call) -> httpx.Response:
         response = await self._http.request(

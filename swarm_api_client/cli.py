@@ -1,5 +1,6 @@
 """The client commands of the `swarm-api` console script (SPEC §13): submit, get, ls, watch,
-cancel, retry, usage, audit. `app/cli.py` dispatches here; nothing of the server is imported.
+cancel, retry, erase, usage, audit. `app/cli.py` dispatches here; nothing of the server is
+imported.
 
 Exit statuses and help: `cli_args.py`. Written to a terminal, the commands draw with rich
 (`view.py`); to a pipe or a file, plain columns of whole values (`report.py`) or --json. Every
@@ -354,6 +355,15 @@ def _cancel(client: SwarmClient, args: argparse.Namespace) -> int:
     return OK
 
 
+def _erase(client: SwarmClient, args: argparse.Namespace) -> int:
+    client.erase(args.id)
+    if args.json:
+        _print_json({"id": args.id, "erased": True})
+    else:
+        print(f"erased: {args.id}")
+    return OK
+
+
 def _usage(client: SwarmClient, args: argparse.Namespace) -> int:
     report = client.usage(start=args.start, end=args.end, group_by=args.group_by)
     if args.json:
@@ -387,5 +397,5 @@ def _audit(client: SwarmClient, args: argparse.Namespace) -> int:
 
 _HANDLERS: dict[str, Callable[[SwarmClient, argparse.Namespace], int]] = {
     "submit": _submit, "get": _get, "ls": _ls, "watch": _watch, "cancel": _cancel,
-    "retry": _retry, "usage": _usage, "audit": _audit,
+    "retry": _retry, "erase": _erase, "usage": _usage, "audit": _audit,
 }

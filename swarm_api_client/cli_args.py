@@ -12,7 +12,7 @@ from swarm_api_client._base import DEFAULT_URL, TERMINAL
 from swarm_api_client.report import SUBTASK_ROWS
 
 OK, NOT_SUCCEEDED, REFUSED, UNREACHABLE, KEY_REFUSED, INTERRUPTED = 0, 1, 2, 3, 4, 130
-COMMANDS = ("submit", "get", "ls", "watch", "cancel", "retry", "usage", "audit")
+COMMANDS = ("submit", "get", "ls", "watch", "cancel", "retry", "erase", "usage", "audit")
 
 EXIT_STATUSES = f"""\
 exit statuses (client commands):
@@ -35,9 +35,10 @@ environment:
 DESCRIPTION = """\
 Swarm API: run LLM agent swarms over an OpenAI-compatible gateway.
 
-Server commands run the service (serve, worker, migrate, simulator); client commands talk to a
-running service over HTTP (submit, get, ls, watch, cancel, retry, usage, audit). Written to a
-pipe or a file, client commands print plain columns with every value whole; --json prints JSON."""
+Server commands run the service (serve, worker, migrate, simulator) or its database (prune);
+client commands talk to a running service over HTTP (submit, get, ls, watch, cancel, retry,
+erase, usage, audit). Written to a pipe or a file, client commands print plain columns with
+every value whole; --json prints JSON."""
 
 EXAMPLES = """\
 examples:
@@ -145,6 +146,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help='the new run\'s limits, e.g. \'{"failure_tolerance": 0.5}\' (keys left '
                    "out keep the old run's values)")
     _report_flags(p)
+
+    p = _command(sub, "erase", common,
+                 "erase an ended swarm's content for good (its usage and status stay)",
+                 "  swarm-api erase ID")
+    p.add_argument("id")
 
     p = _command(sub, "usage", common, "spend and tokens from the ledger",
                  "  swarm-api usage\n  swarm-api usage --from 2026-12-01 --group-by day")

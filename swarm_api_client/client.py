@@ -94,6 +94,11 @@ class SwarmClient:
         """`POST /swarms/{id}/cancel`; `Conflict` (`already_terminal`) when it already ended."""
         return self._call(b.cancel_call(swarm_id), SwarmRead)
 
+    def erase(self, swarm_id: str) -> None:
+        """`DELETE /swarms/{id}`: erase an ended swarm's content (its usage stays);
+        `Conflict` (`not_terminal`) while it runs. Erasing it again is no error."""
+        self._send(b.erase_call(swarm_id))
+
     def retry(self, swarm_id: str, *, limits: Mapping[str, Any] | None = None,
               idempotency_key: str | None = None) -> SwarmRead:
         """`POST /swarms/{id}/retry`: a new swarm reusing what succeeded (SPEC §11)."""
@@ -182,11 +187,15 @@ class SwarmClient:
                     yield b.to_event(sse)
 
     def _call(self, call: b.Call, model: type[M]) -> M:
+        return b.parse(model, self._send(call))
+
+    def _send(self, call: b.Call) -> httpx.Response:
         try:
-            response = Retrying(**self.retry_policy.tenacity())(self._attempt, call)
+            response: httpx.Response = Retrying(**self.retry_policy.tenacity())(
+                self._attempt, call)
         except b.TRANSIENT as exc:
             raise self._unreachable(exc) from exc
-        return b.parse(model, response)
+        return response
 
     def _attempt(self, call: b.Call) -> httpx.Response:
         response = self._http.request(

@@ -53,7 +53,8 @@ class NotFound(SwarmApiError):
 
 
 class Conflict(SwarmApiError):
-    """409: `already_terminal` (cancel), `not_retryable` (retry)."""
+    """409: `already_terminal` (cancel), `not_retryable` or `swarm_erased` (retry),
+    `not_terminal` (erase)."""
 
 
 class PayloadTooLarge(SwarmApiError):

@@ -1,5 +1,5 @@
-"""The CLI's client commands (`swarm-api submit/get/ls/watch/cancel/retry/usage/audit`), run as
-the console script against a real `swarm-api serve` on PostgreSQL."""
+"""The CLI's client commands (`swarm-api submit/get/ls/watch/cancel/retry/erase/usage/audit`),
+run as the console script against a real `swarm-api serve` on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -173,3 +173,18 @@ def test_serve_workers_refuses_what_it_cannot_run(workers: str, database: str, s
                          check=False)
     assert run.returncode == 2 and says in run.stderr, run.stderr
     assert not (tmp_path / "swarm.db").exists()  # refused before anything was created
+
+
+def test_erase_removes_a_swarms_content(api_url: str, tmp_path: Path) -> None:
+    done = cli(api_url, "submit", body_file(tmp_path, five_agents("cli erase")), "--wait")
+    assert done.returncode == 0, done.stderr
+    swarm_id = done.stdout.split()[1]
+    erased = cli(api_url, "erase", swarm_id)
+    assert erased.returncode == 0, erased.stderr
+    assert erased.stdout == f"erased: {swarm_id}\n"
+    swarm = read(api_url, swarm_id)
+    assert swarm.erased and swarm.task == "" and swarm.result is None
+    assert json.loads(cli(api_url, "erase", swarm_id, "--json").stdout) == {
+        "id": swarm_id, "erased": True}
+    missing = cli(api_url, "erase", str(uuid.uuid4()))
+    assert missing.returncode == 2 and "not_found" in missing.stderr

@@ -494,3 +494,41 @@ def test_a_streaming_swarms_panel_shows_the_workers_text_as_it_comes(
              "!document.querySelector('#panel pre.out.live')", 30)
     made = requests_made(driver)
     assert any(r["url"].endswith(f"/swarms/{swarm['id']}/events?deltas=true") for r in made)
+
+
+def test_erase_asks_first_then_erases_an_ended_swarm(driver: WebDriver,
+                                                     server: LiveServer) -> None:
+    """An ended swarm has an Erase button; its dialog can be declined (nothing happens) or
+    confirmed (DELETE): the page then says the content is erased, without Erase or Retry."""
+    running = httpx.post(f"{server.url}/swarms", json={"task": "long", "agents": [
+        {"name": "slow_a", "system_prompt": slow(20000)}]}).json()
+    driver.get(f"{server.url}/ui/swarms/{running['id']}")
+    wait_for(driver, "document.querySelector('.node[data-name=slow_a][data-status=running]')")
+    assert driver.find_element(By.ID, "erase").is_displayed() is False  # not while it runs
+    httpx.post(f"{server.url}/swarms/{running['id']}/cancel")
+
+    swarm = httpx.post(f"{server.url}/swarms", json={
+        "task": "erase-me-task", "agents": [{"name": "a", "prompt": "erase-me-prompt"}]}).json()
+    httpx.get(f"{server.url}/swarms/{swarm['id']}", params={"wait": 30})
+    driver.get(f"{server.url}/ui/swarms/{swarm['id']}")
+    wait_for(driver, "document.getElementById('swarm-status').textContent === 'succeeded'"
+                     " && !document.getElementById('erase').hidden")
+    assert driver.find_element(By.ID, "swarm-task").text == "erase-me-task"
+    driver.find_element(By.ID, "erase").click()
+    wait_for(driver, "document.getElementById('confirm-erase').open")
+    driver.find_element(By.CSS_SELECTOR, "#confirm-erase button[value=no]").click()
+    wait_for(driver, "!document.getElementById('confirm-erase').open")
+    assert httpx.get(f"{server.url}/swarms/{swarm['id']}").json()["erased"] is False
+
+    driver.find_element(By.ID, "erase").click()
+    wait_for(driver, "document.getElementById('confirm-erase').open")
+    driver.find_element(By.CSS_SELECTOR, "#confirm-erase button[value=yes]").click()
+    wait_for(driver, "document.getElementById('erase').hidden", 20)
+    wait_for(driver, "document.getElementById('swarm-task').textContent"
+                     ".startsWith('Content erased')")
+    got = httpx.get(f"{server.url}/swarms/{swarm['id']}").json()
+    assert got["erased"] is True and got["task"] == "" and got["result"] is None
+    assert driver.find_element(By.ID, "retry").is_displayed() is False
+    assert "erase-me" not in driver.find_element(By.TAG_NAME, "body").text
+    screenshot(driver, "ui-erased")
+    assert severe_console(driver) == []

@@ -24,7 +24,7 @@ from app.api.shared import (
 from app.db import audit, retry_copy
 from app.db.tables import Swarm
 from app.engine.specs import check_model, check_tenant_tools, retry_digest, retry_row
-from app.errors import NotRetryable
+from app.errors import NotRetryable, SwarmErased
 from app.schemas import SwarmRead, SwarmRetry
 from app.states import SwarmStatus
 from app.webhook_policy import check_webhook_url
@@ -65,7 +65,12 @@ async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, te
     olds: list[Swarm] = []
 
     async def admit(s: AsyncSession) -> None:
-        old = await swarm_or_404(s, swarm_id, tenant)
+        # locked: an erase (a DELETE, the retention sweep) waits for the copy, or the copy
+        # sees the erase it waited for
+        old = await swarm_or_404(s, swarm_id, tenant, for_update=True)
+        if old.erased_at is not None:
+            raise SwarmErased("this swarm's content was erased: there is nothing to run "
+                              "again", details={"status": old.status})
         if old.status not in RETRYABLE:
             raise NotRetryable(
                 f"only failed or cancelled swarms can be retried; this one is {old.status}",

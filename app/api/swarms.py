@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 
-from app import logs, tracing
+from app import logs, metrics, tracing
 from app.aio import alongside
 from app.api.admission import AdmissionInInsertDep, StreamGateDep, WaitSlotDep, admit_in_insert
 from app.api.deps import (
@@ -43,14 +43,14 @@ from app.api.sse import (
     resume_after,
 )
 from app.config import Settings
-from app.db import audit, create, queries, quotas, retry_copy
-from app.db.session import SessionFactory
+from app.db import audit, create, erase, queries, quotas, retry_copy
+from app.db.session import SessionFactory, db_now
 from app.db.tables import Subtask, Swarm
 from app.engine import finish
 from app.engine.deltas import Delta
 from app.engine.scheduler import Scheduler
 from app.engine.specs import NewSwarm, build_swarm
-from app.errors import AlreadyTerminal, RequestInvalid
+from app.errors import AlreadyTerminal, NotTerminal, RequestInvalid
 from app.schemas import SwarmCreate, SwarmList, SwarmRead
 from app.states import SwarmStatus
 from app.tools.registry import ToolRegistry
@@ -288,6 +288,30 @@ async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
     elif engine is not None:
         engine.cancel_local(swarm_id)
     return _answer(await _read(session, swarm_id, tenant), 202)
+
+
+@router.delete("/{swarm_id}", status_code=204, response_class=Response,
+               responses=error_responses(401, 404, 409, 422),
+               summary="Erase a swarm's content")
+async def delete_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep) -> Response:
+    """Removes the content of a terminal swarm for good (task, metadata, spec, prompts,
+    outputs, transcripts, event payloads, result) and drops its pending webhook; its id,
+    status, timestamps, usage and ledger rows stay, so spend reports and daily caps do not
+    change. It then reads `"erased": true`. A swarm still running → 409 `not_terminal`;
+    erasing an erased swarm again answers 204."""
+    _check_id(swarm_id)
+    async with session.begin():
+        swarm = await _swarm_or_404(session, swarm_id, tenant, for_update=True)
+        if not swarm.status.terminal:
+            raise NotTerminal(f"only an ended swarm can be erased; this one is {swarm.status}",
+                              details={"status": swarm.status})
+        erased = await erase.erase_swarm(session, swarm, await db_now(session))
+        if erased:  # a change: audited with it (a repeated erase changes nothing)
+            audit.record(session, "erase", swarm_id)
+    if erased:
+        metrics.erased_swarms.labels("request").inc()
+        log.info("swarm %s erased", swarm_id, extra={"swarm_id": swarm_id, "tenant": tenant})
+    return Response(status_code=204)
 
 
 DELTAS_DOC = ("true: also the workers' tokens as they come (`subtask.delta`, no `id:`), for a "

@@ -44,20 +44,22 @@ TERMINAL_VALUES = tuple(s.value for s in TERMINAL_SWARM)
 
 async def get_swarm(session: AsyncSession, swarm_id: str, tenant: str | None, *,
                     for_update: bool = False) -> Swarm | None:
-    """One swarm (of this tenant); `for_update` locks its row for the transaction."""
+    """One swarm (of this tenant); `for_update` locks its row for the transaction and reads
+    it afresh (a row the session read before may have changed since: an erase)."""
     stmt = select(Swarm).where(Swarm.id == swarm_id)
     if for_update:
-        stmt = stmt.with_for_update()
+        stmt = stmt.with_for_update().execution_options(populate_existing=True)
     swarm = (await session.execute(stmt)).scalar_one_or_none()
     return swarm if swarm is not None and tenant in (None, swarm.tenant) else None
 
 
 async def recent_twin(session: AsyncSession, tenant: str, digest: str,
                       since: datetime) -> str | None:
-    """The newest swarm of `tenant` created since `since` from a body of hash `digest`."""
+    """The newest swarm of `tenant` created since `since` from a body of hash `digest`, its
+    content not erased (an SDK retry of an erased swarm runs anew)."""
     stmt = (select(Swarm.id)
             .where(Swarm.tenant == tenant, Swarm.created_at >= since,
-                   Swarm.request_hash == digest)
+                   Swarm.request_hash == digest, Swarm.erased_at.is_(None))
             .order_by(Swarm.created_at.desc()).limit(1))
     return (await session.execute(stmt)).scalar_one_or_none()
 

@@ -93,6 +93,8 @@ class Swarm(Base):
     retry_of: Mapped[str | None] = mapped_column(String(36), default=None)
     # W3C traceparent of the swarm's trace (app/tracing.py), continued by every process
     trace_parent: Mapped[str | None] = mapped_column(String(55))
+    # when its content was erased (SPEC §16: DELETE, retention, prune); its money stays
+    erased_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_swarms_tenant_idempotency_key"),
@@ -101,6 +103,10 @@ class Swarm(Base):
         Index("ix_swarms_retry_of", "retry_of"),
         # per-tenant counts: active swarms at admission, queue_position (0006)
         Index("ix_swarms_tenant_status_created", "tenant", "status", "created_at"),
+        # the retention sweep's lookup: ended swarms whose content is still there (0022)
+        Index("ix_swarms_erasable", "finished_at",
+              postgresql_where=text("erased_at IS NULL AND finished_at IS NOT NULL"),
+              sqlite_where=text("erased_at IS NULL AND finished_at IS NOT NULL")),
     )
 
 

@@ -73,7 +73,7 @@ export function renderFailures(swarm, { onSelect }) {
   if (p.cancelled) rest.push(`${p.cancelled} cancelled`);
   if (p.pending && broken) rest.push(`${p.pending} never started`);
   if (rest.length) items.push(el("p", { class: "muted small", text: rest.join(" · ") }));
-  if (broken) {
+  if (broken && !swarm.erased) {
     items.push(el("p", { class: "muted small", text: "Retry starts a new swarm: subtasks that"
       + " succeeded here are reused (no call, no cost); the others and the synthesis run again." }));
   }
@@ -83,7 +83,8 @@ export function renderFailures(swarm, { onSelect }) {
 
 /** The Retry button (a failed or cancelled swarm) and the links both ways between retries. */
 export function renderLineage(swarm, retries) {
-  document.getElementById("retry").hidden = !(swarm.status === "failed" || swarm.status === "cancelled");
+  document.getElementById("retry").hidden = swarm.erased
+    || !(swarm.status === "failed" || swarm.status === "cancelled");
   const box = document.getElementById("lineage");
   const key = JSON.stringify([swarm.retry_of, retries, swarm.retried_by]);
   if (key === lineageKey) return;

@@ -1,6 +1,6 @@
 // /ui/swarms/{id}: the swarm's DAG (or its timeline), live from GET /swarms/{id}/events, with
 // the selected subtask's details, stat cards on a ticking clock, the failure panel, Retry and
-// the retry lineage, and a cancel button. Public API only.
+// the retry lineage, cancel and erase buttons (each confirmed). Public API only.
 import { ApiError, api, apiJson, readEvents, showError, showKeyState } from "./api.js";
 import { DagView } from "./dag-view.js";
 import { SUBTASK_STATUSES, TERMINAL, el, when } from "./dom.js";
@@ -85,6 +85,7 @@ const live = new Map(); // subtask name -> its text so far (subtask.delta events
 function onEvent(ev) {
   let data = {};
   try { data = JSON.parse(ev.data); } catch { return; }
+  if (data.erased) return; // an erased swarm's events say nothing more than its snapshot
   const status = EVENT_STATUS[ev.event];
   if (status) {
     const sub = swarm.subtasks.find((s) => s.name === data.name);
@@ -236,11 +237,13 @@ function renderHeader() {
   const b = document.getElementById("swarm-status");
   b.dataset.status = swarm.status;
   b.textContent = swarm.status;
-  document.getElementById("swarm-task").textContent = swarm.task;
+  document.getElementById("swarm-task").textContent = swarm.erased
+    ? "Content erased: the task, outputs and result are gone; status, times and usage stay." : swarm.task;
   document.getElementById("swarm-times").textContent =
     `created ${when(swarm.created_at)}${swarm.finished_at ? ` · finished ${when(swarm.finished_at)}` : ""}`;
   document.getElementById("cancel").hidden = TERMINAL.has(swarm.status);
-  document.getElementById("retry").hidden = !(swarm.status === "failed" || swarm.status === "cancelled");
+  document.getElementById("retry").hidden = swarm.erased || !(swarm.status === "failed" || swarm.status === "cancelled");
+  document.getElementById("erase").hidden = swarm.erased || !TERMINAL.has(swarm.status);
 }
 
 let highlight = null;
@@ -303,6 +306,14 @@ document.getElementById("confirm-cancel").addEventListener("close", async (ev) =
   } catch (err) {
     if (err instanceof ApiError && err.code === "already_terminal") refetch(); else showError(err);
   }
+});
+document.getElementById("erase").addEventListener("click", () => document.getElementById("confirm-erase").showModal());
+document.getElementById("confirm-erase").addEventListener("close", async (ev) => {
+  if (ev.target.returnValue !== "yes") return;
+  try {
+    await apiJson(base, { method: "DELETE" });
+    refetch();
+  } catch (err) { showError(err); }
 });
 document.getElementById("show-critical").addEventListener("change", (ev) => {
   view.showCritical = ev.target.checked;
