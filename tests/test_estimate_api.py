@@ -8,10 +8,13 @@ from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import func, select
 
 from app.db.tables import GatewayCall
+from app.estimate_schemas import SwarmEstimate
+from swarm_api_client import AsyncSwarmClient
 from tests.conftest import Harness, make_settings, start_harness
 
 
@@ -161,3 +164,12 @@ async def test_tenant_scoped_and_keyed(keyed: Harness) -> None:
     # the service's daily cap (a millionth of a dollar) cannot hold the worst case
     assert got["fits"]["daily"] is False and got["fits"]["budget"] is True
     assert got["basis"]["samples"] == 0
+
+
+async def test_the_client_reads_the_answer_into_its_model(harness: Harness) -> None:
+    transport = httpx.ASGITransport(app=harness.app)
+    async with AsyncSwarmClient("http://api", transport=transport) as client:
+        got = await client.estimate(fan_out("Client estimate", n=3))
+    assert isinstance(got, SwarmEstimate)
+    assert [a.name for a in got.plan.agents] == ["a0", "a1", "a2"]
+    assert got.calls.max == 3 and Decimal(got.cost_usd.max) > 0
