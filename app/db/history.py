@@ -9,8 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
-from sqlalchemy import Integer, and_, cast, func, select
+from sqlalchemy import Integer, Select, and_, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import quotas, spend
@@ -57,12 +58,10 @@ class Caps:
     daily: Decimal | None = None
 
 
-async def recent_calls(session: AsyncSession, tenant: str, *, calls: int = WINDOW_CALLS,
-                       days: int = WINDOW_DAYS) -> History:
-    """Tokens per call by model, subtask kind and whether the subtask used tools, over the
-    tenant's last `calls` successful calls of the last `days` days: read newest first along
-    `ix_gateway_calls_tenant_created` and stopped at `calls` (never the whole ledger), then
-    summed per subtask (a tool agent's calls are its turns) and per bucket."""
+def history_statement(tenant: str, calls: int = WINDOW_CALLS,
+                      days: int = WINDOW_DAYS) -> Select[Any]:
+    """`recent_calls`' one statement: per (model, kind, tools) the calls, subtasks and sums
+    of tokens and squares."""
     since = utcnow() - timedelta(days=days)
     g = GatewayCall
     window = (select(g.swarm_id, g.subtask_name, g.model, g.prompt_tokens,
@@ -80,13 +79,22 @@ async def recent_calls(session: AsyncSession, tenant: str, *, calls: int = WINDO
                .group_by(window.c.swarm_id, window.c.subtask_name, window.c.model)
                .subquery("s"))
     tools = cast(Subtask.turns > 0, Integer)
-    rows = (await session.execute(
+    return (
         select(per_sub.c.model, Subtask.kind, tools, func.count(), func.sum(per_sub.c.n),
                func.sum(per_sub.c.n * per_sub.c.n), func.sum(per_sub.c.p),
                func.sum(per_sub.c.c), func.sum(per_sub.c.cc), func.min(per_sub.c.first))
         .join(Subtask, and_(Subtask.swarm_id == per_sub.c.swarm_id,
                             Subtask.name == per_sub.c.subtask_name))
-        .group_by(per_sub.c.model, Subtask.kind, tools))).all()
+        .group_by(per_sub.c.model, Subtask.kind, tools))
+
+
+async def recent_calls(session: AsyncSession, tenant: str, *, calls: int = WINDOW_CALLS,
+                       days: int = WINDOW_DAYS) -> History:
+    """Tokens per call by model, subtask kind and whether the subtask used tools, over the
+    tenant's last `calls` successful calls of the last `days` days: read newest first along
+    `ix_gateway_calls_tenant_created` and stopped at `calls` (never the whole ledger), then
+    summed per subtask (a tool agent's calls are its turns) and per bucket."""
+    rows = (await session.execute(history_statement(tenant, calls, days))).all()
     buckets: dict[tuple[str, str, bool], Bucket] = {}
     first = None
     for model, kind, with_tools, subs, n, nn, p, c, cc, oldest in rows:

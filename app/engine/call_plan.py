@@ -30,14 +30,15 @@ def _worker(sub: Subtask, task: str, prices: PriceTable,
     system = worker_system_prompt(task) if sub.system_prompt is None else sub.system_prompt
     prompt = task if sub.prompt is None else sub.prompt
     deps = tuple(sub.depends_on)
-    room = room_tokens(prices[sub.model].context_window, sub.max_tokens, system, prompt,
-                       CONTEXT_MARGIN_TOKENS)
+    room = 0
+    if deps:  # the room its inputs are fitted into
+        room = fit_chars(room_tokens(prices[sub.model].context_window, sub.max_tokens, system,
+                                     prompt, CONTEXT_MARGIN_TOKENS))
     defs = tools(sub.tools) if sub.tools else []
     return PlannedCall(
         sub.name, SubtaskKind.worker, sub.model, sub.max_tokens,
         _messages(system, with_dependencies(prompt, [(d, "") for d in deps])),
-        inputs=deps, room_chars=fit_chars(room) if deps else 0, tools=defs,
-        max_turns=sub.max_turns if defs else 1)
+        inputs=deps, room_chars=room, tools=defs, max_turns=sub.max_turns if defs else 1)
 
 
 def _synthesizer(sub: Subtask, task: str, prices: PriceTable) -> PlannedCall:

@@ -17,8 +17,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from app.db.history import Bucket, Caps, History
-from app.engine import dag
+from app.db.history import Caps, History
 from app.engine.context import (
     MESSAGE_OVERHEAD_TOKENS,
     estimate_prompt_tokens,
@@ -67,7 +66,7 @@ class Plan:
 
 @dataclass(frozen=True, slots=True)
 class Figures:
-    """One call's (or the swarm's) figures."""
+    """The swarm's figures."""
 
     calls: float = 0.0
     calls_max: int = 0
@@ -76,13 +75,7 @@ class Figures:
     cost: Decimal = Decimal(0)
     cost_p90: Decimal = Decimal(0)
     cost_max: Decimal = Decimal(0)
-    largest: Decimal = Decimal(0)  # its largest single reservation
-
-    def __add__(self, other: Figures) -> Figures:
-        return Figures(self.calls + other.calls, self.calls_max + other.calls_max,
-                       self.tokens + other.tokens, self.tokens_max + other.tokens_max,
-                       self.cost + other.cost, self.cost_p90 + other.cost_p90,
-                       self.cost_max + other.cost_max, max(self.largest, other.largest))
+    largest: Decimal = Decimal(0)  # the largest single reservation
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,103 +108,138 @@ class Estimate:
         return out
 
 
-def text_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
-    """Expected prompt tokens of messages' own text (not a bound)."""
-    size = estimate_prompt_tokens(messages) - MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1)
-    return math.ceil(size / TEXT_BYTES_PER_TOKEN) + 4 * len(messages)
+def text_tokens(bound: int, messages: int) -> int:
+    """Expected prompt tokens of messages' own text, from their byte bound
+    (`estimate_prompt_tokens`) and their count: not a bound."""
+    size = bound - MESSAGE_OVERHEAD_TOKENS * (messages + 1)
+    return math.ceil(size / TEXT_BYTES_PER_TOKEN) + 4 * messages
 
 
-@dataclass(frozen=True, slots=True)
-class _Completion:
-    expected: float
-    p90: float
-
-
-def _completion(call: PlannedCall, history: History) -> tuple[_Completion, Bucket | None]:
-    bucket = history.of(call.model, call.kind, bool(call.tools))
-    if bucket is None:  # no history: every answer at its max_tokens
-        return _Completion(call.max_tokens, call.max_tokens), None
-    mean = bucket.completion_tokens / bucket.calls
-    spread = math.sqrt(max(bucket.completion_squares / bucket.calls - mean * mean, 0.0))
-    return _Completion(min(mean, call.max_tokens),
-                       min(mean + Z90 * spread, call.max_tokens)), bucket
-
-
-def _turns(call: PlannedCall, bucket: Bucket | None) -> tuple[float, float]:
-    """Expected and p90 turns of a tool agent (without history: all of them)."""
-    if not call.tools:
-        return 1.0, 1.0
-    if bucket is None or bucket.subtasks == 0:
-        return float(call.max_turns), float(call.max_turns)
-    mean = bucket.calls / bucket.subtasks
-    spread = math.sqrt(max(bucket.turns_squares / bucket.subtasks - mean * mean, 0.0))
-    return min(mean, call.max_turns), min(mean + Z90 * spread, call.max_turns)
-
-
-def _bounds(call: PlannedCall, carried: int, tool_result_bytes: int) -> list[int]:
-    """The prompt bound the engine reserves on, per turn (one for a call without tools)."""
-    if not call.tools:
-        return [estimate_prompt_tokens(call.messages) + carried]
-    first = estimate_request_tokens(call.messages, call.tools) + carried
-    # each further turn carries the last answer and a tool's result
-    grows = call.max_tokens * OUTPUT_BYTES_PER_TOKEN + tool_result_bytes \
-        + 2 * MESSAGE_OVERHEAD_TOKENS
-    return [first + k * grows for k in range(call.max_turns)]
-
-
-def _call_figures(call: PlannedCall, prices: PriceTable, history: History,
-                  done: Mapping[str, _Completion], max_out: Mapping[str, int],
-                  tool_result_bytes: int) -> tuple[Figures, _Completion]:
-    price = prices[call.model]
-    own, bucket = _completion(call, history)
-    turns, turns_p90 = _turns(call, bucket)
-    text = text_tokens(call.messages)
-    prompt = text + sum(done[i].expected for i in call.inputs if i in done)
-    prompt_p90 = text + sum(done[i].p90 for i in call.inputs if i in done)
-    if call.tools and bucket is not None:  # a turn's prompt grows with the conversation
-        prompt = prompt_p90 = max(prompt, bucket.prompt_tokens / bucket.calls)
-    carried = min(sum(max_out.get(i, 0) for i in call.inputs), call.room_chars)
-    bounds = _bounds(call, carried, tool_result_bytes)
-    worst = [price.worst_case(b, call.max_tokens) for b in bounds]
-    expected = price.cost(math.ceil(prompt), math.ceil(own.expected))
-    p90 = price.cost(math.ceil(prompt_p90), math.ceil(own.p90))
-    return Figures(
-        calls=turns, calls_max=len(bounds), tokens=(prompt + own.expected) * turns,
-        tokens_max=sum(bounds) + call.max_tokens * len(bounds),
-        cost=expected * Decimal(str(turns)), cost_p90=p90 * Decimal(str(turns_p90)),
-        cost_max=sum(worst, Decimal(0)), largest=max(worst)), own
+def levels(deps: Mapping[str, Sequence[str]]) -> dict[str, int]:
+    """Each node's layer: 1 + the deepest of its dependencies (the graph is acyclic)."""
+    if not any(deps.values()):  # a fan-out: one layer
+        return dict.fromkeys(deps, 1)
+    level: dict[str, int] = {}
+    for root in deps:
+        stack = [root]
+        while stack:
+            node = stack[-1]
+            if node in level:
+                stack.pop()
+                continue
+            waiting = [d for d in deps.get(node, ()) if d not in level]
+            if waiting:
+                stack.extend(waiting)
+                continue
+            stack.pop()
+            level[node] = 1 + max((level[d] for d in deps.get(node, ())), default=0)
+    return level
 
 
 def width_of(deps: Mapping[str, Sequence[str]]) -> int:
     """The most agents that can run at once: the largest layer by dependency depth."""
-    level: dict[str, int] = {}
-    for name in dag.topological_order(deps, deps):
-        level[name] = 1 + max((level[d] for d in deps[name]), default=0)
+    return _widest(levels(deps))
+
+
+def _widest(layers: Mapping[str, int]) -> int:
     counts: dict[int, int] = {}
-    for lv in level.values():
+    for lv in layers.values():
         counts[lv] = counts.get(lv, 0) + 1
     return max(counts.values(), default=0)
+
+
+def _spread(total: int, squares: int, n: int) -> tuple[float, float]:
+    """Mean and standard deviation from sums."""
+    mean = total / n
+    return mean, math.sqrt(max(squares / n - mean * mean, 0.0))
+
+
+@dataclass
+class _Totals:
+    """The running sums of `estimate`: tokens by model (priced once at the end), bounds."""
+
+    tokens: dict[str, list[float]] = field(default_factory=dict)  # expected p, c; p90 p, c
+    calls: float = 0.0
+    calls_max: int = 0
+    tokens_max: int = 0
+    cost_max: Decimal = Decimal(0)
+    worst: list[Decimal] = field(default_factory=list)  # each call's largest reservation
+
+
+def _add_call(call: PlannedCall, prices: PriceTable, history: History,
+              done: dict[str, tuple[float, float]], max_out: Mapping[str, int],
+              tool_result_bytes: int, t: _Totals) -> None:
+    price = prices[call.model]
+    bucket = history.of(call.model, call.kind, bool(call.tools))
+    top = call.max_tokens
+    if bucket is None:  # no history: every answer at its max_tokens (tools: every turn)
+        comp = comp_p90 = float(top)
+        turns = turns_p90 = float(call.max_turns if call.tools else 1)
+    else:
+        mean, sd = _spread(bucket.completion_tokens, bucket.completion_squares, bucket.calls)
+        comp, comp_p90 = min(mean, top), min(mean + Z90 * sd, top)
+        turns = turns_p90 = 1.0
+        if call.tools and bucket.subtasks:
+            mean, sd = _spread(bucket.calls, bucket.turns_squares, bucket.subtasks)
+            turns, turns_p90 = min(mean, call.max_turns), min(mean + Z90 * sd, call.max_turns)
+    done[call.name] = (comp, comp_p90)
+    if call.tools:
+        bound = estimate_request_tokens(call.messages, call.tools)
+    else:
+        bound = estimate_prompt_tokens(call.messages)
+    text = text_tokens(bound, len(call.messages))
+    carried_e = carried_p = 0.0
+    carried_max = 0
+    for i in call.inputs:
+        got = done.get(i)
+        if got is not None:
+            carried_e += got[0]
+            carried_p += got[1]
+        carried_max += max_out.get(i, 0)
+    prompt, prompt_p90 = text + carried_e, text + carried_p
+    if call.tools and bucket is not None:  # a turn's prompt grows with the conversation
+        prompt = prompt_p90 = max(prompt, bucket.prompt_tokens / bucket.calls)
+    first = bound + min(carried_max, call.room_chars)
+    if call.tools:  # each further turn carries the last answer and a tool's result
+        grows = top * OUTPUT_BYTES_PER_TOKEN + tool_result_bytes + 2 * MESSAGE_OVERHEAD_TOKENS
+        bounds = [first + k * grows for k in range(call.max_turns)]
+    else:
+        bounds = [first]
+    worst = [price.worst_case(b, top) for b in bounds]
+    sums = t.tokens.setdefault(call.model, [0.0, 0.0, 0.0, 0.0])
+    sums[0] += prompt * turns
+    sums[1] += comp * turns
+    sums[2] += prompt_p90 * turns_p90
+    sums[3] += comp_p90 * turns_p90
+    t.calls += turns
+    t.calls_max += len(bounds)
+    t.tokens_max += sum(bounds) + top * len(bounds)
+    t.cost_max += sum(worst, Decimal(0))
+    t.worst.append(max(worst))
 
 
 def estimate(plan: Plan, prices: PriceTable, history: History, caps: Caps,
              planning_cost: Decimal | None = None) -> Estimate:
     """The swarm's calls, tokens and cost (expected, p90, max), the most it holds reserved at
     once, and whether each cap has room for its worst case."""
-    done: dict[str, _Completion] = {}
+    done: dict[str, tuple[float, float]] = {}  # each call's expected and p90 completion
     max_out = {c.name: c.max_tokens * OUTPUT_BYTES_PER_TOKEN for c in plan.calls}
-    by_name = {c.name: c for c in plan.calls}
-    order = dag.topological_order({c.name: list(c.inputs) for c in plan.calls},
-                                  [c.name for c in plan.calls])
-    total = Figures()
-    largest: list[Decimal] = []
-    for name in order:
-        figures, done[name] = _call_figures(by_name[name], prices, history, done, max_out,
-                                            plan.tool_result_bytes)
-        total += figures
-        largest.append(figures.largest)
+    layer = levels({c.name: c.inputs for c in plan.calls})
+    t = _Totals()
+    for call in sorted(plan.calls, key=lambda c: layer[c.name]):  # inputs first
+        _add_call(call, prices, history, done, max_out, plan.tool_result_bytes, t)
+    cost = cost_p90 = Decimal(0)
+    tokens = 0.0
+    for model, (p, c, pp, cp) in t.tokens.items():
+        cost += prices[model].cost(math.ceil(p), math.ceil(c))
+        cost_p90 += prices[model].cost(math.ceil(pp), math.ceil(cp))
+        tokens += p + c
+    total = Figures(t.calls, t.calls_max, tokens, t.tokens_max, cost, cost_p90, t.cost_max,
+                    max(t.worst, default=Decimal(0)))
     # at most `concurrency` calls hold a reservation at once: the largest ones, at worst
-    reservation = sum(sorted(largest, reverse=True)[:plan.concurrency], Decimal(0))
+    reservation = sum(sorted(t.worst, reverse=True)[:plan.concurrency], Decimal(0))
     fits = {name: left is None or total.cost_max <= left for name, left in (
         ("budget", caps.budget), ("tenant_daily", caps.tenant_daily), ("daily", caps.daily))}
-    return Estimate(plan.agents, width_of(plan.deps), dag.depth(plan.deps), total,
+    layers = levels(plan.deps)
+    return Estimate(plan.agents, _widest(layers), max(layers.values(), default=0), total,
                     reservation, fits, history.samples, history.since, planning_cost)
