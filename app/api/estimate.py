@@ -64,7 +64,7 @@ async def estimate_swarm(body: SwarmCreate, request: Request, session: SessionDe
         new = build_swarm(body, settings, tenant, tools=tools)
         shown = agents[0]
     else:
-        shown = named_agents(body.agents, new.swarm.spec)
+        shown = named_agents(body, new.swarm.spec)
     result = await _estimate(request, session, tenant, body, new.swarm.spec, new.subtasks,
                              shown, planning_cost)
     return swarm_answer(to_json(result.view()))

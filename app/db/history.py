@@ -22,7 +22,7 @@ from app.states import SubtaskKind
 # fewer calls than this of a model and kind are no history: the estimate falls back
 MIN_SAMPLES = 3
 # the window: a tenant's last this-many successful calls of swarms, at most this many days old
-WINDOW_CALLS = 2000
+WINDOW_CALLS = 1000
 WINDOW_DAYS = 30
 
 

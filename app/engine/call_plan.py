@@ -14,6 +14,7 @@ from app.engine.execute import CONTEXT_MARGIN_TOKENS
 from app.engine.planner import PlannedSubtask, worker_system_prompt
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.pricing import PriceTable
+from app.schemas import SwarmCreate
 from app.states import SubtaskKind
 
 # an agent's tool selectors -> their definitions in the OpenAI `tools` format
@@ -80,13 +81,11 @@ def planned_agents(plan: Sequence[PlannedSubtask], task: str, spec: dict[str, An
             for p in plan]
 
 
-def named_agents(agents: Sequence[Any], spec: dict[str, Any]) -> list[dict[str, Any]]:
+def named_agents(body: SwarmCreate, spec: dict[str, Any]) -> list[dict[str, Any]]:
     """The request's agents as it named them, each with the fields SPEC's plan lists (the
     model resolved)."""
-    out: list[dict[str, Any]] = []
-    for a in agents:
-        given = a.model_dump(mode="json", exclude_unset=True)
-        out.append({**given, "name": a.name, "prompt": a.prompt,
-                    "system_prompt": a.system_prompt, "model": a.model or str(spec["model"]),
-                    "depends_on": list(a.depends_on), "tools": a.tools})
-    return out
+    given = body.model_dump(mode="json", exclude_unset=True, include={"agents"})["agents"]
+    model = str(spec["model"])
+    return [{**g, "name": a.name, "prompt": a.prompt, "system_prompt": a.system_prompt,
+             "model": a.model or model, "depends_on": list(a.depends_on), "tools": a.tools}
+            for g, a in zip(given, body.agents or [], strict=True)]

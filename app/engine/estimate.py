@@ -23,7 +23,7 @@ from app.engine.context import (
     estimate_prompt_tokens,
     estimate_request_tokens,
 )
-from app.pricing import PriceTable, usd_str
+from app.pricing import ModelPrice, PriceTable, usd_str
 from app.states import SubtaskKind
 
 # a token of English text averages about four bytes (the simulator counts the same way);
@@ -166,23 +166,37 @@ class _Totals:
     worst: list[Decimal] = field(default_factory=list)  # each call's largest reservation
 
 
-def _add_call(call: PlannedCall, prices: PriceTable, history: History,
+@dataclass(frozen=True, slots=True)
+class _Rates:
+    """What history says of one kind of call: completion tokens and turns, expected and p90
+    (without history: every answer at its max_tokens, a tool agent at every turn)."""
+
+    comp: float
+    comp_p90: float
+    turns: float
+    turns_p90: float
+    turn_prompt: float | None  # a tool agent's recent prompt per turn (None: none known)
+
+    @classmethod
+    def of(cls, call: PlannedCall, history: History) -> _Rates:
+        bucket = history.of(call.model, call.kind, bool(call.tools))
+        top = call.max_tokens
+        if bucket is None:
+            turns = float(call.max_turns if call.tools else 1)
+            return cls(float(top), float(top), turns, turns, None)
+        mean, sd = _spread(bucket.completion_tokens, bucket.completion_squares, bucket.calls)
+        if not (call.tools and bucket.subtasks):
+            return cls(min(mean, top), min(mean + Z90 * sd, top), 1.0, 1.0, None)
+        t_mean, t_sd = _spread(bucket.calls, bucket.turns_squares, bucket.subtasks)
+        return cls(min(mean, top), min(mean + Z90 * sd, top), min(t_mean, call.max_turns),
+                   min(t_mean + Z90 * t_sd, call.max_turns), bucket.prompt_tokens / bucket.calls)
+
+
+def _add_call(call: PlannedCall, rates: _Rates, price: ModelPrice,
               done: dict[str, tuple[float, float]], max_out: Mapping[str, int],
               tool_result_bytes: int, t: _Totals) -> None:
-    price = prices[call.model]
-    bucket = history.of(call.model, call.kind, bool(call.tools))
     top = call.max_tokens
-    if bucket is None:  # no history: every answer at its max_tokens (tools: every turn)
-        comp = comp_p90 = float(top)
-        turns = turns_p90 = float(call.max_turns if call.tools else 1)
-    else:
-        mean, sd = _spread(bucket.completion_tokens, bucket.completion_squares, bucket.calls)
-        comp, comp_p90 = min(mean, top), min(mean + Z90 * sd, top)
-        turns = turns_p90 = 1.0
-        if call.tools and bucket.subtasks:
-            mean, sd = _spread(bucket.calls, bucket.turns_squares, bucket.subtasks)
-            turns, turns_p90 = min(mean, call.max_turns), min(mean + Z90 * sd, call.max_turns)
-    done[call.name] = (comp, comp_p90)
+    done[call.name] = (rates.comp, rates.comp_p90)
     if call.tools:
         bound = estimate_request_tokens(call.messages, call.tools)
     else:
@@ -197,25 +211,29 @@ def _add_call(call: PlannedCall, prices: PriceTable, history: History,
             carried_p += got[1]
         carried_max += max_out.get(i, 0)
     prompt, prompt_p90 = text + carried_e, text + carried_p
-    if call.tools and bucket is not None:  # a turn's prompt grows with the conversation
-        prompt = prompt_p90 = max(prompt, bucket.prompt_tokens / bucket.calls)
+    if rates.turn_prompt is not None:  # a turn's prompt grows with the conversation
+        prompt = prompt_p90 = max(prompt, rates.turn_prompt)
     first = bound + min(carried_max, call.room_chars)
     if call.tools:  # each further turn carries the last answer and a tool's result
         grows = top * OUTPUT_BYTES_PER_TOKEN + tool_result_bytes + 2 * MESSAGE_OVERHEAD_TOKENS
         bounds = [first + k * grows for k in range(call.max_turns)]
+        worst = [price.worst_case(b, top) for b in bounds]
+        t.cost_max += sum(worst, Decimal(0))
+        t.worst.append(max(worst))
+        t.calls_max += len(bounds)
+        t.tokens_max += sum(bounds) + top * len(bounds)
     else:
-        bounds = [first]
-    worst = [price.worst_case(b, top) for b in bounds]
+        one = price.worst_case(first, top)
+        t.cost_max += one
+        t.worst.append(one)
+        t.calls_max += 1
+        t.tokens_max += first + top
     sums = t.tokens.setdefault(call.model, [0.0, 0.0, 0.0, 0.0])
-    sums[0] += prompt * turns
-    sums[1] += comp * turns
-    sums[2] += prompt_p90 * turns_p90
-    sums[3] += comp_p90 * turns_p90
-    t.calls += turns
-    t.calls_max += len(bounds)
-    t.tokens_max += sum(bounds) + top * len(bounds)
-    t.cost_max += sum(worst, Decimal(0))
-    t.worst.append(max(worst))
+    sums[0] += prompt * rates.turns
+    sums[1] += rates.comp * rates.turns
+    sums[2] += prompt_p90 * rates.turns_p90
+    sums[3] += rates.comp_p90 * rates.turns_p90
+    t.calls += rates.turns
 
 
 def estimate(plan: Plan, prices: PriceTable, history: History, caps: Caps,
@@ -226,8 +244,13 @@ def estimate(plan: Plan, prices: PriceTable, history: History, caps: Caps,
     max_out = {c.name: c.max_tokens * OUTPUT_BYTES_PER_TOKEN for c in plan.calls}
     layer = levels({c.name: c.inputs for c in plan.calls})
     t = _Totals()
+    known: dict[tuple[str, SubtaskKind, int, int, bool], _Rates] = {}
     for call in sorted(plan.calls, key=lambda c: layer[c.name]):  # inputs first
-        _add_call(call, prices, history, done, max_out, plan.tool_result_bytes, t)
+        key = (call.model, call.kind, call.max_tokens, call.max_turns, bool(call.tools))
+        rates = known.get(key)
+        if rates is None:
+            rates = known[key] = _Rates.of(call, history)
+        _add_call(call, rates, prices[call.model], done, max_out, plan.tool_result_bytes, t)
     cost = cost_p90 = Decimal(0)
     tokens = 0.0
     for model, (p, c, pp, cp) in t.tokens.items():
