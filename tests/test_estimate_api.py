@@ -173,3 +173,11 @@ async def test_the_client_reads_the_answer_into_its_model(harness: Harness) -> N
     assert isinstance(got, SwarmEstimate)
     assert [a.name for a in got.plan.agents] == ["a0", "a1", "a2"]
     assert got.calls.max == 3 and Decimal(got.cost_usd.max) > 0
+
+
+async def test_a_vote_counts_its_synthesizer_in_max_only(harness: Harness) -> None:
+    voted = await estimate(harness, fan_out("Pick one", n=3, strategy="vote"))
+    merged = await estimate(harness, fan_out("Pick one", n=3, strategy="concatenate"))
+    assert voted["calls"] == {"expected": 3.0, "max": 4}
+    assert voted["cost_usd"]["expected"] == merged["cost_usd"]["expected"]
+    assert Decimal(voted["cost_usd"]["max"]) > Decimal(merged["cost_usd"]["max"])

@@ -11,6 +11,7 @@ from app.db.tables import Subtask
 from app.engine.context import fit_chars, room_tokens, with_dependencies
 from app.engine.estimate import Plan, PlannedCall
 from app.engine.execute import CONTEXT_MARGIN_TOKENS
+from app.engine.layout import synthesizer
 from app.engine.planner import PlannedSubtask, worker_system_prompt
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.pricing import PriceTable
@@ -42,7 +43,8 @@ def _worker(sub: Subtask, task: str, prices: PriceTable,
         inputs=deps, room_chars=room, tools=defs, max_turns=sub.max_turns if defs else 1)
 
 
-def _synthesizer(sub: Subtask, task: str, prices: PriceTable) -> PlannedCall:
+def _synthesizer(sub: Subtask, task: str, prices: PriceTable, maybe: bool = False
+                 ) -> PlannedCall:
     workers = tuple(sub.depends_on)
     user = synthesis_prompt(task, [WorkerResult(n, "") for n in workers], [])
     own = sub.system_prompt or ""
@@ -50,7 +52,7 @@ def _synthesizer(sub: Subtask, task: str, prices: PriceTable) -> PlannedCall:
                        CONTEXT_MARGIN_TOKENS)
     return PlannedCall(sub.name, SubtaskKind.synthesizer, sub.model, sub.max_tokens,
                        _messages(own or SYNTHESIZER_SYSTEM, user), inputs=workers,
-                       room_chars=fit_chars(room))
+                       room_chars=fit_chars(room), maybe=maybe)
 
 
 def plan_of(task: str, spec: dict[str, Any], subtasks: Sequence[Subtask],
@@ -65,6 +67,10 @@ def plan_of(task: str, spec: dict[str, Any], subtasks: Sequence[Subtask],
             deps[sub.name] = list(sub.depends_on)
         elif sub.kind is SubtaskKind.synthesizer:
             calls.append(_synthesizer(sub, task, prices))
+    if spec["synthesis"]["strategy"] == "vote" and deps:  # no two answers agree: synthesized
+        swarm_id = subtasks[0].swarm_id
+        calls.append(_synthesizer(synthesizer(swarm_id, spec, len(subtasks), list(deps)), task,
+                                  prices, maybe=True))
     return Plan(calls, agents, deps, int(spec["limits"]["concurrency"]), tool_result_bytes)
 
 

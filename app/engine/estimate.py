@@ -50,6 +50,7 @@ class PlannedCall:
     room_chars: int = 0
     tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI tool definitions
     max_turns: int = 1
+    maybe: bool = False  # made only in some runs (a vote's synthesizer): in `max` alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +229,8 @@ def _add_call(call: PlannedCall, rates: _Rates, price: ModelPrice,
         t.worst.append(one)
         t.calls_max += 1
         t.tokens_max += first + top
+    if call.maybe:
+        return
     sums = t.tokens.setdefault(call.model, [0.0, 0.0, 0.0, 0.0])
     sums[0] += prompt * rates.turns
     sums[1] += rates.comp * rates.turns

@@ -121,3 +121,13 @@ def test_width_and_depth() -> None:
     assert (view["width"], view["depth"]) == (2, 3)
     assert view["planning_cost_usd"] == "0.0012" and view["plan"] == {"agents": [{"name": "x"}]}
     assert view["cost_usd"] == {"expected": "0", "p90": "0", "max": "0"}
+
+
+def test_a_call_made_only_in_some_runs_counts_in_max_alone() -> None:
+    maybe = PlannedCall("@synthesizer", SubtaskKind.synthesizer, "kimi-k2.5", 500,
+                        [{"role": "user", "content": "Merge."}], inputs=("a",),
+                        room_chars=100_000, maybe=True)
+    alone = estimate(plan(worker("a")), PRICES, History({}), Caps())
+    both = estimate(plan(worker("a"), maybe), PRICES, History({}), Caps())
+    assert (both.total.cost, both.total.calls) == (alone.total.cost, alone.total.calls)
+    assert both.total.cost_max > alone.total.cost_max and both.total.calls_max == 2
