@@ -181,3 +181,30 @@ async def test_a_vote_counts_its_synthesizer_in_max_only(harness: Harness) -> No
     assert voted["calls"] == {"expected": 3.0, "max": 4}
     assert voted["cost_usd"]["expected"] == merged["cost_usd"]["expected"]
     assert Decimal(voted["cost_usd"]["max"]) > Decimal(merged["cost_usd"]["max"])
+
+
+async def test_a_plan_still_invalid_after_its_repair_is_a_422_with_its_cost(
+        harness: Harness) -> None:
+    body = {"task": "Plan badly [[sim plan=cyclic plan_times=2]]", "model": "kimi-k2.5"}
+    got = await estimate(harness, body, 422)
+    assert got["error"]["code"] == "plan_invalid"
+    assert harness.sim_stats.calls == 2  # the plan and its one repair, both billed
+    _, billed, rows = await ledger(harness, None)
+    assert rows == 2 and Decimal(got["error"]["details"]["planning_cost_usd"]) == billed > 0
+    assert (await harness.client.get("/swarms")).json()["items"] == []
+
+
+async def test_a_budget_that_cannot_hold_the_planning_call_is_a_422(harness: Harness) -> None:
+    body = {"task": "Plan", "model": "kimi-k2.5", "limits": {"budget_usd": "0.000001"}}
+    got = await estimate(harness, body, 422)
+    assert got["error"]["code"] == "budget_exceeded"
+    assert got["error"]["details"]["field"] == "limits.budget_usd"
+    assert harness.sim_stats.calls == 0
+
+
+async def test_a_gateway_that_fails_planning_is_a_503(harness: Harness) -> None:
+    body = {"task": "Plan [[sim fail=500 retry_after=0]]", "model": "kimi-k2.5",
+            "limits": {"max_attempts": 2}}
+    got = await estimate(harness, body, 503)
+    assert got["error"]["code"] == "gateway_unavailable"
+    assert harness.sim_stats.calls == 2
