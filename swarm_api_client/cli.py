@@ -1,5 +1,5 @@
 """The client commands of the `swarm-api` console script (SPEC §13): submit, get, ls, watch,
-cancel, retry, usage. `app/cli.py` dispatches here; nothing of the server is imported.
+cancel, retry, usage, audit. `app/cli.py` dispatches here; nothing of the server is imported.
 
 Exit statuses and help: `cli_args.py`. Written to a terminal, the commands draw with rich
 (`view.py`); to a pipe or a file, plain columns of whole values (`report.py`) or --json. Every
@@ -380,7 +380,23 @@ def _usage(client: SwarmClient, args: argparse.Namespace) -> int:
     return OK
 
 
+def _audit(client: SwarmClient, args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise _BadInput("--limit must be at least 1")
+    rows = list(client.audit_entries(start=args.start, end=args.end, action=args.action,
+                                     limit=args.limit))
+    if args.json:
+        _print_json([r.model_dump(mode="json") for r in rows])
+        return OK
+    if not rows:  # on stderr, as `ls`: a pipe gets no line
+        print("no audit rows", file=sys.stderr)
+        return OK
+    _lines([" ".join((r.time.isoformat(), r.action, r.swarm_id or "-", r.key_id or "-",
+                      r.client or "-", r.request_id or "-")) for r in rows])
+    return OK
+
+
 _HANDLERS: dict[str, Callable[[SwarmClient, argparse.Namespace], int]] = {
     "submit": _submit, "get": _get, "ls": _ls, "watch": _watch, "cancel": _cancel,
-    "retry": _retry, "usage": _usage, "estimate": _estimate,
+    "retry": _retry, "usage": _usage, "audit": _audit, "estimate": _estimate,
 }

@@ -142,6 +142,16 @@ class Subtask(Base):
     max_turns: Mapped[int] = mapped_column(Integer, default=8)
     turns: Mapped[int] = mapped_column(Integer, default=0)
     tool_calls: Mapped[int] = mapped_column(Integer, default=0)
+    # fallback models (SPEC §15): the agent's model list in order, NULL for one model;
+    # `model` is the one in use (the one that answered) and `fallbacks` how many were passed
+    # over (migration 0018)
+    models: Mapped[list[str] | None] = mapped_column(JSONType, default=None)
+    fallbacks: Mapped[int] = mapped_column(Integer, default=0)
+    # structured outputs (SPEC §15): the parsed value, valid | repaired | invalid, and the
+    # response_format asked (json_schema; json_object where the gateway refused it)
+    output_json: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    output_status: Mapped[str | None] = mapped_column(String(16))
+    output_format: Mapped[str | None] = mapped_column(String(16))
 
     __table_args__ = (
         UniqueConstraint("swarm_id", "name", name="uq_subtasks_swarm_id_name"),
@@ -268,6 +278,13 @@ class SubtaskView(Protocol):
     def turns(self) -> int: ...
     @property
     def tool_calls(self) -> int: ...
+    @property
+    def fallbacks(self) -> int: ...
+    def output_status(self) -> str | None: ...
+    @property
+    def output_format(self) -> str | None: ...
+    @property
+    def output_json(self) -> Any: ...
 
 
 class GatewayCall(Base):
@@ -480,3 +497,23 @@ class TenantQueue(Base):
     tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
     shard: Mapped[int] = mapped_column(Integer, primary_key=True)
     queued: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class AuditRow(Base):
+    """A change a caller made (SPEC §16), append-only: written in the transaction of the change
+    it records. No foreign key: the record outlives its swarm's content (erase, prune)."""
+
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    time: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    tenant: Mapped[str] = mapped_column(String(128))
+    key_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # never the key
+    action: Mapped[str] = mapped_column(String(16))
+    swarm_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    client: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+    __table_args__ = (
+        Index("ix_audit_tenant_id", "tenant", "id"),  # a tenant's page, newest first
+    )
