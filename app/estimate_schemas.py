@@ -32,7 +32,7 @@ class PlannedAgent(BaseModel):
     name: str
     prompt: str | None = None
     system_prompt: str = ""
-    model: str
+    model: str | list[str] = Field(description="a model, or the models to fall back on")
     depends_on: list[str] = Field(default_factory=list)
     tools: list[str] | None = None
 

@@ -208,3 +208,18 @@ async def test_a_gateway_that_fails_planning_is_a_503(harness: Harness) -> None:
     got = await estimate(harness, body, 503)
     assert got["error"]["code"] == "gateway_unavailable"
     assert harness.sim_stats.calls == 2
+
+
+async def test_max_holds_an_output_schema_and_model_lists(harness: Harness) -> None:
+    schema = {"type": "object", "properties": {"verdict": {"type": "string"}},
+              "required": ["verdict"], "additionalProperties": False}
+    body = fan_out("Judge the change", n=3)
+    body["model"] = ["kimi-k2.5", "deepseek-v3.2"]
+    body["agents"][0]["output_schema"] = schema
+    body["agents"][0]["system_prompt"] += ' [[sim answer="{\\"verdict\\": \\"ok\\"}"]]'
+    got = await estimate(harness, body)
+    assert got["plan"]["agents"][1]["model"] == ["kimi-k2.5", "deepseek-v3.2"]
+    run = await harness.run(body)
+    assert run["status"] == "succeeded", run["error"]
+    reserved, _, rows = await ledger(harness, run["id"])
+    assert rows == 3 and Decimal(got["cost_usd"]["max"]) == reserved

@@ -12,6 +12,7 @@ from app.engine.context import fit_chars, room_tokens, with_dependencies
 from app.engine.estimate import Plan, PlannedCall
 from app.engine.execute import CONTEXT_MARGIN_TOKENS
 from app.engine.layout import synthesizer
+from app.engine.outputs import schema_tokens, schemas_of
 from app.engine.planner import PlannedSubtask, worker_system_prompt
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.pricing import PriceTable
@@ -71,6 +72,10 @@ def plan_of(task: str, spec: dict[str, Any], subtasks: Sequence[Subtask],
         swarm_id = subtasks[0].swarm_id
         calls.append(_synthesizer(synthesizer(swarm_id, spec, len(subtasks), list(deps)), task,
                                   prices, maybe=True))
+    schemas = schemas_of(spec)
+    for call in calls:  # an output schema travels as response_format: the engine bounds it
+        if (schema := schemas.get(call.name)) is not None:
+            call.schema_bound = schema_tokens(schema)
     return Plan(calls, agents, deps, int(spec["limits"]["concurrency"]), tool_result_bytes)
 
 
@@ -82,7 +87,7 @@ def planned_agents(plan: Sequence[PlannedSubtask], task: str, spec: dict[str, An
     return [{"name": p.id, "prompt": p.description,
              "system_prompt": worker_system_prompt(task),
              "model": p.model_hint if routed and p.model_hint and p.model_hint in prices
-             else str(spec["model"]),
+             else spec["model"],
              "depends_on": list(p.depends_on), "tools": list(p.tools) or None}
             for p in plan]
 
@@ -91,7 +96,7 @@ def named_agents(body: SwarmCreate, spec: dict[str, Any]) -> list[dict[str, Any]
     """The request's agents as it named them, each with the fields SPEC's plan lists (the
     model resolved)."""
     given = body.model_dump(mode="json", exclude_unset=True, include={"agents"})["agents"]
-    model = str(spec["model"])
+    model = spec["model"]  # a name, or the list to fall back on
     return [{**g, "name": a.name, "prompt": a.prompt, "system_prompt": a.system_prompt,
              "model": a.model or model, "depends_on": list(a.depends_on), "tools": a.tools}
             for g, a in zip(given, body.agents or [], strict=True)]

@@ -51,6 +51,7 @@ class PlannedCall:
     tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI tool definitions
     max_turns: int = 1
     maybe: bool = False  # made only in some runs (a vote's synthesizer): in `max` alone
+    schema_bound: int = 0  # what an output schema sent as response_format adds to the bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +203,8 @@ def _add_call(call: PlannedCall, rates: _Rates, price: ModelPrice,
         bound = estimate_request_tokens(call.messages, call.tools)
     else:
         bound = estimate_prompt_tokens(call.messages)
-    text = text_tokens(bound, len(call.messages))
+    text = text_tokens(bound, len(call.messages)) + call.schema_bound // TEXT_BYTES_PER_TOKEN
+    bound += call.schema_bound
     carried_e = carried_p = 0.0
     carried_max = 0
     for i in call.inputs:
