@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from app import metrics
 from app.api import audit, errors, openai, ops, retry, swarms, usage
+from app.api import estimate as estimate_api
 from app.api import tools as tools_api
 from app.api.admission import StreamSlots
 from app.api.openai_errors import openai_responses
@@ -124,6 +125,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     # 403: a client off loopback, or a Host not loopback's, while the API is open (LoopbackOnly)
     app.include_router(swarms.router, responses=errors.error_responses(403, 503))
     app.include_router(retry.router, responses=errors.error_responses(403, 503))
+    app.include_router(estimate_api.router, responses=errors.error_responses(403, 503))
     app.include_router(usage.router, responses=errors.error_responses(403, 503))
     app.include_router(audit.router, responses=errors.error_responses(403, 503))
     app.include_router(openai.router, responses=openai_responses(403))  # OpenAI's shape

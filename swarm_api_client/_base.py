@@ -104,6 +104,12 @@ def create_call(swarm: SwarmCreate | Mapping[str, Any], key: str | None) -> Call
     return Call("POST", "/swarms", json=body, headers={"Idempotency-Key": key or new_key()})
 
 
+def estimate_call(swarm: SwarmCreate | Mapping[str, Any]) -> Call:
+    body = (swarm.model_dump(mode="json", exclude_unset=True) if isinstance(swarm, SwarmCreate)
+            else dict(swarm))
+    return Call("POST", "/swarms/estimate", json=body)
+
+
 def get_call(swarm_id: str, wait: float | None, timeout: float) -> Call:
     if wait is None:
         return Call("GET", swarm_path(swarm_id))

@@ -282,6 +282,17 @@ def _submit(client: SwarmClient, args: argparse.Namespace) -> int:
     return _finish(client, client.create(body, idempotency_key=args.idempotency_key), args)
 
 
+def _estimate(client: SwarmClient, args: argparse.Namespace) -> int:
+    got = client.estimate(_read_body(args.file))
+    if args.json:
+        _print_json(got.model_dump(mode="json"))
+        return OK
+    from swarm_api_client.report import estimate_lines
+
+    _lines(estimate_lines(got))
+    return OK
+
+
 def _retry(client: SwarmClient, args: argparse.Namespace) -> int:
     limits = None
     if args.limits is not None:
@@ -397,5 +408,5 @@ def _audit(client: SwarmClient, args: argparse.Namespace) -> int:
 
 _HANDLERS: dict[str, Callable[[SwarmClient, argparse.Namespace], int]] = {
     "submit": _submit, "get": _get, "ls": _ls, "watch": _watch, "cancel": _cancel,
-    "retry": _retry, "erase": _erase, "usage": _usage, "audit": _audit,
+    "retry": _retry, "erase": _erase, "usage": _usage, "audit": _audit, "estimate": _estimate,
 }

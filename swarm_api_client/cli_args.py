@@ -12,7 +12,8 @@ from swarm_api_client._base import DEFAULT_URL, TERMINAL
 from swarm_api_client.report import SUBTASK_ROWS
 
 OK, NOT_SUCCEEDED, REFUSED, UNREACHABLE, KEY_REFUSED, INTERRUPTED = 0, 1, 2, 3, 4, 130
-COMMANDS = ("submit", "get", "ls", "watch", "cancel", "retry", "erase", "usage", "audit")
+COMMANDS = ("submit", "get", "ls", "watch", "cancel", "retry", "erase", "usage", "audit",
+            "estimate")
 
 EXIT_STATUSES = f"""\
 exit statuses (client commands):
@@ -37,8 +38,8 @@ Swarm API: run LLM agent swarms over an OpenAI-compatible gateway.
 
 Server commands run the service (serve, worker, migrate, simulator) or its database (prune);
 client commands talk to a running service over HTTP (submit, get, ls, watch, cancel, retry,
-erase, usage, audit). Written to a pipe or a file, client commands print plain columns with
-every value whole; --json prints JSON."""
+erase, usage, audit, estimate). Written to a pipe or a file, client commands print plain
+columns with every value whole; --json prints JSON."""
 
 EXAMPLES = """\
 examples:
@@ -49,7 +50,8 @@ examples:
   swarm-api get ID --summary                       # counts and failures, no table
   swarm-api get ID --result > result.md            # the whole result, nothing else
   swarm-api retry ID --wait --limits '{"failure_tolerance": 0.5}'
-  swarm-api usage --group-by day --json"""
+  swarm-api usage --group-by day --json
+  swarm-api estimate examples/dag.json             # the plan and its cost, nothing created"""
 
 
 def package_version() -> str:
@@ -151,6 +153,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                  "erase an ended swarm's content for good (its usage and status stay)",
                  "  swarm-api erase ID")
     p.add_argument("id")
+    p = _command(sub, "estimate", common,
+                 "what a swarm of this body would do and cost, creating nothing (without "
+                 "agents the planner runs, billed)",
+                 "  swarm-api estimate examples/dag.json\n"
+                 "  swarm-api estimate planned.json --json | jq .plan > plan.json")
+    p.add_argument("file", help="the request body of POST /swarms, as JSON; - reads stdin")
 
     p = _command(sub, "usage", common, "spend and tokens from the ledger",
                  "  swarm-api usage\n  swarm-api usage --from 2026-12-01 --group-by day")

@@ -15,6 +15,7 @@ from httpx_sse import EventSource
 from pydantic import BaseModel
 from tenacity import Retrying
 
+from app.estimate_schemas import SwarmEstimate
 from app.schemas import (
     AuditEntry,
     AuditPage,
@@ -64,6 +65,12 @@ class SwarmClient:
                idempotency_key: str | None = None) -> SwarmRead:
         """`POST /swarms`; an Idempotency-Key (generated unless given) makes retries safe."""
         return self._call(b.create_call(swarm, idempotency_key), SwarmRead)
+
+    def estimate(self, swarm: SwarmCreate | Mapping[str, Any]) -> SwarmEstimate:
+        """`POST /swarms/estimate`: the plan, calls, tokens and cost (expected, p90, max) a
+        swarm of this body would have, creating nothing (SPEC §14). Named agents cost
+        nothing; without agents the planner runs, billed (`planning_cost_usd`)."""
+        return self._call(b.estimate_call(swarm), SwarmEstimate)
 
     def get(self, swarm_id: str, *, wait: float | None = None) -> SwarmRead:
         """`GET /swarms/{id}`; `wait` (≤ 60 s) holds the answer until the swarm is terminal."""

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from app.estimate_schemas import SwarmEstimate
 from app.schemas import SwarmRead, UsageReport
 
 SUBTASK_ROWS = 50  # a swarm with more subtasks is summarised unless --all
@@ -168,3 +169,19 @@ def usage_rows(report: UsageReport) -> list[tuple[str, ...]]:
     rows.append(("total", str(t.gateway_calls), str(t.prompt_tokens), str(t.completion_tokens),
                  t.cost_usd))
     return rows
+
+
+def estimate_lines(e: SwarmEstimate) -> list[str]:
+    """An estimate as plain lines, every value whole."""
+    fits = "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in e.fits.model_dump().items())
+    since = e.basis.since.isoformat() if e.basis.since is not None else "-"
+    lines = [f"plan {len(e.plan.agents)} agents width {e.width} depth {e.depth}",
+             f"calls expected {e.calls.expected:g} max {e.calls.max}",
+             f"tokens expected {e.tokens.expected} max {e.tokens.max}",
+             f"cost_usd expected {e.cost_usd.expected} p90 {e.cost_usd.p90} "
+             f"max {e.cost_usd.max}",
+             f"reservation_usd {e.reservation_usd}", f"fits {fits}",
+             f"basis samples {e.basis.samples} since {since}"]
+    if e.planning_cost_usd is not None:
+        lines.append(f"planning_cost_usd {e.planning_cost_usd}")
+    return lines

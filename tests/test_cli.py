@@ -188,3 +188,19 @@ def test_erase_removes_a_swarms_content(api_url: str, tmp_path: Path) -> None:
         "id": swarm_id, "erased": True}
     missing = cli(api_url, "erase", str(uuid.uuid4()))
     assert missing.returncode == 2 and "not_found" in missing.stderr
+
+
+def test_estimate_prints_the_figures_and_creates_nothing(api_url: str, tmp_path: Path) -> None:
+    body = five_agents("cli estimate")
+    done = cli(api_url, "estimate", body_file(tmp_path, body))
+    assert done.returncode == 0, done.stderr
+    lines = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()}
+    assert lines["plan"][:2] == ["5", "agents"]
+    assert lines["cost_usd"][0] == "expected" and lines["cost_usd"][4] == "max"
+    as_json = cli(api_url, "estimate", body_file(tmp_path, body), "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    got = json.loads(as_json.stdout)
+    assert [a["name"] for a in got["plan"]["agents"]] == [a["name"] for a in body["agents"]]
+    assert got["cost_usd"]["max"] == lines["cost_usd"][5]
+    refused = cli(api_url, "estimate", body_file(tmp_path, {**body, "model": "nope"}))
+    assert refused.returncode == 2 and "unknown_model" in refused.stderr

@@ -154,3 +154,20 @@ async def test_a_name_no_subtask_can_have_is_404_on_every_backend(harness: Harne
         r = await harness.client.get(f"/swarms/{done['id']}/subtasks/{name}")
         assert r.status_code == 404, (name, r.text)
         assert r.json()["error"]["code"] == "not_found"
+
+
+async def test_an_estimate_counts_every_turn_of_a_tool_agent(tooled: Harness) -> None:
+    body = {"task": "Look it up", "synthesis": {"strategy": "none"}, "agents": [
+        _agent("plain"), _agent("reader", tools=["docs"], max_turns=3)]}
+    r = await tooled.client.post("/swarms/estimate", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["calls"] == {"expected": 4.0, "max": 4}  # no history: every turn
+    assert got["plan"]["agents"][1]["tools"] == ["docs"]
+    plain = (await tooled.client.post("/swarms/estimate", json={
+        **body, "agents": [_agent("plain"), _agent("reader", max_turns=3)]})).json()
+    # the tool definitions travel with every turn
+    assert got["tokens"]["max"] > plain["tokens"]["max"] + 2 * 16384
+    bad = await tooled.client.post("/swarms/estimate", json={
+        **body, "agents": [_agent("reader", tools=["nowhere"])]})
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "unknown_tool"

@@ -117,9 +117,15 @@ def allowed_methods(request: Request) -> str:
     """Every method the path answers (RFC 9110 §15.5.6), each tried against the routes:
     Starlette's 405 names only the first route that matched the path, so `OPTIONS /swarms`
     said `Allow: POST` where GET is served too. HEAD wherever GET is (`HeadAsGet`)."""
-    routes = request.app.router.routes
-    allowed = {m for m in _METHODS if any(
-        route.matches({**request.scope, "method": m})[0] == Match.FULL for route in routes)}
+    # a path the document names literally is that route's (`/swarms/estimate`), not a value
+    # of another's parameter (`/swarms/{swarm_id}`)
+    literal = request.app.openapi().get("paths", {}).get(request.url.path)
+    if literal is not None:
+        allowed = {m.upper() for m in literal if m.upper() in _METHODS}
+    else:
+        routes = request.app.router.routes
+        allowed = {m for m in _METHODS if any(
+            route.matches({**request.scope, "method": m})[0] == Match.FULL for route in routes)}
     if "GET" in allowed and head_served(request.url.path):
         allowed.add("HEAD")
     return ", ".join(m for m in _METHODS if m in allowed)

@@ -274,6 +274,12 @@ async def _left(session: AsyncSession, tenant: str, cap: Decimal, day: date,
     return cap - spent - (held or Decimal(0)), int(live or 0)
 
 
+async def tenant_left(session: AsyncSession, tenant: str, cap: Decimal) -> Decimal:
+    """A read-only look at what is left of the tenant's cap today (nothing locked)."""
+    now, day = await today(session)
+    return (await _left(session, tenant, cap, day, now))[0]
+
+
 async def today(session: AsyncSession) -> tuple[datetime, date]:
     now = await db_now(session)
     return now, now.astimezone(UTC).date()

@@ -21,6 +21,14 @@ def approx_tokens(text: str) -> int:
     return len(text.encode()) // BYTES_PER_TOKEN + 1
 
 
+def room_tokens(context_window: int, max_tokens: int, system: str, prompt: str,
+                margin: int) -> int:
+    """Tokens left in a call's window for the outputs it carries, beside its own system
+    prompt, prompt, answer and a margin (the engine fits inputs to it; estimates bound them)."""
+    frame = approx_tokens(system) + approx_tokens(prompt)
+    return max(context_window - max_tokens - frame - margin, 0)
+
+
 def fit_chars(tokens: int) -> int:
     """Characters that fit in `tokens` by the same estimate (the last-resort truncation)."""
     return max(tokens, 0) * BYTES_PER_TOKEN

@@ -16,6 +16,7 @@ from app.engine.context import (
     approx_tokens,
     fair_shares,
     fit_chars,
+    room_tokens,
     truncate_marked,
     with_dependencies,
 )
@@ -364,9 +365,8 @@ class SubtaskExecutor:
         return ""
 
     def _room_tokens(self, sub: Subtask) -> int:
-        window = self.handle.ctx.prices[sub.model].context_window
-        frame = approx_tokens(self._system(sub)) + approx_tokens(self._prompt(sub))
-        return max(window - sub.max_tokens - frame - CONTEXT_MARGIN_TOKENS, 0)
+        return room_tokens(self.handle.ctx.prices[sub.model].context_window, sub.max_tokens,
+                           self._system(sub), self._prompt(sub), CONTEXT_MARGIN_TOKENS)
 
     async def _inputs(self, sub: Subtask) -> list[Input]:
         """Dependency outputs (or, for the synthesizer, every result) fitted to the window:
