@@ -40,6 +40,8 @@ class Directives:
     extra_tool: str | None = None  # also call this (unoffered) tool on the first turn
     poison: int = 0  # 1: answers and error bodies carry a NUL and a lone surrogate
     stream_ms: float | None = None  # a streamed answer's pieces spread over this many ms
+    exit: int | None = None  # end the process with this code mid-call (config.exit_allowed)
+    answer_bytes: int | None = None  # the answer's content is this many bytes
 
 
 # name -> converter, read from the annotations above ("int | None" -> int)
