@@ -118,7 +118,7 @@ class Settings(LogSettings):
     engine: bool = True
     max_agents: int = Field(default=1000, ge=1)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
-    max_rescues: int = Field(default=3, ge=0)
+    max_rescues: int = Field(default=10, ge=1)  # consecutive fruitless takeovers (crash loop)
     idempotency_ttl_s: float = Field(default=86_400.0, ge=86_400.0)  # SPEC: at least 24 h
     max_running_swarms: int = Field(default=64, ge=1)
     shutdown_grace_s: float = Field(default=10.0, ge=0)
@@ -144,6 +144,9 @@ class Settings(LogSettings):
     # the in-process simulator (used when no gateway_url is set)
     simulator_latency_ms: float = Field(default=200.0, ge=0)
     simulator_latency_jitter_ms: float = Field(default=100.0, ge=0)
+    # let `[[sim exit=N]]` end this process while that call is in flight (a poison swarm,
+    # for crash-loop tests); off, the directive is the call's 400
+    simulator_exit_allowed: bool = False
     # tools (SPEC §9): the mcpServers JSON file, and the cut of each tool result
     mcp_config: str | None = None
     tool_result_max_bytes: int = Field(default=16384, ge=256, le=10_000_000)

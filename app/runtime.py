@@ -44,7 +44,8 @@ def make_gateway(settings: Settings) -> GatewayClient:
                              keepalive_s=settings.gateway_keepalive_s)
     sim = create_simulator(SimulatorConfig(
         latency_ms=settings.simulator_latency_ms,
-        latency_jitter_ms=settings.simulator_latency_jitter_ms))
+        latency_jitter_ms=settings.simulator_latency_jitter_ms,
+        exit_allowed=settings.simulator_exit_allowed))
     return GatewayClient(SIMULATOR_BASE_URL, max_inflight=settings.max_inflight,
                          transport=StreamingASGITransport(sim))
 

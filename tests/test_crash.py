@@ -67,7 +67,8 @@ async def test_kill_at_crash_point_then_takeover(db_url: str, tmp_path: Path, po
         await wait_terminal(api, swarm_id, timeout=30)
         row = await db.swarm(swarm_id)
         assert owner_pid(row["lease_owner"]) == b.pid
-        assert row["rescues"] == 1
+        # taken over once, and fruitful: `a` had settled in the dead owner's epoch
+        assert (row["lease_epoch"], row["rescues"]) == (2, 0)
         # the response-before-commit window: that one answer is asked for again, with the
         # same Idempotency-Key (a deduplicating gateway would answer it from its cache)
         await assert_durable_outcome(db, api, sim, swarm_id,
@@ -140,19 +141,22 @@ async def test_external_kill_while_calls_are_in_flight(db_url: str, tmp_path: Pa
 
 async def test_crash_loop_fails_internal(db_url: str, tmp_path: Path) -> None:
     db = Db(db_url)
-    crash = {"SWARM_CRASH_AT": "before_call:a", "SWARM_MAX_RESCUES": "1"}
+    crash = {"SWARM_CRASH_AT": "before_call:a", "SWARM_MAX_RESCUES": "2"}
     async with cluster(db_url, tmp_path, **crash) as c:
         sim = await c.simulator(latency_ms=20)
         api, first = await asyncio.gather(c.api(), c.worker("worker_1"))
         swarm_id = (await post_swarm(api, CHAIN))["id"]
         assert await first.wait_exit(20) == -signal.SIGKILL
         # two more workers with the same fault: one takes it over and dies too, the next one
-        # sees more takeovers than SWARM_MAX_RESCUES and fails the swarm instead of calling
+        # counts SWARM_MAX_RESCUES fruitless takeovers and fails the swarm instead of calling
         second, third = await asyncio.gather(c.worker("worker_2"), c.worker("worker_3"))
         data = await wait_terminal(api, swarm_id, timeout=30)
         assert data["status"] == "failed"
         assert data["error"]["code"] == "internal", data["error"]
         assert (await db.swarm(swarm_id))["rescues"] == 2
+        # each takeover names what its dead owner had in flight: `a`, written ahead
+        assert data["error"]["details"]["takeovers"] == [
+            {"epoch": 2, "in_flight": ["a"]}, {"epoch": 3, "in_flight": ["a"]}]
         assert [second.alive, third.alive].count(True) == 1  # exactly one more crash
         assert f"{swarm_id}:a:1" not in (await sim_stats(sim))["by_key"]  # never called
         events = await db.events(swarm_id)

@@ -670,8 +670,9 @@ BIG = json.dumps(completion("x" * 5000)).encode()
 async def test_an_answer_past_the_size_cap_is_refused(
         answer: bytes, waits: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
     """An endless (or decompression-bomb) answer would take the process's memory: it is read
-    up to the cap, then an invalid_response, retried."""
-    monkeypatch.setattr(wire, "MAX_ANSWER_BYTES", 4000)
+    up to the call's bound, then an invalid_response, retried."""
+    monkeypatch.setattr(wire, "ANSWER_FLOOR_BYTES", 4000)  # REQUEST's 64 tokens: 4,096 bytes
+    monkeypatch.setattr(wire, "BYTES_PER_TOKEN", 1)
     server = ScriptedServer(answer, raw_answer("200 OK", OK_BODY), close=True)
     async with server as url:
         client = GatewayClient(url, API_KEY)

@@ -50,7 +50,7 @@ def _write(swarm_id: str, epoch: int, **overrides: Any) -> changes.SwarmWrite:
              "unresolved_usd": Decimal(0),
              "prompt_tokens": 10, "completion_tokens": 5, "gateway_calls": 1, "result": None,
              "error": None, "started_at": now, "finished_at": None, "event_seq": 1,
-             "vote": None}
+             "vote": None, "settled_epoch": 0}
     ledger = {"swarm_id": swarm_id, "tenant": "default", "subtask_name": "a",
               "model": "kimi-k2.5", "idempotency_key": f"{swarm_id}:a:1", "attempt": 1,
               "http_status": 200, "outcome": "ok", "prompt_tokens": 10, "completion_tokens": 5,

@@ -27,7 +27,7 @@ SWARM_TOTAL_COLUMNS = ("spent_usd", "reserved_usd", "unresolved_usd", "prompt_to
                        "completion_tokens", "gateway_calls")
 SWARM_STATE_COLUMNS = (
     *SWARM_TOTAL_COLUMNS, "status", "result", "error", "started_at", "finished_at",
-    "event_seq", "vote",
+    "event_seq", "vote", "settled_epoch",
 )
 SUBTASK_STATE_COLUMNS = (
     "status", "attempts", "output", "error", "truncated", "sanitized", "prompt_tokens",

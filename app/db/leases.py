@@ -12,6 +12,7 @@ from sqlalchemy import (
     ColumnElement,
     Select,
     and_,
+    case,
     func,
     or_,
     select,
@@ -110,7 +111,8 @@ UPDATE swarms AS s
 SET lease_owner = :owner,
     lease_expires_at = now() + make_interval(secs => :lease),
     lease_epoch = s.lease_epoch + 1,
-    rescues = s.rescues + CASE WHEN s.lease_owner IS NOT NULL THEN 1 ELSE 0 END
+    rescues = CASE WHEN s.settled_epoch >= s.lease_epoch THEN 0
+                   WHEN s.lease_owner IS NOT NULL THEN s.rescues + 1 ELSE s.rescues END
 FROM picked WHERE s.id = picked.id
 RETURNING s.id, s.lease_epoch, s.rescues,
           set_config('idle_in_transaction_session_timeout', :idle_ms, true),
@@ -147,14 +149,21 @@ async def claim_swarms(
                 lease_owner=owner,
                 lease_expires_at=now + timedelta(seconds=lease_s),
                 lease_epoch=Swarm.lease_epoch + 1,
-                # an owner that never released it died with it (release clears the owner)
-                rescues=Swarm.rescues + func.iif(Swarm.lease_owner.is_not(None), 1, 0),
+                rescues=_rescues(),
             )
             .returning(Swarm.id, Swarm.lease_epoch, Swarm.rescues)
         )).one_or_none()
         if row is not None:
             claims.append(Claim(row[0], row[1], row[2], _takeover(had_owner, previous_epoch)))
     return claims
+
+
+def _rescues() -> ColumnElement[int]:
+    """The consecutive fruitless takeovers after this claim (_PG_CLAIM's alike): a call
+    settled in the epoch this claim ends resets them; an owner that never released the swarm
+    died with it (release clears the owner), a fruitless takeover; a release counts nothing."""
+    return case((Swarm.settled_epoch >= Swarm.lease_epoch, 0),
+                (Swarm.lease_owner.is_not(None), Swarm.rescues + 1), else_=Swarm.rescues)
 
 
 def _fair_order(now: datetime, exclude: Sequence[str], limit: int
@@ -229,6 +238,25 @@ async def release_leases(session: AsyncSession, owner: str, swarm_ids: Sequence[
             .returning(Swarm.id)
         )
         await notify(session, QUEUED, list(rows.scalars()))
+
+
+async def record_takeover(session: AsyncSession, swarm_id: str, epoch: int,
+                          in_flight: Sequence[str]) -> list[dict[str, Any]]:
+    """Keep the fruitless takeovers this claim's `rescues` counts, each with the subtasks
+    its dead owner had in flight (the swarm's row locked by the caller's lease check): reset
+    by a fruitful claim, one more entry when the count grew, unchanged after a release."""
+    rescues, kept = (await session.execute(
+        select(Swarm.rescues, Swarm.takeovers).where(Swarm.id == swarm_id))).one()
+    before: list[dict[str, Any]] = list(kept or [])
+    if not rescues:
+        after: list[dict[str, Any]] = []
+    elif rescues > len(before):
+        after = [*before, {"epoch": epoch, "in_flight": sorted(set(in_flight))}][-rescues:]
+    else:
+        after = before[-rescues:]
+    if after != before:
+        await session.execute(update(Swarm).where(Swarm.id == swarm_id).values(takeovers=after))
+    return after
 
 
 async def load_swarms_for_run(session: AsyncSession, swarm_ids: Sequence[str]

@@ -35,6 +35,7 @@ from app.db.tables import (
     GatewayCall,
     Subtask,
     Swarm,
+    TenantDailyReservation,
     table_of,
 )
 from app.db.types import Money
@@ -132,6 +133,16 @@ async def refresh_daily(session: AsyncSession, reservation_ids: Sequence[str],
     await session.execute(update(DailyReservation)
                           .where(DailyReservation.id.in_(list(reservation_ids)))
                           .values(expires_at=now + timedelta(seconds=lease_s)))
+
+
+async def refresh_owned(session: AsyncSession, owner: str, lease_s: float) -> None:
+    """Push every daily-cap reservation of this process (global and tenants') one lease
+    ahead, with its swarm leases (the heartbeat's transaction): a reservation stays live
+    while its owner holds its leases, a stall of the refreshers notwithstanding."""
+    until = await db_now(session) + timedelta(seconds=lease_s)
+    for table in (DailyReservation, TenantDailyReservation):
+        await session.execute(update(table).where(table.owner == owner)
+                              .values(expires_at=until))
 
 
 # ---- attempts a crash left unsettled --------------------------------------------------------

@@ -85,7 +85,13 @@ class Swarm(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(64))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     lease_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    # consecutive fruitless takeovers (SPEC §4 crash loops; migration 0017): a takeover is
+    # fruitless when no call settled in the epoch it ends, i.e. settled_epoch < lease_epoch
     rescues: Mapped[int] = mapped_column(Integer, default=0)
+    # the last lease epoch in which a call of the swarm settled (by an answer, not a takeover)
+    settled_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # the fruitless takeovers counted in `rescues`: [{epoch, in_flight: [subtask names]}]
+    takeovers: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType, default=None)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     event_seq: Mapped[int] = mapped_column(Integer, default=0)
     # the swarm this one retries (POST /swarms/{id}/retry); no foreign key: the old swarm

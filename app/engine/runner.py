@@ -11,15 +11,18 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from app import logs, metrics, tracing
 from app.db import spend
 from app.db.changes import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite
 from app.db.create import Ahead, insert_row
-from app.db.leases import LeaseLost
+from app.db.leases import LeaseLost, record_takeover
 from app.db.tables import Subtask, Swarm, column_values, live_subtask, live_swarm
 from app.db.types import utcnow
 from app.engine import dag
 from app.engine.budget import SwarmBudget
+from app.engine.calls import CANCELLED, IN_FLIGHT, UNKNOWN
 from app.engine.execute import SubtaskExecutor
 from app.engine.faults import crash_point
 from app.engine.finish import end_swarm, event_row, log_end
@@ -41,6 +44,8 @@ from app.pricing import metric_model_label
 from app.states import Event, SubtaskKind, SubtaskStatus, SwarmStatus, move_subtask, move_swarm
 
 log = logging.getLogger(__name__)
+# ledger outcomes that are no answer: a swarm whose calls end only so made no progress
+_UNSETTLED = frozenset({IN_FLIGHT, UNKNOWN, CANCELLED})
 
 
 class Drained(Exception):
@@ -172,6 +177,8 @@ class SwarmRunner:
             events = [*begun, *events]
         s = self.swarm
         s.spent_usd, s.reserved_usd = self.budget.spent, self.budget.reserved
+        if any(row["outcome"] not in _UNSETTLED for row in ledger):
+            s.settled_epoch = self.epoch  # progress: the next takeover is not fruitless
         return self.ctx.writer.submit(SwarmWrite(
             s.id, self.epoch, column_values(s, SWARM_STATE_COLUMNS),
             [{"name_": sub.name, "position_": sub.position,
@@ -274,11 +281,15 @@ class SwarmRunner:
             log.info("swarm %s claimed", s.id, extra=at)
 
     async def _run(self) -> None:
-        if self._taken_over:
-            await self._settle_lost()
-        if self.rescues > self.ctx.settings.max_rescues:
+        takeovers: list[dict[str, Any]] = []
+        if self._taken_over or self.rescues:
+            takeovers = await self._settle_lost()
+        if self.rescues >= self.ctx.settings.max_rescues:
+            # the last SWARM_MAX_RESCUES takeovers were all fruitless: the swarm itself
+            # (a poison prompt) takes its workers down, not churn from outside
             await self._finish(SwarmStatus.failed, failure(
-                "internal", f"taken over {self.rescues} times: crash loop", rescues=self.rescues))
+                "internal", f"taken over {self.rescues} times in a row with no call settled:"
+                " crash loop", rescues=self.rescues, takeovers=takeovers))
             return
         await self._start()
         if self.swarm.cancel_requested:  # flagged before this process took the swarm
@@ -304,14 +315,25 @@ class SwarmRunner:
         else:
             await self._finish(SwarmStatus.succeeded, None)
 
-    async def _settle_lost(self) -> None:
+    async def _settle_lost(self) -> list[dict[str, Any]]:
         """A takeover: the dead owner's attempts in flight become `unknown`, billed at their
-        reservations (one transaction, lease checked), and this runner's totals follow."""
+        reservations, and the takeover is recorded when fruitless (one transaction, lease
+        checked); this runner's totals follow. The fruitless takeovers counted so far."""
         s = self.swarm
-        took = await self.ctx.writer.transact(lambda session: spend.settle_lost_attempts(
-            session, s.id, self.epoch, self.ctx.owner, self.ctx.settings.lease_seconds))
-        if took is None:
+
+        async def settle(session: AsyncSession) -> tuple[spend.Takeover, list[dict[str, Any]]
+                                                         ] | None:
+            took = await spend.settle_lost_attempts(
+                session, s.id, self.epoch, self.ctx.owner, self.ctx.settings.lease_seconds)
+            if took is None:
+                return None
+            return took, await record_takeover(
+                session, s.id, self.epoch, [a.subtask_name for a in took.lost])
+
+        settled = await self.ctx.writer.transact(settle)
+        if settled is None:
             raise LeaseLost(s.id)
+        took, takeovers = settled
         for a in took.lost:
             s.spent_usd += a.cost_usd
             s.unresolved_usd += a.cost_usd
@@ -332,6 +354,7 @@ class SwarmRunner:
         if took.lost:
             log.warning("swarm %s: %d attempts of a dead owner settled as unknown (%s USD)",
                         s.id, len(took.lost), sum((a.cost_usd for a in took.lost), Decimal(0)))
+        return takeovers
 
     async def _start(self) -> None:
         now = utcnow()

@@ -13,7 +13,7 @@ from contextlib import suppress
 
 from app import metrics
 from app.config import Settings
-from app.db import leases
+from app.db import leases, spend
 from app.db.notify import CANCEL, QUEUED
 from app.db.retry import log_db_failure
 from app.db.session import SessionFactory
@@ -52,7 +52,7 @@ class Scheduler:
         self.notifier = notifier or SwarmNotifier()
         self.notifier.runs_here = self.runs_here
         self.writer = StateWriter(sessions, self.owner, retry_for_s=settings.lease_seconds,
-                                  on_commit=self.notifier.notify)
+                                  on_commit=self.notifier.notify, holding=self.runs_here)
         self.ctx = EngineContext(
             settings=settings, prices=settings.prices, gateway=gateway, writer=self.writer,
             owner=self.owner, inflight=asyncio.Semaphore(settings.max_inflight),
@@ -251,6 +251,8 @@ class Scheduler:
             async with self.sessions() as session, session.begin():
                 held = await leases.extend_leases(
                     session, self.owner, epochs, self.settings.lease_seconds)
+                if held:  # its reservations live as long as its leases
+                    await spend.refresh_owned(session, self.owner, self.settings.lease_seconds)
         except Exception as exc:
             log_db_failure(log, "heartbeat", exc)
             return

@@ -211,7 +211,7 @@ def new_swarm_row(swarm_id: str, tenant: str, task: str, spec: dict[str, Any],
         completion_tokens=0, gateway_calls=0, lease_epoch=0, rescues=0,
         cancel_requested=False, event_seq=0, retry_of=retry_of, result=None, error=None,
         started_at=None, finished_at=None, lease_owner=None, lease_expires_at=None,
-        trace_parent=None, vote=None, erased_at=None,
+        trace_parent=None, vote=None, erased_at=None, settled_epoch=0, takeovers=None,
     )
 
 

@@ -56,12 +56,17 @@ class StateWriter:
 
     def __init__(self, sessions: SessionFactory, owner: str, *, retry_for_s: float = 15.0,
                  max_batch: int = 500,
-                 on_commit: Callable[[str, str | None], None] | None = None) -> None:
+                 on_commit: Callable[[str, str | None], None] | None = None,
+                 holding: Callable[[str], bool] | None = None) -> None:
         self._sessions = sessions
         engine = postgres_engine(sessions)
         self._direct = (None if engine is None else
                         DirectConnection(engine.url.render_as_string(hide_password=False)))
         self._on_commit = on_commit
+        # whether this process still drives a swarm (its runner runs): while it does, a write
+        # the database cannot take yet is retried past `retry_for_s` (money is never dropped);
+        # None: every write gives up after the window
+        self._holding = holding
         self._owner = owner
         self._retry_for_s = retry_for_s
         self._max_batch = max_batch
@@ -174,7 +179,7 @@ class StateWriter:
                 self._meanwhile.pop(f) for _, f in batch if f in self._meanwhile])
         except Exception as exc:
             if database_unavailable(exc):
-                self._lost(batch, exc)
+                await self._unavailable(batch, exc)
                 return
             # one swarm's rows must not fail the others': retry each swarm alone, then each
             # write of a swarm that still fails alone
@@ -212,14 +217,14 @@ class StateWriter:
                 return
             except Exception as exc:
                 if database_unavailable(exc):
-                    self._lost(pending, exc)
+                    await self._unavailable(pending, exc)
                     return
         for p in pending:
             try:
                 self._resolve([p], await self._apply([p[0]]))
             except Exception as exc:
                 if database_unavailable(exc):
-                    self._lost([p], exc)
+                    await self._unavailable([p], exc)
                 else:
                     await self._salvage(p, exc)
 
@@ -245,7 +250,43 @@ class StateWriter:
         if kept and self._on_commit is not None:
             self._on_commit(write.swarm_id, None)  # its money only, not its status
 
+    async def _unavailable(self, batch: list[Pending], exc: Exception) -> None:
+        """The database could not take `batch` within the retry window (down, or SQLite's
+        write lock held by another connection): the writes of swarms this process still
+        drives are tried again, window after window, until they commit or are fenced out
+        (the heartbeat found the lease lost, and stopped the runner); the others are lost.
+        A write with ledger rows, totals or reservations in it is never dropped while its
+        owner holds the lease: a takeover settles what the loser had in flight."""
+        while True:
+            kept = self._still_held(batch)
+            ids = {id(p) for p in kept}
+            self._lost([p for p in batch if id(p) not in ids], exc)
+            if not kept:
+                return
+            log.warning("state write of %d swarms: database unavailable for over %.3g s (%s);"
+                        " retrying while their leases are held", len({w.swarm_id for w, _ in kept}),
+                        self._retry_for_s, _reason(exc))
+            batch = kept
+            try:
+                fenced = await self._apply([w for w, _ in batch])
+            except Exception as again:
+                if not database_unavailable(again):
+                    await self._commit_alone(batch, whole=False)
+                    return
+                exc = again
+                continue
+            self._resolve(batch, fenced)
+            return
+
+    def _still_held(self, batch: list[Pending]) -> list[Pending]:
+        if self._holding is None or self._closing:
+            return []
+        holding = self._holding
+        return [p for p in batch if not p[1].done() and holding(p[0].swarm_id)]
+
     def _lost(self, batch: list[Pending], exc: Exception) -> None:
+        if not batch:
+            return
         log.error("state write failed for good: %s", _reason(exc),
                   exc_info=not database_unavailable(exc))
         for _, fut in batch:

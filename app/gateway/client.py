@@ -23,7 +23,16 @@ from tenacity import AsyncRetrying, RetryCallState
 from app import tracing
 from app.gateway.deltas import REFUSED, post_streamed
 from app.gateway.redact import MASK, Redactor
-from app.gateway.wire import AiohttpWire, Answer, HttpxWire, Wire, WireError
+from app.gateway.wire import (
+    MAX_ANSWER_BYTES,
+    AiohttpWire,
+    Answer,
+    HttpxWire,
+    Wire,
+    WireError,
+    answer_limit,
+    limit_of,
+)
 from app.text import storable
 
 Outcome = Literal[
@@ -339,6 +348,9 @@ class _Call:
     # the body asking for a stream (ChatRequest.on_delta); None once the gateway refused one
     stream_body: bytes | None = None
     on_delta: Callable[[str], None] | None = None
+    # the most its answer may hold (wire.answer_limit, from its max_tokens): past it the
+    # attempt is `invalid_response` at once, the rest unread
+    answer_limit: int = MAX_ANSWER_BYTES
 
     def retry(self, state: RetryCallState) -> bool:
         return state.outcome is not None and isinstance(state.outcome.exception(), _Retryable)
@@ -532,6 +544,7 @@ class GatewayClient:
         call = self.new_call(body, request.idempotency_key, max_attempts, timeout_s, deadline,
                              before_attempt, after_attempt)
         call.request = request
+        call.answer_limit = answer_limit(request.max_tokens)
         if request.on_delta is not None:
             payload["stream"] = True
             payload["stream_options"] = {"include_usage": True}
@@ -554,6 +567,7 @@ class GatewayClient:
         call = self.new_call(body, idempotency_key, max_attempts, timeout_s, None,
                              before_attempt, after_attempt)
         call.accept = _any_choice
+        call.answer_limit = limit_of(body)
         return await self._run(call)
 
     def new_call(self, body: bytes, idempotency_key: str | None, max_attempts: int,
@@ -645,13 +659,13 @@ class GatewayClient:
     async def _post(self, call: _Call, headers: dict[str, str] | None,
                     timeout: float) -> Answer:
         if call.stream_body is None or call.on_delta is None:
-            return await self._wire.post(call.body, headers, timeout)
+            return await self._wire.post(call.body, headers, timeout, call.answer_limit)
         answer = await post_streamed(self.stream_client(), self._url, call.stream_body,
-                                     headers, timeout, call.on_delta)
+                                     headers, timeout, call.on_delta, call.answer_limit)
         if answer.status not in REFUSED:
             return answer
         call.stream_body = None  # a gateway that does not stream: asked plainly from now on
-        return await self._wire.post(call.body, headers, timeout)
+        return await self._wire.post(call.body, headers, timeout, call.answer_limit)
 
     async def _classified(
         self, call: _Call, number: int, answer: Answer, latency: float

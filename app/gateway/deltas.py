@@ -18,7 +18,7 @@ import pydantic_core
 from httpx_sse import EventSource, SSEError
 
 from app.gateway.eventstream import DONE, capped
-from app.gateway.wire import MAX_ANSWER_BYTES, Answer, WireError
+from app.gateway.wire import MAX_ANSWER_BYTES, Answer, WireError, too_large
 
 OnDelta = Callable[[str], None]
 # what a gateway answers when it does not stream: the call is asked again as a plain one
@@ -37,12 +37,12 @@ class Assembly:
     usage: Any = None
     size: int = 0  # characters read: the answer's bound applies to a stream as to a body
     done: bool = False
+    limit: int = MAX_ANSWER_BYTES  # the call's answer bound (wire.answer_limit)
 
     def feed(self, data: str) -> None:
         self.size += len(data)
-        if self.size > MAX_ANSWER_BYTES:
-            raise WireError(f"answer over {MAX_ANSWER_BYTES // (1024 * 1024)} MiB",
-                            too_large=True)
+        if self.size > self.limit:
+            raise too_large(self.limit)
         if data == DONE:
             self.done = True
             return
@@ -102,7 +102,7 @@ class Assembly:
 
 async def post_streamed(client: httpx.AsyncClient, url: str, body: bytes,
                         headers: dict[str, str] | None, timeout: float,
-                        on_delta: OnDelta) -> Answer:
+                        on_delta: OnDelta, limit: int = MAX_ANSWER_BYTES) -> Answer:
     """One streamed attempt: an error status's body, a plain body, or the stream assembled
     (raises WireError when the connection fails or the answer outgrows its bound)."""
     request = client.build_request("POST", url, content=body, headers=headers,
@@ -117,10 +117,10 @@ async def post_streamed(client: httpx.AsyncClient, url: str, body: bytes,
             raw = bytearray()
             async for piece in response.aiter_bytes():
                 raw += piece
-                if len(raw) > MAX_ANSWER_BYTES:
-                    raise WireError("answer over its bound", too_large=True)
+                if len(raw) > limit:
+                    raise too_large(limit)
             return Answer(response.status_code, response.headers, bytes(raw))
-        assembly = Assembly(on_delta)
+        assembly = Assembly(on_delta, limit=limit)
         try:
             async for event in EventSource(capped(response)).aiter_sse():
                 assembly.feed(event.data)

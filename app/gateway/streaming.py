@@ -30,6 +30,7 @@ from app.gateway.client import (
     _usage_of,
 )
 from app.gateway.eventstream import DONE, capped
+from app.gateway.wire import limit_of
 
 _ERROR_BODY_BYTES = 64 * 1024  # what is read of a failed attempt's body
 
@@ -62,6 +63,7 @@ class GatewayStream:
     usage: Usage | None = None
     finish_reason: str = ""
     content_bytes: int = 0
+    size: int = 0  # characters of the events read: bounded as a buffered answer is
     _outcome: Outcome = "ok"
     _error: str | None = None
     _recorded: bool = False
@@ -74,6 +76,9 @@ class GatewayStream:
         opened = self._opened
         event: ServerSentEvent | None = opened.first
         while event is not None:
+            self.size += len(event.data)
+            if self.size > self._call.answer_limit:
+                await self._refuse_oversized()
             self._observe(event.data)
             yield event.data
             if event.data == DONE:
@@ -104,6 +109,14 @@ class GatewayStream:
             self._error = self._gateway.scrub(f"{type(exc).__name__}: {exc}")
         record = await self._record()
         raise GatewayUnavailable(f"gateway stream broke: {self._error}", (record,),
+                                 deadline_hit=False)
+
+    async def _refuse_oversized(self) -> None:
+        # refused, the rest unread: it may go on generating, billed as a stream cut short
+        self._outcome = "invalid_response"
+        self._error = f"answer over its bound of {self._call.answer_limit} bytes"
+        record = await self._record()
+        raise GatewayUnavailable(f"gateway stream refused: {self._error}", (record,),
                                  deadline_hit=False)
 
     def _observe(self, data: str) -> None:
@@ -173,6 +186,7 @@ def stream(
     `timeout_s` bounds the wait for each event, `max_s` the attempt whole (from its send)."""
     call = gateway.new_call(body, idempotency_key, max_attempts, timeout_s, None,
                             before_attempt, after_attempt)
+    call.answer_limit = limit_of(body)
     return open_stream(gateway, call, max_s)
 
 

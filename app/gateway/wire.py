@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
+import pydantic_core
 
 from app.gateway import eager
 
@@ -32,10 +33,21 @@ class Answer:
     content: bytes
 
 
-# the most a buffered answer may hold, decoded: a chat completion of 128 choices of 128k
-# tokens is well under it; an endless or decompression-bomb answer would take the process's
-# memory, and every swarm with it
+# the most a buffered answer may hold, decoded, when its request names no max_tokens; an
+# endless or decompression-bomb answer would take the process's memory, and every swarm with it
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
+# an answer's bound follows its call (SPEC §4 "Bounded answers"): a token is a few characters,
+# each at most 6 bytes as a JSON escape, so 64 bytes a token is generous; the floor leaves
+# room for the envelope (ids, usage, a refusal's text) of a short call
+ANSWER_FLOOR_BYTES = 1024 * 1024
+BYTES_PER_TOKEN = 64
+
+
+def answer_limit(max_tokens: int | None, choices: int = 1) -> int:
+    """The most an answer to a call of `max_tokens` (and `choices` choices) may hold."""
+    if not max_tokens or max_tokens < 1:
+        return MAX_ANSWER_BYTES
+    return max(ANSWER_FLOOR_BYTES, max_tokens * max(choices, 1) * BYTES_PER_TOKEN)
 
 
 class WireError(Exception):
@@ -50,23 +62,37 @@ class WireError(Exception):
         self.too_large = too_large
 
 
-def _too_large() -> WireError:
-    return WireError(f"answer over {MAX_ANSWER_BYTES // (1024 * 1024)} MiB", too_large=True)
+def limit_of(body: bytes) -> int:
+    """`answer_limit` of a request body sent as the caller wrote it (a forwarded call)."""
+    try:
+        request = pydantic_core.from_json(body)
+    except ValueError:
+        return MAX_ANSWER_BYTES
+    if not isinstance(request, dict):
+        return MAX_ANSWER_BYTES
+    tokens = request.get("max_completion_tokens", request.get("max_tokens"))
+    n = request.get("n")
+    return answer_limit(tokens if isinstance(tokens, int) else None,
+                        n if isinstance(n, int) else 1)
 
 
-async def _read(response: aiohttp.ClientResponse) -> bytes:
-    """The body, at most MAX_ANSWER_BYTES of it decoded (a declared length over it is refused
+def too_large(limit: int) -> WireError:
+    return WireError(f"answer over its bound of {limit} bytes", too_large=True)
+
+
+async def _read(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, at most `limit` bytes of it decoded (a declared length over it is refused
     before a byte is read)."""
     length = response.content_length
-    if length is not None and length > MAX_ANSWER_BYTES:
-        raise _too_large()
+    if length is not None and length > limit:
+        raise too_large(limit)
     if length is not None and "Content-Encoding" not in response.headers:
         return await response.read()  # the common case: bounded by its length
     body = bytearray()
     async for piece in response.content.iter_chunked(256 * 1024):
         body += piece
-        if len(body) > MAX_ANSWER_BYTES:
-            raise _too_large()
+        if len(body) > limit:
+            raise too_large(limit)
     return bytes(body)
 
 
@@ -104,8 +130,8 @@ class AiohttpWire:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s))
         return self._session
 
-    async def post(self, body: bytes, headers: Mapping[str, str] | None, timeout: float
-                   ) -> Answer:
+    async def post(self, body: bytes, headers: Mapping[str, str] | None, timeout: float,
+                   limit: int = MAX_ANSWER_BYTES) -> Answer:
         """One POST; the caller's asyncio.timeout bounds it as a whole (`timeout` is unused)."""
         session = self._session or self._open()
         try:
@@ -113,7 +139,7 @@ class AiohttpWire:
             # our key to (a 3xx fails as client_error, as on the streaming path)
             async with session.post(self._url, data=body, headers=headers,
                                     allow_redirects=False) as response:
-                return Answer(response.status, response.headers, await _read(response))
+                return Answer(response.status, response.headers, await _read(response, limit))
         except TimeoutError:
             raise  # aiohttp's own timer (connecting) ran out: a timeout, not a broken connection
         except aiohttp.ClientError as exc:
@@ -127,9 +153,10 @@ class AiohttpWire:
 
 
 class Wire(Protocol):
-    async def post(self, body: bytes, headers: Mapping[str, str] | None, timeout: float
-                   ) -> Answer:
-        """The answer; raises WireError, or TimeoutError when the transport's own timer fires."""
+    async def post(self, body: bytes, headers: Mapping[str, str] | None, timeout: float,
+                   limit: int = MAX_ANSWER_BYTES) -> Answer:
+        """The answer, at most `limit` bytes; raises WireError (past it: `too_large`), or
+        TimeoutError when the transport's own timer fires."""
         ...
 
     async def aclose(self) -> None: ...
@@ -143,8 +170,8 @@ class HttpxWire:
         self._client = client
         self._connect_timeout_s = connect_timeout_s
 
-    async def post(self, body: bytes, headers: Mapping[str, str] | None, timeout: float
-                   ) -> Answer:
+    async def post(self, body: bytes, headers: Mapping[str, str] | None, timeout: float,
+                   limit: int = MAX_ANSWER_BYTES) -> Answer:
         timeouts = httpx.Timeout(timeout, connect=min(self._connect_timeout_s, timeout))
         try:
             response = await self._client.post(self._url, content=body, headers=headers,
@@ -155,8 +182,8 @@ class HttpxWire:
             raise WireError(f"{type(exc).__name__}: {exc}", undecodable=True) from exc
         except httpx.RequestError as exc:
             raise WireError(f"{type(exc).__name__}: {exc}") from exc
-        if len(response.content) > MAX_ANSWER_BYTES:  # in process: read already, refused alike
-            raise _too_large()
+        if len(response.content) > limit:  # in process: read already, refused alike
+            raise too_large(limit)
         return Answer(response.status_code, response.headers, response.content)
 
     async def aclose(self) -> None:

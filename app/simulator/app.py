@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from email.utils import formatdate
@@ -29,6 +31,7 @@ from app.simulator.responses import (
     unit,
 )
 
+log = logging.getLogger(__name__)
 MODELS = ("kimi-k2.5", "deepseek-v3.2", "gpt-4.1", "claude-sonnet-4.5", "gemini-2.5-flash")
 _WATCH_DISCONNECT_S = 1.0  # waits this long or longer also watch for a client disconnect
 _HTML_502 = b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"
@@ -88,6 +91,7 @@ class _Simulator:
         try:
             req = parse_request(raw)
             d = parse_directives(req.texts, cfg.flags)
+            _allowed(d, cfg)
             refuse_format(req, d)
         except ValueError as exc:
             return error(400, str(exc))
@@ -103,6 +107,7 @@ class _Simulator:
             wait = max(0.0, cfg.latency_ms + jitter) / 1000
         if not await _wait(request.receive, wait):
             return Response(status_code=499)  # nobody is listening any more
+        _exit_if_asked(d, key)
         if fault == "html502":
             headers = self._retry_headers("502", d)
             return Response(_HTML_502, status_code=502, headers=headers, media_type="text/html")
@@ -190,6 +195,20 @@ class _Simulator:
     async def models_endpoint(self, request: Request) -> Response:
         data = [{"id": m, "object": "model", "owned_by": "swarm-sim"} for m in MODELS]
         return Response(dumps({"object": "list", "data": data}), media_type=JSON)
+
+
+def _allowed(d: Directives, cfg: SimulatorConfig) -> None:
+    if d.exit is not None and not cfg.exit_allowed:
+        raise ValueError("simulator directive exit is not allowed here")
+
+
+def _exit_if_asked(d: Directives, key: str) -> None:
+    """Mid-call, after its latency: the process (its caller's, when in-process) ends as a
+    crash would, the answer never sent (a poison swarm, SWARM_SIMULATOR_EXIT_ALLOWED)."""
+    if d.exit is not None:
+        log.warning("simulator: exiting with code %d as %s asks", d.exit, key)
+        logging.shutdown()
+        os._exit(d.exit)
 
 
 def create_simulator(config: SimulatorConfig | None = None) -> Starlette:

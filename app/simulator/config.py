@@ -29,6 +29,9 @@ class SimulatorConfig:
     # `[[sim when=<flag> ...]]` blocks apply only while their flag is here (a fault a test can
     # switch off between two runs of the same prompts); SWARM_SIM_FLAGS=a,b
     flags: set[str] = field(default_factory=set)
+    # `[[sim exit=N]]` ends the simulator's process with code N mid-call (the in-process
+    # simulator's is the worker's: a poison swarm); off, the directive is a 400
+    exit_allowed: bool = False
 
     def __post_init__(self) -> None:
         rates = self.fault_rates()
@@ -51,6 +54,8 @@ class SimulatorConfig:
                 continue
             if f.name == "api_key":
                 values[f.name] = raw or None
+            elif f.name == "exit_allowed":
+                values[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
             elif f.name == "flags":
                 values[f.name] = {x.strip() for x in raw.split(",") if x.strip()}
             else:

@@ -42,12 +42,14 @@ class Directives:
     poison: int = 0  # 1: answers and error bodies carry a NUL and a lone surrogate
     stream_ms: float | None = None  # a streamed answer's pieces spread over this many ms
     down: str | None = None  # models (comma-separated) that answer 503 to every call
+    output: str | None = None  # a structured answer's fault: fence | prose | invalid
+    reject_schema: int = 0  # 1: a json_schema response_format is refused with a 400
+    exit: int | None = None  # end the process with this code mid-call (config.exit_allowed)
+    answer_bytes: int | None = None  # the answer's content is this many bytes
 
     def is_down(self, model: str) -> bool:
         """Whether `down` names this model."""
         return self.down is not None and model in self.down.split(",")
-    output: str | None = None  # a structured answer's fault: fence | prose | invalid
-    reject_schema: int = 0  # 1: a json_schema response_format is refused with a 400
 
 
 # name -> converter, read from the annotations above ("int | None" -> int)

@@ -1,0 +1,147 @@
+"""Money is never dropped while its owner holds the lease: the group commit retries a write
+the database cannot take (SQLite's write lock held by another connection, an outage) past its
+retry window until it commits (a process that no longer drives the swarm gives up), and the
+heartbeat keeps the daily-cap reservations of calls in flight live with the leases."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import event, func, select
+
+from app.db.leases import LeaseLost
+from app.db.session import SessionFactory, db_now, make_db_engine, make_session_factory
+from app.db.tables import DailyReservation, GatewayCall
+from app.engine.budget import DailyCap
+from app.engine.writer import StateWriter
+from tests.conftest import Harness, make_settings, start_harness
+from tests.helpers import agent, until
+from tests.test_writer import BARE, OWNER, _claimed_swarm, _write
+
+WINDOW_S = 0.3
+
+
+@pytest.fixture
+async def idle(sqlite_url: str) -> AsyncIterator[Harness]:
+    h, close = await start_harness(make_settings(sqlite_url), run_engine=False)
+    yield h
+    await close()
+
+
+@pytest.fixture
+async def impatient(sqlite_url: str) -> AsyncIterator[SessionFactory]:
+    """Sessions that wait 50 ms for SQLite's write lock (the app's wait 10 s)."""
+    engine = make_db_engine(sqlite_url)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _short_wait(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA busy_timeout=50")
+        cur.close()
+
+    yield make_session_factory(engine)
+    await engine.dispose()
+
+
+def _file(url: str) -> str:
+    return url.split("///", 1)[1]
+
+
+async def _under_lock(url: str, writer: StateWriter, swarm_id: str, epoch: int,
+                      caplog: pytest.LogCaptureFixture) -> asyncio.Future[None]:
+    """A ledger row's write submitted while another connection holds the write lock, which
+    it lets go only once the writer said it retries past its window (or gave up)."""
+    holder = sqlite3.connect(_file(url), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        fut = writer.submit(_write(swarm_id, epoch, **{**BARE, "ledger": _write(
+            swarm_id, epoch).ledger}))
+        for _ in range(400):
+            if fut.done() or "retrying while their leases are held" in caplog.text:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    await asyncio.wait([fut], timeout=30)
+    return fut
+
+
+async def _ledger_rows(h: Harness, swarm_id: str) -> int:
+    async with h.app.state.sessions() as s:
+        return int((await s.execute(select(func.count()).select_from(GatewayCall).where(
+            GatewayCall.swarm_id == swarm_id))).scalar_one())
+
+
+@pytest.mark.parametrize("holding", [lambda _: True], ids=["lease-held"])
+async def test_a_ledger_row_outlasts_a_write_lock_held_past_the_window(
+        idle: Harness, impatient: SessionFactory, sqlite_url: str,
+        holding: Callable[[str], bool], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "app.engine.writer")
+    swarm_id, epoch = await _claimed_swarm(idle)
+    writer = StateWriter(impatient, OWNER, retry_for_s=WINDOW_S, holding=holding)
+    writer.start()
+    try:
+        fut = await _under_lock(sqlite_url, writer, swarm_id, epoch, caplog)
+    finally:
+        await writer.close()
+    assert "retrying while their leases are held" in caplog.text  # it outlasted the window
+    assert fut.done() and fut.exception() is None
+    assert await _ledger_rows(idle, swarm_id) == 1
+
+
+async def test_a_process_that_no_longer_drives_the_swarm_gives_up(
+        idle: Harness, impatient: SessionFactory, sqlite_url: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    swarm_id, epoch = await _claimed_swarm(idle)
+    writer = StateWriter(impatient, OWNER, retry_for_s=WINDOW_S, holding=lambda _: False)
+    writer.start()
+    try:
+        fut = await _under_lock(sqlite_url, writer, swarm_id, epoch, caplog)
+    finally:
+        await writer.close()
+    assert isinstance(fut.exception(), LeaseLost)  # its takeover settles what was in flight
+    assert await _ledger_rows(idle, swarm_id) == 0
+
+
+async def test_reservations_live_as_long_as_their_owners_leases(
+        database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daily cap's own refresher stalled (as a long pause of it would): the heartbeat that
+    extends the swarm's lease pushes the reservation of its call in flight along with it."""
+    async def stalled(self: DailyCap) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(DailyCap, "_refresh_loop", stalled)
+    settings = make_settings(database_url, lease_seconds=1.0, daily_budget_usd="100")
+    h, close = await start_harness(settings)
+    try:
+        body = {"task": "t", "synthesis": {"strategy": "none"}, "max_tokens": 50,
+                "agents": [agent("a", "[[sim latency_ms=4000]]")]}
+        swarm_id = (await h.post(body)).json()["id"]
+
+        async def expiry() -> datetime | None:
+            async with h.app.state.sessions() as s:
+                return (await s.execute(select(func.max(DailyReservation.expires_at))))\
+                    .scalar_one_or_none()
+
+        first = await until(expiry, 10, "the call's reservation")
+        # more than a lease on, the reservation is still ahead of the database's clock
+        later = await until(lambda: _past(expiry, first + timedelta(seconds=1.5)), 10,
+                            "the reservation pushed past its first lease")
+        async with h.app.state.sessions() as s:
+            now = await db_now(s)
+        assert later > now
+        assert (await h.wait(swarm_id))["status"] == "succeeded"
+    finally:
+        await close()
+
+
+async def _past(expiry: Callable[[], Any], bound: datetime) -> datetime | None:
+    value = await expiry()
+    return value if value is not None and value > bound else None
