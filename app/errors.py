@@ -102,6 +102,11 @@ class NotRetryable(ApiError):
     code = "not_retryable"
 
 
+class NotAwaitingApproval(ApiError):
+    status_code = 409
+    code = "not_awaiting_approval"
+
+
 class IdempotencyKeyReused(ApiError):
     status_code = 422
     code = "idempotency_key_reused"

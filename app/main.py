@@ -15,7 +15,7 @@ import httpx
 from fastapi import FastAPI
 
 from app import metrics
-from app.api import errors, openai, ops, retry, swarms, usage
+from app.api import approval, errors, openai, ops, retry, swarms, usage
 from app.api import tools as tools_api
 from app.api.admission import StreamSlots
 from app.api.openai_errors import openai_responses
@@ -108,6 +108,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     # 403: a client off loopback, or a Host not loopback's, while the API is open (LoopbackOnly)
     app.include_router(swarms.router, responses=errors.error_responses(403, 503))
     app.include_router(retry.router, responses=errors.error_responses(403, 503))
+    app.include_router(approval.router, responses=errors.error_responses(403, 503))
     app.include_router(usage.router, responses=errors.error_responses(403, 503))
     app.include_router(openai.router, responses=openai_responses(403))  # OpenAI's shape
     app.include_router(tools_api.router, responses=errors.error_responses(403))

@@ -94,6 +94,9 @@ http_duration = Histogram("swarm_http_request_duration_seconds", "HTTP requests 
 TAKEOVER_REASONS = ("lease_expired", "released")
 takeovers = Counter("swarm_takeovers_total", "Swarms taken over from another owner",
                     ["reason"])
+# SPEC §14: how each swarm that named an approval rule went on
+APPROVAL_OUTCOMES = ("approved", "rejected", "timed_out", "auto")
+approvals = Counter("swarm_approvals_total", "Approval decisions on swarms", ["outcome"])
 # Measured from the database when /metrics is asked (`set_queue_oldest_age`): every API
 # process sees the same queue, and the process just scraped has the freshest figure, so the
 # merge across processes keeps the most recent value (a `max` would keep a process's old,
@@ -119,6 +122,8 @@ def _init_labels() -> None:
         quota_denials.labels(limit)
     for reason in TAKEOVER_REASONS:
         takeovers.labels(reason)
+    for outcome in APPROVAL_OUTCOMES:
+        approvals.labels(outcome)
 
 
 def _init_models(models: tuple[str, ...] | list[str]) -> None:

@@ -61,7 +61,7 @@ class Swarm(Base):
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128))
-    status: Mapped[SwarmStatus] = mapped_column(StatusColumn(SwarmStatus))
+    status: Mapped[SwarmStatus] = mapped_column(StatusColumn(SwarmStatus, 24))
     task: Mapped[str] = mapped_column(Text)
     spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
@@ -93,6 +93,10 @@ class Swarm(Base):
     retry_of: Mapped[str | None] = mapped_column(String(36), default=None)
     # W3C traceparent of the swarm's trace (app/tracing.py), continued by every process
     trace_parent: Mapped[str | None] = mapped_column(String(55))
+    # the approval gate (SPEC §14, migration 0020): the plan, its estimate and the decision;
+    # while the swarm awaits approval, when it times out
+    approval: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    approval_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_swarms_tenant_idempotency_key"),
@@ -101,6 +105,7 @@ class Swarm(Base):
         Index("ix_swarms_retry_of", "retry_of"),
         # per-tenant counts: active swarms at admission, queue_position (0006)
         Index("ix_swarms_tenant_status_created", "tenant", "status", "created_at"),
+        Index("ix_swarms_approval_due_at", "approval_due_at"),
     )
 
 
