@@ -61,7 +61,10 @@ class Swarm(Base):
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128))
-    status: Mapped[SwarmStatus] = mapped_column(StatusColumn(SwarmStatus, 24))
+    # 24 characters for `awaiting_approval` (migration 0020); SQLite enforces no length, and
+    # its column keeps the type the first migration declared
+    status: Mapped[SwarmStatus] = mapped_column(
+        StatusColumn(SwarmStatus, 24).with_variant(StatusColumn(SwarmStatus), "sqlite"))
     task: Mapped[str] = mapped_column(Text)
     spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
