@@ -1,5 +1,6 @@
 """The client commands of the `swarm-api` console script (SPEC §13): submit, get, ls, watch,
-cancel, retry, usage. `app/cli.py` dispatches here; nothing of the server is imported.
+cancel, retry, approve, reject, usage. `app/cli.py` dispatches here; nothing of the server is
+imported.
 
 Exit statuses and help: `cli_args.py`. Written to a terminal, the commands draw with rich
 (`view.py`); to a pipe or a file, plain columns of whole values (`report.py`) or --json. Every
@@ -165,7 +166,7 @@ def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
 
 
-def _read_body(name: str) -> dict[str, Any]:
+def _read_body(name: str, plan: bool = False) -> dict[str, Any]:
     try:
         text = sys.stdin.read() if name == "-" else Path(name).read_text()
     except OSError as exc:
@@ -174,6 +175,10 @@ def _read_body(name: str) -> dict[str, Any]:
         body = json.loads(text)
     except ValueError as exc:
         raise _BadInput(f"{'stdin' if name == '-' else name} is not valid JSON: {exc}") from exc
+    if plan:  # a list of agents, or {"agents": [...], "limits"?} as a swarm's `plan` shows
+        body = {"agents": body} if isinstance(body, list) else body
+        if not isinstance(body, dict) or not isinstance(body.get("agents"), list):
+            raise _BadInput('the plan must be {"agents": [...]} or a JSON list of agents')
     if not isinstance(body, dict):
         raise _BadInput("the request body must be a JSON object, e.g. {\"task\": \"...\"}")
     return body
@@ -296,6 +301,21 @@ def _retry(client: SwarmClient, args: argparse.Namespace) -> int:
     return _finish(client, swarm, args)
 
 
+def _approve(client: SwarmClient, args: argparse.Namespace) -> int:
+    plan = _read_body(args.plan, plan=True) if args.plan is not None else {}
+    return _finish(client, client.approve(args.id, agents=plan.get("agents"),
+                                          limits=plan.get("limits")), args)
+
+
+def _reject(client: SwarmClient, args: argparse.Namespace) -> int:
+    swarm = client.reject(args.id, reason=args.reason)
+    if args.json:
+        _print_json(swarm.model_dump(mode="json"))
+    else:
+        print(f"{swarm.id} {swarm.status}")
+    return OK
+
+
 def _get(client: SwarmClient, args: argparse.Namespace) -> int:
     swarm = client.get(args.id)
     if args.result:
@@ -371,5 +391,5 @@ def _usage(client: SwarmClient, args: argparse.Namespace) -> int:
 
 _HANDLERS: dict[str, Callable[[SwarmClient, argparse.Namespace], int]] = {
     "submit": _submit, "get": _get, "ls": _ls, "watch": _watch, "cancel": _cancel,
-    "retry": _retry, "usage": _usage,
+    "retry": _retry, "approve": _approve, "reject": _reject, "usage": _usage,
 }
