@@ -268,6 +268,9 @@ def _finish(client: SwarmClient, swarm: SwarmRead, args: argparse.Namespace) -> 
         else:
             print(f"{swarm.id} {swarm.status}")
         return OK
+    if swarm.status == "awaiting_approval":  # it runs once someone decides
+        print(f"swarm {swarm.id} awaits approval: swarm-api approve {swarm.id} (or reject)",
+              file=sys.stderr)
     timeout = getattr(args, "timeout", None)
     try:
         if args.json:

@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+from app import metrics
+from app.db import queries
 from tests.conftest import Harness, make_settings, start_harness
 
 AGENTS = [{"name": "alpha", "prompt": "say alpha"}, {"name": "beta", "prompt": "say beta"}]
@@ -59,6 +61,47 @@ async def test_named_agents_answer_awaiting_and_call_nothing(harness: Harness) -
     assert again["status"] == "awaiting_approval"
     assert harness.sim_stats.calls == 0
     assert again["usage"]["gateway_calls"] == 0 and again["usage"]["cost_usd"] == "0"
+
+
+async def test_a_held_swarm_holds_no_lease_through_many_claims(database_url: str) -> None:
+    h, close = await start_harness(make_settings(database_url, poll_interval_s=0.05))
+    try:
+        data = await held(h, {"task": "plan", "limits": {"approval": "always"}})
+        await asyncio.sleep(2.0)  # some forty claim polls
+        async with h.app.state.sessions() as session, session.begin():
+            row = await queries.get_swarm(session, data["id"], None)
+        assert row is not None and row.status == "awaiting_approval"
+        assert (row.lease_owner, row.lease_expires_at, row.reserved_usd) == (None, None, 0)
+        assert called(h, data["id"]) == ["@planner"]
+        assert (await h.client.get(f"/swarms/{data['id']}")).json()["status"] == (
+            "awaiting_approval")
+    finally:
+        await close()
+
+
+def outcomes() -> dict[str, float]:
+    return {o: metrics.approvals.labels(o)._value.get() for o in metrics.APPROVAL_OUTCOMES}
+
+
+async def test_the_metric_counts_each_outcome(database_url: str) -> None:
+    h, close = await start_harness(make_settings(database_url, poll_interval_s=0.1))
+    try:
+        before = outcomes()
+        await h.run(body({"above_agents": 5}))
+        approved = await held(h, body())
+        await h.client.post(f"/swarms/{approved['id']}/approve")
+        await h.wait(approved["id"])
+        rejected = await held(h, body())
+        await h.client.post(f"/swarms/{rejected['id']}/reject")
+        timed = await held(h, body(limits={"approval_timeout_s": 0.2}))
+        await h.wait(timed["id"])
+        after = outcomes()
+        assert {o: after[o] - before[o] for o in after} == {
+            "auto": 1, "approved": 1, "rejected": 1, "timed_out": 1}
+        text = (await h.client.get("/metrics")).text
+        assert 'swarm_approvals_total{outcome="approved"}' in text
+    finally:
+        await close()
 
 
 async def test_approve_runs_the_plan_shown(harness: Harness) -> None:
