@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from decimal import Decimal
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import func, select
 
 from app import metrics
 from app.db import queries
+from app.db.tables import GatewayCall
 from tests.conftest import Harness, make_settings, start_harness
 
 AGENTS = [{"name": "alpha", "prompt": "say alpha"}, {"name": "beta", "prompt": "say beta"}]
@@ -102,6 +105,18 @@ async def test_the_metric_counts_each_outcome(database_url: str) -> None:
         assert 'swarm_approvals_total{outcome="approved"}' in text
     finally:
         await close()
+
+
+async def test_the_max_is_the_reservation_the_run_makes(harness: Harness) -> None:
+    data = await held(harness, body(synthesis={"strategy": "concatenate"}))
+    await harness.client.post(f"/swarms/{data['id']}/approve")
+    assert (await harness.wait(data["id"]))["status"] == "succeeded"
+    async with harness.app.state.sessions() as session, session.begin():
+        reserved = (await session.execute(
+            select(func.sum(GatewayCall.reserved_usd)).where(
+                GatewayCall.swarm_id == data["id"]))).scalar_one()
+    assert reserved == Decimal(data["estimate"]["cost_usd"]["max"])
+    assert data["estimate"]["calls"] == {"expected": 2, "max": 2}
 
 
 async def test_approve_runs_the_plan_shown(harness: Harness) -> None:

@@ -13,9 +13,9 @@ from typing import Any
 
 from app.db.tables import Subtask, Swarm
 from app.engine import dag
-from app.engine.context import estimate_prompt_tokens
+from app.engine.context import estimate_prompt_tokens, with_dependencies
 from app.engine.planner import worker_system_prompt
-from app.engine.synthesis import SYNTHESIZER_SYSTEM
+from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.pricing import PriceTable, usd_str
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
 
@@ -25,13 +25,17 @@ _BYTES_PER_TOKEN = 4
 
 
 def _own_prompt(sub: Subtask, task: str) -> list[dict[str, str]]:
-    """The messages of a subtask's first call before any dependency's output is added."""
+    """The messages of a subtask's first call with its dependencies' outputs empty (their
+    names and the wording around them in place)."""
     if sub.kind is SubtaskKind.synthesizer:
-        system, user = sub.system_prompt or SYNTHESIZER_SYSTEM, f"Task:\n{task}"
+        system = sub.system_prompt or SYNTHESIZER_SYSTEM
+        user = synthesis_prompt(task, [WorkerResult(d, "", 1.0, False) for d in sub.depends_on],
+                                [])
     else:
         system = (sub.system_prompt if sub.system_prompt is not None
                   else worker_system_prompt(task))
-        user = task if sub.prompt is None else sub.prompt
+        user = with_dependencies(task if sub.prompt is None else sub.prompt,
+                                 [(d, "") for d in sub.depends_on])
     return ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": user}]
 
