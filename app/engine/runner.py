@@ -393,6 +393,8 @@ class SwarmRunner:
         estimate = approval.worst_case(subs, self.swarm.task, self.ctx.prices)
         if approval.needed(self.limits, estimate):
             await self.commit()  # what came before is durable before the lease goes
+            if self._stop.is_set():  # cancelled meanwhile: it ends, never held
+                return
             if await gate.park(self.ctx.writer, self.swarm, subs, estimate, self.ctx.owner,
                                self.epoch):
                 raise Parked
