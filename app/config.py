@@ -12,9 +12,10 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.keys import KeyRing, parse_api_keys
 from app.logs import LEVELS
 from app.pricing import PriceTable
-from app.tenants import TenantLimits, TenantTable
+from app.tenants import TenantLimits, TenantTable, read_tenant_keys
 from app.tools.config import load_config
 
 EMBEDDED_DATABASE_URL = "sqlite+aiosqlite:///./swarm.db"
@@ -40,30 +41,6 @@ def database_url_of(raw: str) -> str:
             raise ValueError(f"SWARM_DATABASE_URL: the SQLite file's directory "
                              f"{str(Path(path).parent)!r} does not exist")
     return f"{driver}://{rest}"
-
-
-def parse_api_keys(raw: str) -> dict[str, str]:
-    """Client key -> tenant, from `tenant:key,tenant:key`. Refuses what would silently mean
-    something else: a value with no key at all (open mode by accident), a malformed item, and
-    a key listed twice (which tenant would it be?)."""
-    out: dict[str, str] = {}
-    if not raw.strip():
-        return out
-    for item in raw.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        tenant, sep, key = item.partition(":")
-        tenant, key = tenant.strip(), key.strip()
-        if not sep or not tenant or not key:
-            raise ValueError("SWARM_API_KEYS must be 'tenant:key,tenant:key'")
-        if key in out:
-            raise ValueError(f"SWARM_API_KEYS lists one key twice (tenants {out[key]!r} and "
-                             f"{tenant!r})")
-        out[key] = tenant
-    if not out:
-        raise ValueError("SWARM_API_KEYS is set but names no key: leave it empty for open mode")
-    return out
 
 
 def parse_allowed_hosts(raw: str) -> frozenset[str]:
@@ -221,6 +198,7 @@ class Settings(LogSettings):
             raise ValueError(f"SWARM_DEFAULT_MODEL {self.default_model!r} has no price "
                              f"(priced: {', '.join(self.prices.names())})")
         _ = self.tenants  # SWARM_TENANTS_FILE read and checked now (ValueError says why)
+        _ = self.keys  # and its keys merged with SWARM_API_KEYS' (one key, two tenants: refused)
         if self.mcp_config:  # read again when the servers start; a typo stops no running swarm
             load_config(self.mcp_config)
         return self
@@ -234,18 +212,20 @@ class Settings(LogSettings):
         return self.auto_migrate or self.is_sqlite
 
     @cached_property
-    def tenant_keys(self) -> dict[str, str]:
-        """Client key -> tenant, from `tenant:key,tenant:key`."""
-        return parse_api_keys(self.api_keys.get_secret_value())
+    def keys(self) -> KeyRing:
+        """The API keys in force: SWARM_API_KEYS's and the tenants file's (SPEC §16)."""
+        return KeyRing(parse_api_keys(self.api_keys.get_secret_value()), self.tenants_file,
+                       read_tenant_keys)
 
     @cached_property
     def allowed_host_names(self) -> frozenset[str]:
         """SWARM_ALLOWED_HOSTS as the names a Host header is compared with."""
         return parse_allowed_hosts(self.allowed_hosts)
 
-    @property
+    @cached_property
     def auth_enabled(self) -> bool:
-        return bool(self.tenant_keys)
+        """Any key configured, in SWARM_API_KEYS or the tenants file: decided at start."""
+        return self.keys.configured
 
     @cached_property
     def prices(self) -> PriceTable:

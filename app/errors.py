@@ -117,6 +117,13 @@ class Unauthorized(ApiError):
     code = "unauthorized"
 
 
+class Forbidden(ApiError):
+    """403: a valid key without the scope the route needs (`insufficient_scope`)."""
+
+    status_code = 403
+    code = "forbidden"
+
+
 class TooManyRequests(ApiError):
     """429 with `Retry-After`: `rate_limited` (the tenant's bucket is empty) or
     `quota_exceeded` (a count or the daily cap; `details.limit` names the key)."""

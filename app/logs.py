@@ -21,12 +21,14 @@ from typing import Any, TextIO
 
 FORMATS = ("json", "text")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-CONTEXT_FIELDS = ("swarm_id", "tenant", "trace_id")
+CONTEXT_FIELDS = ("swarm_id", "tenant", "trace_id", "key_id")
 
 _swarm_id: ContextVar[str | None] = ContextVar("log_swarm_id", default=None)
 _tenant: ContextVar[str | None] = ContextVar("log_tenant", default=None)
 _trace_id: ContextVar[str | None] = ContextVar("log_trace_id", default=None)
-_VARS = {"swarm_id": _swarm_id, "tenant": _tenant, "trace_id": _trace_id}
+# the id of the request's API key (never the key: app/keys.py)
+_key_id: ContextVar[str | None] = ContextVar("log_key_id", default=None)
+_VARS = {"swarm_id": _swarm_id, "tenant": _tenant, "trace_id": _trace_id, "key_id": _key_id}
 
 # what every LogRecord has: the rest of its attributes are a call's `extra` fields; uvicorn's
 # `color_message` repeats the message with terminal colours
@@ -48,7 +50,7 @@ def trace_id_of(traceparent: str | None) -> str | None:
 
 
 def bind(*, swarm_id: str | None = None, tenant: str | None = None,
-         traceparent: str | None = None) -> None:
+         traceparent: str | None = None, key_id: str | None = None) -> None:
     """Name the swarm, tenant and trace of what runs in the current context from now on (the
     ones given; the others stay). A task's context is its own: a runner binds its swarm in its
     task, and the subtask tasks it starts inherit it."""
@@ -56,6 +58,8 @@ def bind(*, swarm_id: str | None = None, tenant: str | None = None,
         _swarm_id.set(swarm_id)
     if tenant is not None:
         _tenant.set(tenant)
+    if key_id is not None:
+        _key_id.set(key_id)
     if (trace_id := trace_id_of(traceparent)) is not None:
         _trace_id.set(trace_id)
 

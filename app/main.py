@@ -15,7 +15,7 @@ import httpx
 from fastapi import FastAPI
 
 from app import metrics
-from app.api import approval, errors, openai, ops, retry, swarms, usage
+from app.api import approval, audit, errors, openai, ops, retry, swarms, usage
 from app.api import tools as tools_api
 from app.api.admission import StreamSlots
 from app.api.openai_errors import openai_responses
@@ -60,6 +60,18 @@ def _stop_with_parent(app: FastAPI) -> None:
     loop.add_reader(parent.sentinel, gone)
 
 
+def _reload_keys_on_hup(settings: Settings) -> bool:
+    """SIGHUP reads the tenants file's keys again (a rotation without a restart; its mtime is
+    watched too). False where no handler could be set: no file, or not the main thread."""
+    if not settings.tenants_file or not hasattr(signal, "SIGHUP"):
+        return False
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, settings.keys.reload)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return False
+    return True
+
+
 def create_app(settings: Settings | None = None, *, gateway: GatewayClient | None = None,
                run_engine: bool | None = None,
                webhook_transport: httpx.AsyncBaseTransport | None = None,
@@ -88,10 +100,13 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
             app.state.tools = runtime.tools
             watch = asyncio.create_task(_stop_when_failed(app, runtime), name="side-monitor")
             _stop_with_parent(app)
+            hup = _reload_keys_on_hup(settings)
             try:
                 yield
             finally:
                 watch.cancel()
+                if hup:
+                    asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         metrics.process_exiting()
 
     # /docs and /redoc served offline, operation ids named after the route functions
@@ -110,6 +125,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     app.include_router(retry.router, responses=errors.error_responses(403, 503))
     app.include_router(approval.router, responses=errors.error_responses(403, 503))
     app.include_router(usage.router, responses=errors.error_responses(403, 503))
+    app.include_router(audit.router, responses=errors.error_responses(403, 503))
     app.include_router(openai.router, responses=openai_responses(403))  # OpenAI's shape
     app.include_router(tools_api.router, responses=errors.error_responses(403))
     app.include_router(ops.router)

@@ -3,7 +3,8 @@
 `SWARM_TENANTS_FILE` (TOML or JSON) has a `[defaults]` table and `[tenants.<name>]` tables. A
 tenant's own table is laid over the defaults key by key (a tenant that raises one limit keeps
 the others). With a file, a key absent from both means no limit; without a file every tenant
-gets SPEC §8's defaults (`TenantLimits.spec_defaults()`).
+gets SPEC §8's defaults (`TenantLimits.spec_defaults()`). A tenant's table may also list its
+API keys (`keys = [...]`, SPEC §16: app/keys.py); they are no limit, and not in the version.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+
+from app.keys import ApiKey, file_keys
 
 Money = Decimal
 # `server` (all its tools) or `server.tool` (one), as an agent's `tools` name them (SPEC §9)
@@ -104,30 +107,52 @@ class TenantTable:
 
     @classmethod
     def from_file(cls, path: str | Path) -> TenantTable:
-        """Load and validate the file; ValueError names the file, the table and the key."""
+        """Load and validate the file (its keys too); ValueError names the file, the table and
+        the key."""
         p = Path(path)
-        try:
-            text = p.read_text()
-            raw: Any = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
-        except (OSError, ValueError) as exc:  # JSON and TOML decode errors are ValueErrors
-            raise ValueError(f"SWARM_TENANTS_FILE {p}: {exc}") from None
-        if not isinstance(raw, dict) or set(raw) - {"defaults", "tenants"}:
-            got = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
-            raise ValueError(f"SWARM_TENANTS_FILE {p}: expected only [defaults] and "
-                             f"[tenants.<name>] tables, got {got}")
-        base = raw.get("defaults", {})
-        tables = raw.get("tenants", {})
-        if not isinstance(base, dict) or not isinstance(tables, dict):
-            raise ValueError(f"SWARM_TENANTS_FILE {p}: [defaults] and [tenants] must be tables")
+        base, tables = _read(p)
         defaults = _limits(p, "defaults", base)
         tenants: dict[str, TenantLimits] = {}
+        keys: dict[str, Any] = {}
         for name, own in tables.items():
             if not isinstance(own, dict):
                 raise ValueError(f"SWARM_TENANTS_FILE {p}: [tenants.{name}] must be a table")
+            own = dict(own)
+            if "keys" in own:
+                keys[name] = own.pop("keys")
             tenants[name] = _limits(p, f"tenants.{name}", {**base, **own})
+        file_keys(p, keys)  # checked now: a bad key stops the start, as a bad limit does
         canon = {"defaults": _canon(defaults),
                  "tenants": {n: _canon(t) for n, t in sorted(tenants.items())}}
         return cls(defaults, tenants, _version(canon))
+
+
+def read_tenant_keys(path: Path) -> list[ApiKey]:
+    """The API keys the tenants file lists (SPEC §16), read now: a rotation's reload."""
+    _, tables = _read(path)
+    return file_keys(path, {name: own["keys"] for name, own in tables.items()
+                            if isinstance(own, dict) and "keys" in own})
+
+
+def _read(p: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The file's [defaults] and [tenants] tables, their shape checked."""
+    try:
+        text = p.read_text()
+        raw: Any = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
+    except (OSError, ValueError) as exc:  # JSON and TOML decode errors are ValueErrors
+        raise ValueError(f"SWARM_TENANTS_FILE {p}: {exc}") from None
+    if not isinstance(raw, dict) or set(raw) - {"defaults", "tenants"}:
+        got = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
+        raise ValueError(f"SWARM_TENANTS_FILE {p}: expected only [defaults] and "
+                         f"[tenants.<name>] tables, got {got}")
+    base = raw.get("defaults", {})
+    tables = raw.get("tenants", {})
+    if not isinstance(base, dict) or not isinstance(tables, dict):
+        raise ValueError(f"SWARM_TENANTS_FILE {p}: [defaults] and [tenants] must be tables")
+    if "keys" in base:
+        raise ValueError(f"SWARM_TENANTS_FILE {p}: [defaults] cannot list keys: a key names "
+                         "one tenant (list it under [tenants.<name>])")
+    return base, tables
 
 
 def _limits(path: Path, where: str, values: dict[str, Any]) -> TenantLimits:

@@ -132,16 +132,18 @@ def _traceparent_of(span: Span) -> str:
     return carrier["traceparent"]
 
 
-def swarm_created(incoming: str | None) -> str:
+def swarm_created(incoming: str | None, key_id: str | None = None) -> str:
     """The traceparent to store with a new swarm: a `create_swarm` span's (a child of the
     caller's `traceparent`; it marks the creation, and every process that runs the swarm
-    continues from it), or without tracing the caller's own, or a new one."""
+    continues from it; it names the caller's key by its id, never the key), or without
+    tracing the caller's own, or a new one."""
     parent = valid_traceparent(incoming)
     if _State.tracer is None:
         return parent or new_traceparent()
     ctx = _PROPAGATOR.extract({"traceparent": parent}) if parent else None
-    with _State.tracer.start_as_current_span("create_swarm", context=ctx,
-                                             kind=SpanKind.SERVER) as span:
+    attributes = {"swarm_api.key_id": key_id} if key_id is not None else None
+    with _State.tracer.start_as_current_span("create_swarm", context=ctx, kind=SpanKind.SERVER,
+                                             attributes=attributes) as span:
         return _traceparent_of(span)
 
 

@@ -189,6 +189,16 @@ def usage_call(start: date | datetime | str | None, end: date | datetime | str |
     return Call("GET", "/usage", params=params)
 
 
+def audit_call(start: date | datetime | str | None, end: date | datetime | str | None,
+               action: str | None, limit: int, cursor: str | None) -> Call:
+    params: dict[str, Any] = {"limit": limit}
+    for name, value in (("from", _instant(start)), ("to", _instant(end)), ("action", action),
+                        ("cursor", cursor)):
+        if value is not None:
+            params[name] = value
+    return Call("GET", "/audit", params=params)
+
+
 def events_headers(last_event_id: int | None) -> dict[str, str]:
     headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
     if last_event_id:

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying
 
 from app.schemas import (
+    AuditPage,
     SubtaskDetail,
     SwarmCreate,
     SwarmEvent,
@@ -115,6 +116,13 @@ class AsyncSwarmClient:
                     group_by: str = "model") -> UsageReport:
         """`GET /usage?from=&to=&group_by=`: spend and tokens from the ledger."""
         return await self._call(b.usage_call(start, end, group_by), UsageReport)
+
+    async def audit(self, *, start: date | datetime | str | None = None,
+                    end: date | datetime | str | None = None, action: str | None = None,
+                    limit: int = 100, cursor: str | None = None) -> AuditPage:
+        """`GET /audit?from=&to=&action=&limit=&cursor=`: one page of the tenant's audit
+        trail, newest first (the key needs the scope `audit:read`)."""
+        return await self._call(b.audit_call(start, end, action, limit, cursor), AuditPage)
 
     async def subtask(self, swarm_id: str, name: str) -> SubtaskDetail:
         """`GET /swarms/{id}/subtasks/{name}`: one subtask with its transcript (SPEC §9)."""

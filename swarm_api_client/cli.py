@@ -1,6 +1,6 @@
 """The client commands of the `swarm-api` console script (SPEC §13): submit, get, ls, watch,
-cancel, retry, approve, reject, usage. `app/cli.py` dispatches here; nothing of the server is
-imported.
+cancel, retry, approve, reject, usage, audit. `app/cli.py` dispatches here; nothing of the
+server is imported.
 
 Exit statuses and help: `cli_args.py`. Written to a terminal, the commands draw with rich
 (`view.py`); to a pipe or a file, plain columns of whole values (`report.py`) or --json. Every
@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -33,6 +32,8 @@ from swarm_api_client.cli_args import (
     UNREACHABLE,
     add_commands,
 )
+from swarm_api_client.cli_input import BadInput as _BadInput
+from swarm_api_client.cli_input import read_body as _read_body
 from swarm_api_client.client import SwarmClient
 from swarm_api_client.errors import (
     ConnectionFailed,
@@ -118,10 +119,6 @@ def _drop_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
-class _BadInput(Exception):
-    pass
-
-
 class _Interrupted(KeyboardInterrupt):
     """Ctrl-C while following a swarm this command created: its id is in the message."""
 
@@ -164,24 +161,6 @@ def _print_swarm(swarm: SwarmRead, args: argparse.Namespace) -> None:
 
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
-
-
-def _read_body(name: str, plan: bool = False) -> dict[str, Any]:
-    try:
-        text = sys.stdin.read() if name == "-" else Path(name).read_text()
-    except OSError as exc:
-        raise _BadInput(f"cannot read {name}: {exc.strerror or exc}") from exc
-    try:
-        body = json.loads(text)
-    except ValueError as exc:
-        raise _BadInput(f"{'stdin' if name == '-' else name} is not valid JSON: {exc}") from exc
-    if plan:  # a list of agents, or {"agents": [...], "limits"?} as a swarm's `plan` shows
-        body = {"agents": body} if isinstance(body, list) else body
-        if not isinstance(body, dict) or not isinstance(body.get("agents"), list):
-            raise _BadInput('the plan must be {"agents": [...]} or a JSON list of agents')
-    if not isinstance(body, dict):
-        raise _BadInput("the request body must be a JSON object, e.g. {\"task\": \"...\"}")
-    return body
 
 
 def _outcome(swarm: SwarmRead) -> int:
@@ -392,7 +371,23 @@ def _usage(client: SwarmClient, args: argparse.Namespace) -> int:
     return OK
 
 
+def _audit(client: SwarmClient, args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise _BadInput("--limit must be at least 1")
+    rows = list(client.audit_entries(start=args.start, end=args.end, action=args.action,
+                                     limit=args.limit))
+    if args.json:
+        _print_json([r.model_dump(mode="json") for r in rows])
+        return OK
+    if not rows:  # on stderr, as `ls`: a pipe gets no line
+        print("no audit rows", file=sys.stderr)
+        return OK
+    _lines([" ".join((r.time.isoformat(), r.action, r.swarm_id or "-", r.key_id or "-",
+                      r.client or "-", r.request_id or "-")) for r in rows])
+    return OK
+
+
 _HANDLERS: dict[str, Callable[[SwarmClient, argparse.Namespace], int]] = {
     "submit": _submit, "get": _get, "ls": _ls, "watch": _watch, "cancel": _cancel,
-    "retry": _retry, "approve": _approve, "reject": _reject, "usage": _usage,
+    "retry": _retry, "approve": _approve, "reject": _reject, "usage": _usage, "audit": _audit,
 }

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 from importlib.metadata import PackageNotFoundError, version
+from typing import get_args
 
+from app.schemas import AuditAction
 from swarm_api_client._base import DEFAULT_URL, TERMINAL
 from swarm_api_client.report import SUBTASK_ROWS
 
 OK, NOT_SUCCEEDED, REFUSED, UNREACHABLE, KEY_REFUSED, INTERRUPTED = 0, 1, 2, 3, 4, 130
-COMMANDS = ("submit", "get", "ls", "watch", "cancel", "retry", "approve", "reject", "usage")
+COMMANDS = ("submit", "get", "ls", "watch", "cancel", "retry", "approve", "reject", "usage",
+            "audit")
 
 EXIT_STATUSES = f"""\
 exit statuses (client commands):
@@ -34,9 +37,9 @@ DESCRIPTION = """\
 Swarm API: run LLM agent swarms over an OpenAI-compatible gateway.
 
 Server commands run the service (serve, worker, migrate, simulator); client commands talk to a
-running service over HTTP (submit, get, ls, watch, cancel, retry, approve, reject, usage).
-Written to a pipe or a file, client commands print plain columns with every value whole;
---json prints JSON."""
+running service over HTTP (submit, get, ls, watch, cancel, retry, approve, reject, usage,
+audit). Written to a pipe or a file, client commands print plain columns with every value
+whole; --json prints JSON."""
 
 EXAMPLES = """\
 examples:
@@ -167,3 +170,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--from", dest="start", default=None, help="ISO date or datetime (inclusive)")
     p.add_argument("--to", dest="end", default=None, help="ISO date or datetime (exclusive)")
     p.add_argument("--group-by", default="model", choices=["model", "day", "tenant"])
+
+    p = _command(sub, "audit", common, "who changed what: the tenant's audit trail, newest first",
+                 "  swarm-api audit\n  swarm-api audit --from 2026-12-01 --action cancel")
+    p.add_argument("--from", dest="start", default=None, help="ISO date or datetime (inclusive)")
+    p.add_argument("--to", dest="end", default=None, help="ISO date or datetime (exclusive)")
+    p.add_argument("--action", default=None, choices=list(get_args(AuditAction)))
+    p.add_argument("--limit", type=int, default=50, help="at most N rows (default 50)")

@@ -16,6 +16,8 @@ from pydantic import BaseModel
 from tenacity import Retrying
 
 from app.schemas import (
+    AuditEntry,
+    AuditPage,
     SubtaskDetail,
     SwarmCreate,
     SwarmEvent,
@@ -112,6 +114,29 @@ class SwarmClient:
               end: date | datetime | str | None = None, group_by: str = "model") -> UsageReport:
         """`GET /usage?from=&to=&group_by=`: spend and tokens from the ledger."""
         return self._call(b.usage_call(start, end, group_by), UsageReport)
+
+    def audit(self, *, start: date | datetime | str | None = None,
+              end: date | datetime | str | None = None, action: str | None = None,
+              limit: int = 100, cursor: str | None = None) -> AuditPage:
+        """`GET /audit?from=&to=&action=&limit=&cursor=`: one page of the tenant's audit
+        trail, newest first (the key needs the scope `audit:read`)."""
+        return self._call(b.audit_call(start, end, action, limit, cursor), AuditPage)
+
+    def audit_entries(self, *, start: date | datetime | str | None = None,
+                      end: date | datetime | str | None = None, action: str | None = None,
+                      limit: int | None = None) -> Iterator[AuditEntry]:
+        """The audit trail page after page, newest first: at most `limit` rows (None: all)."""
+        cursor: str | None = None
+        left = limit
+        while left is None or left > 0:
+            size = b.MAX_PAGE if left is None else min(left, b.MAX_PAGE)
+            page = self.audit(start=start, end=end, action=action, limit=size, cursor=cursor)
+            yield from page.items
+            if left is not None:
+                left -= len(page.items)
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     def subtask(self, swarm_id: str, name: str) -> SubtaskDetail:
         """`GET /swarms/{id}/subtasks/{name}`: one subtask with its transcript (SPEC §9)."""

@@ -1,5 +1,5 @@
-"""The CLI's client commands (`swarm-api submit/get/ls/watch/cancel/retry/usage`), run as the
-console script against a real `swarm-api serve` on PostgreSQL."""
+"""The CLI's client commands (`swarm-api submit/get/ls/watch/cancel/retry/usage/audit`), run as
+the console script against a real `swarm-api serve` on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -107,6 +107,10 @@ def test_json_output_parses(api_url: str, tmp_path: Path) -> None:
     usage = json.loads(cli(api_url, "usage", "--json").stdout)
     assert usage["group_by"] == "model" and usage["total"]["gateway_calls"] > 0
     assert "from" in usage
+    audit = json.loads(cli(api_url, "audit", "--json", "--action", "create", "--limit",
+                           "1").stdout)
+    assert [(a["action"], a["swarm_id"]) for a in audit] == [("create", final["id"])]
+    assert audit[0]["key_id"] and API_KEY not in json.dumps(audit)
 
 
 def test_unreachable_service_and_refused_key(api_url: str, tmp_path: Path) -> None:

@@ -34,10 +34,12 @@ def test_ambiguous_api_keys_are_refused(keys: str, why: str) -> None:
 
 
 def test_api_keys_parse() -> None:
-    assert _settings(api_keys="").tenant_keys == {}
+    assert _settings(api_keys="").keys.keys == {}
     assert not _settings(api_keys="  ").auth_enabled
     s = _settings(api_keys=" acme : k1 , beta:k2,")
-    assert s.tenant_keys == {"k1": "acme", "k2": "beta"} and s.auth_enabled
+    assert {k.tenant for k in s.keys.keys.values()} == {"acme", "beta"} and s.auth_enabled
+    assert s.keys.find("k1").tenant == "acme" and s.keys.find("k2").tenant == "beta"  # type: ignore[union-attr]
+    assert s.keys.find("k3") is None
 
 
 def test_the_environment_is_checked_too(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,7 @@ from app.api.deps import EngineDep, KeyFirstRoute, NotifierDep, SessionDep, Tena
 from app.api.errors import error_responses
 from app.api.shared import check_id, read_swarm, swarm_answer, swarm_or_404
 from app.config import Settings
+from app.db import audit
 from app.db.session import db_now
 from app.db.tables import Swarm
 from app.engine import gate
@@ -68,6 +69,7 @@ async def approve_swarm(swarm_id: str, request: Request, session: SessionDep,
             await check_webhook_url(url, request.app.state.settings, tenant)
         await gate.approve(session, swarm, edited, request.app.state.settings.prices,
                            await db_now(session))
+        audit.record(session, "approve", swarm_id)
     log.info("swarm %s approved%s", swarm_id, " with an edited plan" if edits else "",
              extra={"swarm_id": swarm_id})
     notifier.notify(swarm_id)
@@ -90,6 +92,7 @@ async def reject_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
         swarm = await swarm_or_404(session, swarm_id, tenant, for_update=True)
         await gate.reject(session, swarm, body.reason if body else None,
                           await db_now(session))
+        audit.record(session, "reject", swarm_id)
     log.info("swarm %s rejected", swarm_id, extra={"swarm_id": swarm_id})
     notifier.notify(swarm_id)
     return swarm_answer(await read_swarm(session, swarm_id, tenant), 202)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import hmac
+import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Annotated, Any
 
@@ -11,11 +11,13 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import logs
+from app import logs, tracing
 from app.config import Settings
+from app.db import audit
 from app.engine.scheduler import Scheduler
 from app.engine.waiters import SwarmNotifier
-from app.errors import Unauthorized
+from app.errors import Forbidden, Unauthorized
+from app.keys import ApiKey, now_utc
 from app.tools.registry import ToolRegistry
 
 DEFAULT_TENANT = "default"
@@ -39,8 +41,9 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
 # the OpenAPI document's security scheme, on every route that resolves the tenant; it never
 # refuses (auto_error=False): tenant_of checks the key and answers 401 in the API's shape
 BEARER = HTTPBearer(scheme_name="bearer", auto_error=False,
-                    description="A key of SWARM_API_KEYS, which names the caller's tenant "
-                                "(needed when SWARM_API_KEYS is set)")
+                    description="A key of SWARM_API_KEYS or of the tenants file, which names "
+                                "the caller's tenant and may be limited to scopes (needed "
+                                "when any key is configured)")
 
 
 async def get_tenant(
@@ -48,24 +51,80 @@ async def get_tenant(
     _documented: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> str:
-    """The caller's tenant from `Authorization: Bearer <key>`; everyone is one tenant when
-    SWARM_API_KEYS is empty."""
-    return tenant_of(request.app.state.settings, authorization)
+    """The caller's tenant from `Authorization: Bearer <key>`, its key holding the scope of the
+    route's family; everyone is one tenant when no key is configured."""
+    return authenticate(request)
+
+
+def scope_of(method: str, path: str) -> str:
+    """The scope a route's family needs (SPEC §16): the facade `chat`, `/usage` and `/audit`
+    their own, every other read `swarms:read` and every other change `swarms:write` (a route
+    added later is in its family without a word)."""
+    if path.startswith("/v1/"):
+        return "chat"
+    if path == "/usage":
+        return "usage:read"
+    if path == "/audit":
+        return "audit:read"
+    return "swarms:read" if method in ("GET", "HEAD") else "swarms:write"
+
+
+def route_path(request: Request) -> str:
+    """The matched route's path template (`/swarms/{swarm_id}`), whatever prefix a proxy's
+    `root_path` adds; the request's path before routing."""
+    route = request.scope.get("route")
+    return getattr(route, "path", None) or request.url.path
+
+
+def authenticate(request: Request) -> str:
+    """`get_tenant` without FastAPI: the tenant, after the key and its scope are checked; binds
+    the caller for the request's log lines and its audit rows (app/db/audit.py)."""
+    settings: Settings = request.app.state.settings
+    key = key_of(settings, request.headers.get("authorization"),
+                 scope_of(request.method, route_path(request)))
+    tenant = key.tenant if key is not None else DEFAULT_TENANT
+    key_id = key.key_id if key is not None else None
+    client = request.client
+    audit.bind(audit.Caller(tenant, key_id, _request_id(request),
+                            client.host[:64] if client is not None else None))
+    return tenant
+
+
+def _request_id(request: Request) -> str:
+    """The caller's `X-Request-Id` when it is a sane one, else the trace's id, else a new one."""
+    given = request.headers.get("x-request-id", "").strip()
+    if given and len(given) <= 128 and given.isprintable():
+        return given
+    return (logs.trace_id_of(tracing.valid_traceparent(request.headers.get("traceparent")))
+            or uuid.uuid4().hex)
 
 
 def tenant_of(settings: Settings, authorization: str | None) -> str:
-    """`get_tenant` without FastAPI: the tenant an Authorization header names (401 if none)."""
+    """The tenant an Authorization header names, whatever its key's scopes (401 if none)."""
+    key = key_of(settings, authorization, None)
+    return key.tenant if key is not None else DEFAULT_TENANT
+
+
+def key_of(settings: Settings, authorization: str | None, scope: str | None) -> ApiKey | None:
+    """The caller's key (None when auth is off): 401 when missing, unknown or expired, 403
+    `insufficient_scope` when it lacks `scope`. Looked up by its SHA-256, never compared as
+    text; its id, not the key, is what the request's log lines name."""
     if not settings.auth_enabled:
         logs.bind(tenant=DEFAULT_TENANT)
-        return DEFAULT_TENANT
+        return None
     scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("missing bearer token")
-    for key, tenant in settings.tenant_keys.items():
-        if hmac.compare_digest(key.encode(), token.strip().encode()):
-            logs.bind(tenant=tenant)  # the request's log lines name it (SPEC §17)
-            return tenant
-    raise Unauthorized("invalid API key")
+    key = settings.keys.find(token.strip())
+    if key is None:
+        raise Unauthorized("invalid API key")
+    if key.expired(now_utc()):
+        raise Unauthorized("API key expired", details={"key_id": key.key_id})
+    logs.bind(tenant=key.tenant, key_id=key.key_id)  # the request's log lines name them
+    if scope is not None and scope not in key.scopes:
+        raise Forbidden(f"this key lacks the scope {scope}", code="insufficient_scope",
+                        details={"scope": scope, "key_id": key.key_id})
+    return key
 
 
 class KeyFirstRoute(APIRoute):
@@ -77,7 +136,7 @@ class KeyFirstRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
-            tenant_of(request.app.state.settings, request.headers.get("authorization"))
+            authenticate(request)
             return await handler(request)
 
         return route

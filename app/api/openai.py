@@ -15,6 +15,7 @@ from app.api.openai_passthrough import Passthrough
 from app.api.openai_slots import CLIENT_GONE, ClientGone, stream_slot, unless_gone
 from app.api.openai_swarm import SwarmCall
 from app.api.sse import json_event_schema
+from app.db import audit
 from app.openai_schemas import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -89,4 +90,6 @@ async def create_chat_completion(
                 held.release()
     raw: dict[str, Any] = json.loads(await request.body())
     forward = Passthrough(request, body, tenant, raw)
+    # a row of its own, before the gateway is asked: a call that fails was still made
+    await audit.record_alone(request.app.state.sessions, "passthrough")
     return await forward.stream() if body.stream else await forward.complete()

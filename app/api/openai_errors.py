@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 DESCRIPTIONS = {
     400: "the body is not JSON, has an unknown `agent_swarm` key or a parameter a swarm "
          "cannot honour",
-    401: "missing or wrong API key",
-    403: "a client off loopback, or a Host that is not loopback's, while the API has no keys "
+    401: "missing, wrong or expired API key",
+    403: "the key lacks the scope `chat` (insufficient_scope); or a client off loopback, or a "
+         "Host that is not loopback's, while the API has no keys "
          "(SWARM_API_KEYS)",
     409: "the swarm was cancelled",
     413: "request body too large",

@@ -21,7 +21,7 @@ from app.api.shared import (
     swarm_answer,
     swarm_or_404,
 )
-from app.db import retry_copy
+from app.db import audit, retry_copy
 from app.db.tables import Swarm
 from app.engine.specs import check_model, check_tenant_tools, retry_digest, retry_row
 from app.errors import NotRetryable
@@ -81,8 +81,10 @@ async def retry_swarm(swarm_id: str, response: Response, session: SessionDep, te
         old = olds[0]
         new = retry_row(old, limits, settings, idempotency_key,
                         digest if idempotency_key else None)
-        new.trace_parent = tracing.swarm_created(traceparent)  # a trace of its own
+        # a trace of its own
+        new.trace_parent = tracing.swarm_created(traceparent, audit.key_id())
         reused[:] = await retry_copy.copy_swarm(s, old.id, new)
+        audit.record(s, "retry", new.id)
         created[:] = [new.id]
 
     if seen := await insert_once(session, response, tenant, idempotency_key, digest,

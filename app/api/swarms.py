@@ -19,7 +19,14 @@ from starlette.background import BackgroundTask
 from app import logs, tracing
 from app.aio import alongside
 from app.api.admission import AdmissionInInsertDep, StreamGateDep, WaitSlotDep, admit_in_insert
-from app.api.deps import EngineDep, NotifierDep, SessionDep, TenantDep, tenant_of
+from app.api.deps import (
+    EngineDep,
+    NotifierDep,
+    SessionDep,
+    TenantDep,
+    authenticate,
+    route_path,
+)
 from app.api.errors import error_responses
 from app.api.follow import FALLBACK_S, follow_events, follow_with_deltas
 from app.api.hand_parsed import hand_parsed, header, json_body
@@ -36,7 +43,7 @@ from app.api.sse import (
     resume_after,
 )
 from app.config import Settings
-from app.db import create, queries, quotas, retry_copy
+from app.db import audit, create, queries, quotas, retry_copy
 from app.db.session import SessionFactory
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
@@ -80,7 +87,7 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
     tools: ToolRegistry | None = state.tools
     body = admission.swarm(body)  # the tenant's quotas on agents and budget (SPEC §8)
     new = build_swarm(body, settings, tenant, idempotency_key, tools=tools)
-    new.swarm.trace_parent = tracing.swarm_created(traceparent)
+    new.swarm.trace_parent = tracing.swarm_created(traceparent, audit.key_id())
     if body.webhook_url is not None:
         await check_webhook_url(body.webhook_url, settings, tenant)
     now = utcnow()
@@ -90,6 +97,7 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
     # claimed as it is created: its runner now, its first calls written ahead with it
     runner = local.adoption(new.swarm, new.subtasks) if local is not None else None
     ahead = runner.first_wave() if runner is not None else None
+    action: audit.Action = "chat" if route_path(request).startswith("/v1/") else "create"
     position: int | None = None
     fields: dict[str, Any] | None = None  # the answer's, built while it is inserted
 
@@ -104,6 +112,7 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
             s, new.swarm, new.subtasks, claim_for=local.owner if local else None,
             lease_s=settings.lease_seconds, position=held is None, ahead=ahead)
         await gate.write_held(s, new.swarm, held, now)  # a held swarm's event and webhook
+        audit.record(s, action, new.swarm.id)
 
     if admission.in_statement and not settings.is_sqlite and held is None:
         # PostgreSQL: the insert is one statement, a transaction of its own, that checks the
@@ -117,7 +126,8 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
                 state.db_engine, new.swarm, new.subtasks,
                 claim_for=local.owner if local else None, lease_s=settings.lease_seconds,
                 position=True, admit=admission.statement_checks(),
-                key_ttl_s=None if idempotency_key is None else ttl, ahead=ahead), new)
+                key_ttl_s=None if idempotency_key is None else ttl, ahead=ahead,
+                audit=audit.statement_values(action)), new)
         except quotas.Refused as refused:
             if idempotency_key is not None and (seen := await _replayed(
                     state.sessions, response, tenant, idempotency_key, digest, ttl)):
@@ -188,7 +198,7 @@ async def _create_arguments(request: Request) -> dict[str, Any]:
     """`create_swarm`'s arguments as FastAPI would solve them from its signature, in the same
     order (the tenant, 401 first; then the headers' and the body's errors, in one 422)."""
     settings: Settings = request.app.state.settings
-    tenant = tenant_of(settings, request.headers.get("authorization"))
+    tenant = authenticate(request)
     errors: list[dict[str, Any]] = []
     key = header(request, "Idempotency-Key", _KEY, errors)
     body = await json_body(request, _BODY, errors)
@@ -280,6 +290,7 @@ async def cancel_swarm(swarm_id: str, session: SessionDep, tenant: TenantDep,
             raise AlreadyTerminal(f"swarm is already {swarm.status}",
                                   details={"status": swarm.status})
         cancelled_here = await finish.cancel(session, swarm)
+        audit.record(session, "cancel", swarm_id)
     if cancelled_here:  # committed (the session's rows are not expired by it)
         finish.log_end(swarm, SwarmStatus.cancelled, (
             (swarm.finished_at or swarm.created_at) - swarm.created_at).total_seconds(), None)

@@ -119,7 +119,8 @@ async def insert_swarm_alone(engine: AsyncEngine, swarm: Swarm, subtasks: Sequen
                              claim_for: str | None = None, lease_s: float = 0.0,
                              position: bool = False, admit: Admit | None = None,
                              key_ttl_s: float | None = None,
-                             ahead: Ahead | None = None) -> int | None:
+                             ahead: Ahead | None = None,
+                             audit: Sequence[str | None] | None = None) -> int | None:
     """`insert_swarm` on PostgreSQL as a transaction of its own: its one statement in
     autocommit, sent by the pooled connection's driver (no BEGIN, no COMMIT, none of
     SQLAlchemy's execution around it). For a creation nothing else is written with (no
@@ -128,9 +129,10 @@ async def insert_swarm_alone(engine: AsyncEngine, swarm: Swarm, subtasks: Sequen
     With `admit`, the tenant's quotas are checked in that statement: `Refused` when one is
     reached (nothing stored). With `key_ttl_s` (the swarm carries an Idempotency-Key), an
     expired holder of its key lets go of it in that statement too: `KeyTaken` when a live one
-    (a concurrent request's) has it. `ahead` as `insert_swarm`'s."""
+    (a concurrent request's) has it. `ahead` as `insert_swarm`'s; `audit`: the creation's audit
+    row's values (`audit.statement_values`), written by the statement."""
     sql, args = _creation(swarm, subtasks, claim_for, lease_s, position, admit, key_ttl_s,
-                          ahead)
+                          ahead, audit)
     try:
         row = await fetchrow_pooled(engine, sql, args)
     except asyncpg.UniqueViolationError as exc:
@@ -147,8 +149,8 @@ async def insert_swarm_alone(engine: AsyncEngine, swarm: Swarm, subtasks: Sequen
 
 def _creation(swarm: Swarm, subtasks: Sequence[Subtask], claim_for: str | None,
               lease_s: float, position: bool, admit: Admit | None = None,
-              key_ttl_s: float | None = None, ahead: Ahead | None = None
-              ) -> tuple[str, tuple[Any, ...]]:
+              key_ttl_s: float | None = None, ahead: Ahead | None = None,
+              audit: Sequence[str | None] | None = None) -> tuple[str, tuple[Any, ...]]:
     if claim_for is not None:
         swarm.lease_owner, swarm.lease_epoch = claim_for, 1
     return one_statement.creation(
@@ -159,7 +161,7 @@ def _creation(swarm: Swarm, subtasks: Sequence[Subtask], claim_for: str | None,
         claim_s=lease_s if claim_for is not None else None,
         count=position and claim_for is None, admit=admit, key_ttl_s=key_ttl_s,
         ledger=ahead.rows if ahead is not None else (),
-        cap=ahead.cap if ahead is not None else None)
+        cap=ahead.cap if ahead is not None else None, audit=audit)
 
 
 def _created(swarm: Swarm, row: Sequence[Any], claim_for: str | None, position: bool,

@@ -42,6 +42,7 @@ from app.db.changes import LEDGER_SETTLED, SwarmWrite
 from app.db.notify import CHANGED, QUEUED
 from app.db.quotas import Admit, CapAsk
 from app.db.tables import (
+    AuditRow,
     Event,
     GatewayCall,
     Subtask,
@@ -60,6 +61,7 @@ _Q = _DIALECT.identifier_preparer.quote
 # each table's part of the statement, by the name of its CTE
 _SWARMS, _SUBTASKS, _LEDGER = table_of(Swarm), table_of(Subtask), table_of(GatewayCall)
 _QUEUES = table_of(TenantQueue)
+_AUDIT = table_of(AuditRow)
 _INSERTS = {"subtasks": _SUBTASKS, "events": table_of(Event), "webhooks": table_of(Webhook),
             "tool_calls": table_of(ToolCall), "transcript": table_of(TranscriptMessage)}
 _TABLES = {"sw": _SWARMS, "st": _SUBTASKS, "ledger": _LEDGER, **_INSERTS}
@@ -139,8 +141,8 @@ def statement(owner: str, writes: Sequence[SwarmWrite]) -> Statement:
 def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
              subtask_keys: tuple[str, ...], *, claim_s: float | None, count: bool,
              admit: Admit | None = None, key_ttl_s: float | None = None,
-             ledger: Sequence[Mapping[str, Any]] = (), cap: CapAsk | None = None
-             ) -> tuple[str, tuple[Any, ...]]:
+             ledger: Sequence[Mapping[str, Any]] = (), cap: CapAsk | None = None,
+             audit: Sequence[str | None] | None = None) -> tuple[str, tuple[Any, ...]]:
     """A new swarm as one statement: its row (every column given; with `claim_s` leased for that
     many seconds from the database's clock), its subtasks (`subtask_keys` of each), its NOTIFY
     unless claimed (nobody else may claim it: no engine need wake for it), and with `count` the
@@ -164,12 +166,13 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
     daily cap is asked first (`tenant_cap_apply`, after the swarm's row: every creation takes
     the tenant's bucket, then its day row), a row whose reservation does not fit is not
     written, and the answer row carries the cap's (day, ids, left, live) after the lease's
-    expiry (`quotas.tenant_checks`)."""
+    expiry (`quotas.tenant_checks`). With `audit` (key id, action, request id, client), the
+    creation's audit row is written by the statement too (app/db/audit.py)."""
     sql, sw_cols, st_cols, alike_cols, ledger_cols, ledger_alike = _creation(
         tuple(swarm), _split(subtasks, subtask_keys) if subtasks else None,
         claim_s is not None, count, admit is not None, key_ttl_s is not None,
         _split(ledger, tuple(ledger[0]), _LEDGER_PER_ROW) if ledger else None,
-        cap is not None and bool(ledger))
+        cap is not None and bool(ledger), audit is not None)
     args: list[Any] = [_document([swarm], sw_cols)]
     args += [_json(swarm[key]) for key in _OWN_PARAMETER if key in swarm]
     if st_cols is not None:
@@ -188,6 +191,8 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
         args += admit.args(swarm["id"])
     if key_ttl_s is not None:
         args += [swarm["tenant"], swarm["idempotency_key"], float(key_ttl_s)]
+    if audit is not None:
+        args += list(audit)
     return sql, tuple(args)
 
 
@@ -245,7 +250,8 @@ def _alike(a: Any, b: Any) -> bool:
 def _creation(swarm_keys: tuple[str, ...],
               subtask_keys: tuple[tuple[str, ...], tuple[str, ...]] | None, claim: bool,
               count: bool, admit: bool, expire_key: bool,
-              ledger_keys: tuple[tuple[str, ...], tuple[str, ...]] | None, capped: bool
+              ledger_keys: tuple[tuple[str, ...], tuple[str, ...]] | None, capped: bool,
+              audited: bool = False
               ) -> tuple[str, _Columns, _Columns | None, _Columns | None, _Columns | None,
                          _Columns | None]:
     params = iter(range(1, 100))
@@ -299,6 +305,11 @@ def _creation(swarm_keys: tuple[str, ...],
                     f"({', '.join(map(_Q, columns))}) SELECT {', '.join(selected)} "
                     f"FROM {source})")
     ctes += ahead  # the ledger's rows: their swarm's foreign key checked at the end, as theirs
+    if audited:  # the creation's audit row, only if the swarm's row was written
+        key_id, action, request_id, client = (f"${next(params)}::varchar" for _ in range(4))
+        ctes.append(f"new_audit AS (INSERT INTO {_Q(_AUDIT.name)} (time, tenant, key_id, "
+                    f"action, swarm_id, request_id, client) SELECT n.created_at, n.tenant, "
+                    f"{key_id}, {action}, n.id, {request_id}, {client} FROM new_swarm n)")
     out = ["n.lease_expires_at"]
     if not claim:
         out.append(f"pg_notify('{QUEUED}', n.id)")

@@ -488,3 +488,23 @@ class TenantQueue(Base):
     tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
     shard: Mapped[int] = mapped_column(Integer, primary_key=True)
     queued: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class AuditRow(Base):
+    """A change a caller made (SPEC §16), append-only: written in the transaction of the change
+    it records. No foreign key: the record outlives its swarm's content (erase, prune)."""
+
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    time: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    tenant: Mapped[str] = mapped_column(String(128))
+    key_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # never the key
+    action: Mapped[str] = mapped_column(String(16))
+    swarm_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    client: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+    __table_args__ = (
+        Index("ix_audit_tenant_id", "tenant", "id"),  # a tenant's page, newest first
+    )

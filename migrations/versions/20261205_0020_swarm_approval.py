@@ -4,7 +4,7 @@ the plan, its estimate and the decision; the due time is when an awaiting swarm 
 for `awaiting_approval`.
 
 Revision ID: 0020_swarm_approval
-Revises: 0016_swarm_vote
+Revises: 0023_audit
 Create Date: 2026-12-05
 """
 
@@ -15,7 +15,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0020_swarm_approval"
-down_revision: str | None = "0016_swarm_vote"
+down_revision: str | None = "0023_audit"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
