@@ -140,6 +140,8 @@ async def test_approve_with_an_edited_plan_runs_exactly_that_plan(harness: Harne
     assert done["status"] == "succeeded", done
     assert [s["name"] for s in done["subtasks"]] == ["gamma", "delta", "@synthesizer"]
     assert called(harness, data["id"]) == ["@synthesizer", "delta", "gamma"]
+    trail = (await harness.client.get("/audit", params={"action": "approve"})).json()
+    assert [r["swarm_id"] for r in trail["items"]] == [data["id"]]
     assert done["spec"]["agents"][0]["name"] == "gamma"
 
 
@@ -171,6 +173,8 @@ async def test_reject_cancels_with_the_reason(harness: Harness) -> None:
     assert done["error"]["code"] == "rejected" and "too dear" in done["error"]["message"]
     assert {s["status"] for s in done["subtasks"]} == {"cancelled"}
     assert harness.sim_stats.calls == 0
+    trail = (await harness.client.get("/audit", params={"action": "reject"})).json()
+    assert [r["swarm_id"] for r in trail["items"]] == [data["id"]]
 
 
 async def test_decisions_on_a_swarm_not_awaiting_are_409(harness: Harness) -> None:
