@@ -74,7 +74,15 @@ gateway_retries = Counter("swarm_gateway_retries_total", "Attempts that are retr
                           ["model", "reason"])
 finish_reasons = Counter("swarm_finish_reason_total", "finish_reason of answers",
                          ["model", "finish_reason"])
+# SPEC §15: a model passed over for the next of its list, by both models
+model_fallbacks = Counter("swarm_model_fallbacks_total",
+                          "Calls moved to the next model of their list", ["from_model", "to_model"])
+# pairs grow as the square of the models: shown from the start only for a table this small
+FALLBACK_PAIRS_MAX_MODELS = 16
 budget_denials = Counter("swarm_budget_denials_total", "Calls refused by a budget", ["scope"])
+structured_outputs = Counter("swarm_structured_outputs_total",
+                             "Answers of subtasks with an output schema, by how they ended",
+                             ["status"])
 run_cost = Histogram("swarm_run_cost_usd", "Cost per swarm", ["status"], buckets=COST_BUCKETS)
 queue_wait = Histogram("swarm_subtask_queue_wait_seconds", "Subtask ready -> started",
                        ["kind"], buckets=LATENCY_BUCKETS)
@@ -118,6 +126,8 @@ def _init_labels() -> None:
     _init_models(MODEL_LABELS)
     for scope in ("swarm", "daily"):
         budget_denials.labels(scope)
+    for status in ("valid", "repaired", "invalid"):
+        structured_outputs.labels(status)
     for limit in QUOTA_LIMITS:
         quota_denials.labels(limit)
     for reason in TAKEOVER_REASONS:
@@ -127,6 +137,11 @@ def _init_labels() -> None:
 
 
 def _init_models(models: tuple[str, ...] | list[str]) -> None:
+    if len(models) <= FALLBACK_PAIRS_MAX_MODELS:
+        for a in models:
+            for b in models:
+                if a != b:
+                    model_fallbacks.labels(a, b)
     for m in models:
         subtasks_in_flight.labels(m)
         spend_total.labels(m)

@@ -9,12 +9,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from app.schemas import Approval, Int, MaxTokens, ModelName, Number, Temperature
+from app.schemas import (
+    Approval,
+    Int,
+    MaxTokens,
+    ModelChoice,
+    Number,
+    Temperature,
+    model_chain,
+)
 
 FanIn = Literal["weighted_vote", "majority", "concatenate", "synthesize"]
 
 EXAMPLE_SWARM: dict[str, Any] = {
-    "model": "kimi-k2.5",
+    "model": ["kimi-k2.5", "deepseek-v3.2"],  # the second when the first is down
     "messages": [
         {"role": "system", "content": "You are the root orchestrator. Split the work into "
                                       "independent sub-tasks and delegate them in parallel."},
@@ -25,6 +33,16 @@ EXAMPLE_SWARM: dict[str, Any] = {
                     "failure_tolerance": 0.02, "per_sub_agent_max_tokens": 512},
     "temperature": 0.3,
     "max_tokens": 4096,
+}
+EXAMPLE_STRUCTURED_SWARM: dict[str, Any] = {
+    "model": "kimi-k2.5",
+    "messages": [{"role": "user", "content": "Is the v2 release of the payment service ready?"}],
+    "response_format": {"type": "json_schema", "json_schema": {
+        "name": "verdict", "strict": True,
+        "schema": {"type": "object", "properties": {"ready": {"type": "boolean"},
+                                                    "why": {"type": "string"}},
+                   "required": ["ready", "why"], "additionalProperties": False}}},
+    "agent_swarm": {"enabled": True, "max_sub_agents": 4},
 }
 EXAMPLE_PASSTHROUGH: dict[str, Any] = {
     "model": "deepseek-v3.2",
@@ -98,9 +116,11 @@ class ChatCompletionCreate(BaseModel):
 
     model_config = ConfigDict(
         extra="allow",
-        json_schema_extra={"examples": [EXAMPLE_SWARM, EXAMPLE_PASSTHROUGH]})
+        json_schema_extra={"examples": [EXAMPLE_SWARM, EXAMPLE_STRUCTURED_SWARM,
+                                         EXAMPLE_PASSTHROUGH]})
 
-    model: ModelName
+    model: ModelChoice = Field(description="a model, or (with agent_swarm) a list of models "
+                                           "to fall back on in order")
     messages: list[ChatMessage] = Field(min_length=1, max_length=10_000)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -108,6 +128,11 @@ class ChatCompletionCreate(BaseModel):
     max_completion_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     agent_swarm: AgentSwarmOptions | None = None
+
+    @property
+    def first_model(self) -> str:
+        """The model asked for first: the one a passthrough names, a swarm's answer's."""
+        return model_chain(self.model)[0]
 
 
 # ---- answers ---------------------------------------------------------------------------------

@@ -15,6 +15,9 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    WrapValidator,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -94,17 +97,68 @@ MaxTokens = Annotated[Int, Field(ge=1, le=128_000)]
 Temperature = Annotated[Number, Field(ge=0, le=2)]
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=64),
                       AfterValidator(_storable)]
+MAX_FALLBACK_MODELS = 8
+
+
+def _distinct_models(v: list[str]) -> list[str]:
+    seen: set[str] = set()
+    for i, name in enumerate(v):
+        if name in seen:
+            raise PydanticCustomError("duplicate_model", "{detail}", {
+                "detail": f"model {name!r} is listed twice (item {i})"})
+        seen.add(name)
+    return v
+
+
+# a model, or models in order of preference: each next one is tried when the one before is
+# down (its attempts spent on retryable failures; SPEC §15)
+ModelList = Annotated[list[ModelName], Field(min_length=1, max_length=MAX_FALLBACK_MODELS),
+                      AfterValidator(_distinct_models)]
+_ONE_MODEL: TypeAdapter[str] = TypeAdapter(ModelName)
+_MODEL_LIST: TypeAdapter[list[str]] = TypeAdapter(ModelList)
+
+
+def _model_choice(v: Any, _handler: Any) -> str | list[str]:
+    """A name or a list, validated as the one it is: a union's error would name both
+    branches (`model.function-after[...]`) where the client wrote `model`."""
+    adapter: TypeAdapter[Any] = _MODEL_LIST if isinstance(v, list) else _ONE_MODEL
+    try:
+        chosen: str | list[str] = adapter.validate_python(v)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise PydanticCustomError(first["type"], "{detail}", {
+            "detail": f"item {where}: {first['msg']}" if where else first["msg"]}) from None
+    return chosen
+
+
+ModelChoice = Annotated[ModelName | ModelList, WrapValidator(_model_choice), Field(
+    description="a model, or a list of models to fall back on in order",
+    examples=["kimi-k2.5", ["kimi-k2.5", "deepseek-v3.2"]])]
+
+
+def model_chain(value: str | list[str]) -> list[str]:
+    """A model field's models in order: one name, or the list to fall back on."""
+    return [value] if isinstance(value, str) else list(value)
+
+
 # `server` (all its tools) or `server.tool` (one; MCP tool names are 1-128 of [A-Za-z0-9_.-])
 ToolSelector = Annotated[str, StringConstraints(
     pattern=r"^[A-Za-z0-9_-]{1,48}(\.[A-Za-z0-9_.\-]{1,128})?$")]
 ToolSelectors = Annotated[list[ToolSelector], Field(min_length=1, max_length=200)]
+# a JSON Schema (draft 2020-12), checked when the swarm is built (422 `invalid_schema`)
+OutputSchema = Annotated[dict[str, Any] | None, Field(
+    default=None,
+    description="a JSON Schema (draft 2020-12, at most 64 KiB) the answer must be valid for: "
+                "asked of the gateway as response_format json_schema, parsed and repaired "
+                "once if it is not")]
 
 EXAMPLE_REQUEST: dict[str, Any] = {
     "task": "Review the v1 -> v2 migration of our FastAPI payment service",
     "agents": [
         {"name": "code_analyst", "system_prompt": "You are a senior code analyst."},
         {"name": "risk_auditor", "system_prompt": "You are a security auditor.",
-         "model": "deepseek-v3.2"},
+         "model": ["deepseek-v3.2", "kimi-k2.5"]},
         {"name": "test_designer", "system_prompt": "You are a QA engineer.",
          "depends_on": ["code_analyst"]},
         {"name": "doc_writer", "system_prompt": "You write release notes.",
@@ -121,6 +175,22 @@ EXAMPLE_REQUEST: dict[str, Any] = {
 }
 
 
+EXAMPLE_STRUCTURED: dict[str, Any] = {
+    "task": "Review the v2 release of the payment service",
+    "agents": [
+        {"name": "reviewer", "system_prompt": "You are a release reviewer.",
+         "output_schema": {
+             "type": "object",
+             "properties": {"verdict": {"enum": ["ship", "hold"]},
+                            "risks": {"type": "array", "items": {"type": "string"}}},
+             "required": ["verdict", "risks"], "additionalProperties": False}},
+        {"name": "writer", "system_prompt": "You write release notes.",
+         "depends_on": ["reviewer"]},
+    ],
+    "synthesis": {"strategy": "none"},
+}
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -129,17 +199,18 @@ class AgentCreate(Strict):
     name: AgentName
     system_prompt: Text = ""
     prompt: Text | None = None
-    model: ModelName | None = None
+    model: ModelChoice | None = None
     max_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     depends_on: list[AgentName] = Field(default_factory=list, max_length=1000)
     weight: Number = Field(default=1.0, gt=0, le=1e6)
     tools: ToolSelectors | None = None
     max_turns: Int = Field(default=8, ge=1, le=50)
+    output_schema: OutputSchema = None
 
 
 class OrchestratorOptions(Strict):
-    model: ModelName | None = None
+    model: ModelChoice | None = None
     system_prompt: Text = Field(default="", max_length=100_000,
                                 description="the caller's guidance, added to the planner's "
                                             "instructions")
@@ -152,9 +223,10 @@ class OrchestratorOptions(Strict):
 
 class SynthesisOptions(Strict):
     strategy: Literal["synthesize", "concatenate", "vote", "none"] = "synthesize"
-    model: ModelName | None = None
+    model: ModelChoice | None = None
     max_tokens: MaxTokens | None = None
     compress: Literal["auto", "always", "never"] = "auto"
+    output_schema: OutputSchema = None
 
 
 class ApprovalAboveUsd(Strict):
@@ -213,13 +285,14 @@ class Limits(Strict):
 class SwarmCreate(Strict):
     """The body of `POST /swarms`; only `task` is required."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_REQUEST]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_REQUEST,
+                                                                       EXAMPLE_STRUCTURED]})
 
     task: Text = Field(min_length=1, max_length=1_000_000)
     agents: list[AgentCreate] | None = Field(default=None, min_length=1)
     orchestrator: OrchestratorOptions = Field(default_factory=OrchestratorOptions)
     synthesis: SynthesisOptions = Field(default_factory=SynthesisOptions)
-    model: ModelName | None = None
+    model: ModelChoice | None = None
     max_tokens: MaxTokens = 1500
     temperature: Temperature | None = None
     limits: Limits = Field(default_factory=Limits)
@@ -336,7 +409,7 @@ class SubtaskRead(BaseModel):
     name: str
     kind: str
     status: str
-    model: str
+    model: str = Field(description="the model in use: the one that answered, when it did")
     depends_on: list[str]
     attempts: int
     output: str | None = None
@@ -352,6 +425,16 @@ class SubtaskRead(BaseModel):
     finished_at: datetime | None
     turns: int = 0
     tool_calls: int = 0
+    fallbacks: int = Field(default=0, description="how many of the subtask's models were "
+                           "passed over (down: their attempts spent on retryable failures)")
+    output_json: Any = Field(default=None, description="an agent with `output_schema`: its "
+                             "answer parsed (left out of lists, as `output` is)")
+    output_status: Literal["valid", "repaired", "invalid"] | None = Field(
+        default=None, description="an agent with `output_schema`: whether its answer was "
+        "valid, repaired (taken from a fence or prose, or after one repair turn) or invalid")
+    output_format: Literal["json_schema", "json_object"] | None = Field(
+        default=None, description="the response_format its answer was asked with: json_object "
+        "where the gateway refused json_schema (the schema then went in the system message)")
 
 
 class SubtaskDetail(SubtaskRead):

@@ -73,7 +73,9 @@ def subtask_fields(s: SubtaskView, with_output: bool) -> dict[str, Any]:
         "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
                   "cost_usd": usd_str(s.cost_usd)},
         "latency_ms": s.latency_ms, "started_at": s.started_at, "finished_at": s.finished_at,
-        "turns": s.turns, "tool_calls": s.tool_calls,
+        "turns": s.turns, "tool_calls": s.tool_calls, "fallbacks": s.fallbacks,
+        "output_json": s.output_json if with_output else None,
+        "output_status": s.output_status, "output_format": s.output_format,
     }
 
 

@@ -99,6 +99,9 @@ class Passthrough:
     def __init__(self, request: Request, req: ChatCompletionCreate, tenant: str,
                  raw: dict[str, Any]) -> None:
         settings: Settings = request.app.state.settings
+        if not isinstance(req.model, str):
+            raise RequestInvalid("a model list runs swarms only (agent_swarm): a request sent "
+                                 "to the gateway names one model", details={"field": "model"})
         if req.model not in settings.prices:
             raise RequestInvalid(
                 f"model {req.model!r} has no price; priced models: "

@@ -45,7 +45,7 @@ from app.states import SwarmStatus
 
 # what a swarm can honour besides model, messages and agent_swarm; any other parameter -> 400
 SWARM_PARAMS = frozenset({"stream", "stream_options", "max_tokens", "max_completion_tokens",
-                          "temperature", "user"})
+                          "temperature", "user", "response_format"})
 FAN_IN = {"weighted_vote": "vote", "majority": "vote", "concatenate": "concatenate",
           "synthesize": "synthesize", None: "synthesize"}
 GUIDING_ROLES = ("system", "developer")
@@ -59,7 +59,8 @@ FIELDS = (("orchestrator.max_subtasks", "agent_swarm.max_sub_agents"),
           ("limits.concurrency", "agent_swarm.concurrency"),
           ("limits.budget_usd", "agent_swarm.budget_usd"),
           ("limits.deadline_s", "agent_swarm.deadline_s"),
-          ("limits.approval", "agent_swarm.approval"))
+          ("limits.approval", "agent_swarm.approval"),
+          ("synthesis.output_schema", "response_format.json_schema.schema"))
 WAIT_GRACE_S = 30.0  # beyond the swarm's deadline: queueing, synthesis, the final commit
 
 
@@ -100,6 +101,8 @@ def swarm_request(req: ChatCompletionCreate) -> SwarmCreate:
                       "max_tokens": req.max_tokens or req.max_completion_tokens},
         "metadata": {"source": FACADE_SOURCE},
     }
+    if (schema := _result_schema((req.model_extra or {}).get("response_format"))) is not None:
+        spec["synthesis"]["output_schema"] = schema
     if options.max_sub_agents is not None:
         spec["orchestrator"]["max_subtasks"] = options.max_sub_agents
     limits = {"failure_tolerance": options.failure_tolerance,
@@ -121,6 +124,21 @@ def swarm_request(req: ChatCompletionCreate) -> SwarmCreate:
         first = exc.errors()[0]
         field = request_field(".".join(str(p) for p in first["loc"]))
         raise RequestInvalid(f"{field}: {first['msg']}", details={"field": field}) from exc
+
+
+def _result_schema(fmt: Any) -> Any:
+    """The schema `response_format` asks of the swarm's result (SPEC §15: the synthesizer's
+    `output_schema`): json_schema's own, any object for json_object, none for text."""
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    spec = fmt.get("json_schema") if kind == "json_schema" else None
+    if not isinstance(spec, dict) or "schema" not in spec:
+        raise RequestInvalid("response_format must be text, json_object, or json_schema with "
+                             "a schema", details={"field": "response_format"})
+    return spec["schema"]
 
 
 def _sdk_retry(request: Request) -> bool:
@@ -245,7 +263,7 @@ class SwarmCall:
             return _failure(swarm)
         return ChatCompletion(
             id=f"chatcmpl-{swarm.id}", created=int(swarm.created_at.timestamp()),
-            model=self.req.model, swarm_id=swarm.id, usage=_usage(swarm),
+            model=self.req.first_model, swarm_id=swarm.id, usage=_usage(swarm),
             choices=[Choice(message=AssistantMessage(content=swarm.result or ""),
                             finish_reason="stop")])
 
@@ -268,7 +286,7 @@ class SwarmCall:
     def _chunk(self, swarm_id: str, delta: ChunkDelta, finish: str | None = None,
                usage: CompletionUsage | None = None, empty: bool = False) -> dict[str, str]:
         chunk = ChatCompletionChunk(
-            id=f"chatcmpl-{swarm_id}", created=self.created, model=self.req.model,
+            id=f"chatcmpl-{swarm_id}", created=self.created, model=self.req.first_model,
             swarm_id=swarm_id, usage=usage,
             choices=[] if empty else [ChunkChoice(delta=delta, finish_reason=finish)])
         return {"data": chunk.model_dump_json(exclude_none=True)}

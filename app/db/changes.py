@@ -32,8 +32,9 @@ SWARM_STATE_COLUMNS = (
 SUBTASK_STATE_COLUMNS = (
     "status", "attempts", "output", "error", "truncated", "sanitized", "prompt_tokens",
     "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at", "finished_at",
-    "turns", "tool_calls",
+    "turns", "tool_calls", "model", "fallbacks", "output_json", "output_status",
+    "output_format",
 )
-# what an answer settles of an attempt written ahead
-LEDGER_SETTLED = ("http_status", "outcome", "prompt_tokens", "completion_tokens",
+# what an answer settles of an attempt written ahead (its model too: the one it was sent to)
+LEDGER_SETTLED = ("model", "http_status", "outcome", "prompt_tokens", "completion_tokens",
                    "cached_tokens", "cost_usd", "at_bound", "latency_ms")

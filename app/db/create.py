@@ -30,7 +30,7 @@ SUBTASK_INSERT_COLUMNS = (
     "max_tokens", "temperature", "weight", "status", "attempts", "output", "error", "truncated",
     "prompt_tokens", "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at",
     "finished_at", "reused", "tools", "max_turns", "turns", "tool_calls",
-    "sanitized",
+    "sanitized", "models", "fallbacks", "output_json", "output_status", "output_format",
 )
 
 

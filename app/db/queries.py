@@ -96,7 +96,9 @@ _SUBTASKS = table_of(Subtask)
 # what a view reads of a subtask (SubtaskView), after the swarm to group by
 _VIEWED = ("swarm_id", "name", "kind", "status", "model", "depends_on", "attempts", "truncated",
            "reused", "sanitized", "error", "prompt_tokens", "completion_tokens", "cost_usd",
-           "latency_ms", "started_at", "finished_at", "turns", "tool_calls", "output")
+           "latency_ms", "started_at", "finished_at", "turns", "tool_calls", "fallbacks",
+           "output_status", "output_format", "output", "output_json")
+_OUTPUTS = 2  # the last two: left out of lists
 
 
 class SubtaskRow(NamedTuple):
@@ -122,7 +124,11 @@ class SubtaskRow(NamedTuple):
     finished_at: datetime | None
     turns: int
     tool_calls: int
+    fallbacks: int
+    output_status: str | None
+    output_format: str | None
     output: str | None = None
+    output_json: Any = None
 
 
 _ROW_OF = operator.itemgetter(*SubtaskRow._fields)
@@ -149,7 +155,7 @@ async def subtask_views(session: AsyncSession, swarm_ids: Sequence[str], *,
     out: dict[str, list[SubtaskRow]] = {i: [] for i in swarm_ids}
     if not swarm_ids:
         return out
-    columns = [_SUBTASKS.c[name] for name in (_VIEWED if outputs else _VIEWED[:-1])]
+    columns = [_SUBTASKS.c[name] for name in (_VIEWED if outputs else _VIEWED[:-_OUTPUTS])]
     stmt = (select(*columns).where(_SUBTASKS.c.swarm_id.in_(swarm_ids))
             .order_by(_SUBTASKS.c.swarm_id, _SUBTASKS.c.position))
     conn = await session.connection()

@@ -25,6 +25,7 @@ from sqlalchemy import (
     null,
     select,
     true,
+    update,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -57,7 +58,7 @@ def _copied(t: Table) -> ColumnElement[bool]:
 
 # what a subtask is: the same in the retry; every other column is what it did in one swarm
 DEFINITION = ("name", "position", "kind", "model", "depends_on", "system_prompt", "prompt",
-              "max_tokens", "temperature", "weight", "tools", "max_turns")
+              "max_tokens", "temperature", "weight", "tools", "max_turns", "models")
 
 
 def copy_columns(new_id: str, now: datetime) -> dict[str, ColumnElement[Any]]:
@@ -76,6 +77,9 @@ def copy_columns(new_id: str, now: datetime) -> dict[str, ColumnElement[Any]]:
                           literal(SubtaskStatus.pending.value, String(16))),
         "reused": if_kept(true(), false()),
         "output": if_kept(t.c.output, null()),
+        "output_json": if_kept(t.c.output_json, null()),
+        "output_status": if_kept(t.c.output_status, null()),
+        "output_format": if_kept(t.c.output_format, null()),
         "truncated": if_kept(t.c.truncated, literal(False, Boolean())),
         "sanitized": if_kept(t.c.sanitized, literal(False, Boolean())),
         "finished_at": if_kept(literal(now, UTCDateTime()), null()),
@@ -84,16 +88,31 @@ def copy_columns(new_id: str, now: datetime) -> dict[str, ColumnElement[Any]]:
         "completion_tokens": literal(0), "cost_usd": literal(Decimal(0), Money()),
         "latency_ms": null(), "ready_at": null(), "started_at": null(),
         "turns": literal(0), "tool_calls": literal(0),
+        # a kept subtask shows the model that answered; one run again starts at its first
+        # (`_first_models`)
+        "fallbacks": if_kept(t.c.fallbacks, literal(0)),
     }
 
 
 async def rerun_models(session: AsyncSession, old_id: str) -> list[str]:
-    """The models of the subtasks a retry of `old_id` would call again."""
+    """The models of the subtasks a retry of `old_id` would call again (fallbacks too)."""
     t = _SUBTASKS
     rows = await session.execute(
-        select(t.c.model).distinct()
+        select(t.c.model, t.c.models)
         .where(t.c.swarm_id == old_id, _copied(t), ~_reusable(t)))
-    return sorted(rows.scalars())
+    return sorted({name for model, models in rows for name in (models or [model])})
+
+
+async def _first_models(session: AsyncSession, old_id: str, new_id: str) -> None:
+    """A subtask run again that had fallen back starts at its first model again (the one
+    that was down may be up by now): the few such rows set one by one."""
+    t = _SUBTASKS
+    fell_back = (await session.execute(
+        select(t.c.name, t.c.models)
+        .where(t.c.swarm_id == old_id, t.c.fallbacks > 0, _copied(t), ~_reusable(t)))).all()
+    for name, models in fell_back:
+        await session.execute(update(t).where(t.c.swarm_id == new_id, t.c.name == name)
+                              .values(model=models[0]))
 
 
 async def copy_swarm(session: AsyncSession, old_id: str, new: Swarm) -> list[Reused]:
@@ -112,6 +131,7 @@ async def copy_swarm(session: AsyncSession, old_id: str, new: Swarm) -> list[Reu
     await session.execute(
         insert(t).from_select(
             list(columns), select(*columns.values()).where(t.c.swarm_id == old_id, _copied(t))))
+    await _first_models(session, old_id, new.id)
     if kept:
         await session.execute(insert(_EVENTS), [
             {"swarm_id": new.id, "seq": i, "type": "subtask.succeeded", "created_at": now,

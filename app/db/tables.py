@@ -150,6 +150,16 @@ class Subtask(Base):
     max_turns: Mapped[int] = mapped_column(Integer, default=8)
     turns: Mapped[int] = mapped_column(Integer, default=0)
     tool_calls: Mapped[int] = mapped_column(Integer, default=0)
+    # fallback models (SPEC §15): the agent's model list in order, NULL for one model;
+    # `model` is the one in use (the one that answered) and `fallbacks` how many were passed
+    # over (migration 0018)
+    models: Mapped[list[str] | None] = mapped_column(JSONType, default=None)
+    fallbacks: Mapped[int] = mapped_column(Integer, default=0)
+    # structured outputs (SPEC §15): the parsed value, valid | repaired | invalid, and the
+    # response_format asked (json_schema; json_object where the gateway refused it)
+    output_json: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    output_status: Mapped[str | None] = mapped_column(String(16))
+    output_format: Mapped[str | None] = mapped_column(String(16))
 
     __table_args__ = (
         UniqueConstraint("swarm_id", "name", name="uq_subtasks_swarm_id_name"),
@@ -276,6 +286,14 @@ class SubtaskView(Protocol):
     def turns(self) -> int: ...
     @property
     def tool_calls(self) -> int: ...
+    @property
+    def fallbacks(self) -> int: ...
+    @property
+    def output_status(self) -> str | None: ...
+    @property
+    def output_format(self) -> str | None: ...
+    @property
+    def output_json(self) -> Any: ...
 
 
 class GatewayCall(Base):

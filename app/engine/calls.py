@@ -45,6 +45,7 @@ class CallMeter:
     key: str
     label: str
     prompt_bound: int  # the prompt-token bound the worst case was priced on
+    model: str  # where its attempts go, priced and recorded at it (a fallback has its own meter)
     ok_rows: list[LedgerRow] = field(default_factory=list)
     _held: list[Reservation] = field(default_factory=list)
     _held_daily: list[Reservation] = field(default_factory=list)
@@ -131,8 +132,8 @@ class CallMeter:
 
     async def after(self, rec: AttemptRecord) -> None:
         u = billable_usage(rec, self.prompt_bound, self.sub.max_tokens, self.label)
-        cost = self.handle.ctx.prices[self.sub.model].cost(u.prompt_tokens, u.completion_tokens,
-                                                           u.cached_tokens)
+        cost = self.handle.ctx.prices[self.model].cost(u.prompt_tokens, u.completion_tokens,
+                                                       u.cached_tokens)
         at_bound = not rec.usage_reported  # billed its bounds, not a usage reported
         self._open = False
         if self._daily is not None and self._held_daily:
@@ -199,7 +200,7 @@ class CallMeter:
         swarm, sub = self.handle.swarm, self.sub
         return {  # attempts of one subtask are sequential: sub.attempts numbers the open one
             "swarm_id": swarm.id, "tenant": swarm.tenant, "subtask_name": sub.name,
-            "model": sub.model, "idempotency_key": self.key, "attempt": sub.attempts,
+            "model": self.model, "idempotency_key": self.key, "attempt": sub.attempts,
             "http_status": status, "outcome": outcome,
             "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "cached_tokens": u.cached_tokens, "cost_usd": cost, "reserved_usd": self.worst,

@@ -22,6 +22,7 @@ from app.engine.context import (
 from app.engine.faults import crash_point
 from app.engine.handle import LedgerRow, Outcome, SwarmHandle, failure
 from app.engine.layout import COMPRESSOR_PREFIX, PLANNER, new_subtask, synthesizer_for
+from app.engine.repair import OutputLadder
 from app.engine.steps import CALL_FAILURES, SubtaskSteps
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.engine.tenancy import TenantDailyCap
@@ -72,6 +73,7 @@ class SubtaskExecutor:
         self.steps = SubtaskSteps(handle)
         self._compressions: dict[str, asyncio.Task[str | None]] = {}
         self.turns = TurnLoop(handle, self.steps)
+        self.outputs = OutputLadder(handle, self.steps)
         self._prepared: asyncio.Task[Prepared | None] | None = None
         # workers whose first attempt's row was written with the swarm's creation
         self._first: dict[str, tuple[list[dict[str, str]], CallMeter]] = {}
@@ -249,16 +251,20 @@ class SubtaskExecutor:
                     result, rows = await steps.gateway(sub, messages, 1, meter=meter)
                 except CALL_FAILURES as exc:
                     failed: Exception | None = exc
-                    steps.failing(sub, exc)  # before the slot is given back
+                    if not self.outputs.refused(sub, exc):  # else asked again (json_object)
+                        steps.failing(sub, exc)  # before the slot is given back
                 else:
                     failed = None
         except CALL_FAILURES as exc:  # its write-ahead failed: it starts only to fail
             return await steps.call_failed(sub, steps.begin(sub), exc)
         finally:
             await meter.release()  # written ahead but never sent (cancelled): no cost
-        if failed is not None:
+        if failed is not None and not self.outputs.refused(sub, failed):
             return await steps.call_failed(sub, t0, failed)
         crash_point("after_response", sub.name)
+        if self.outputs.schema(sub) is not None:  # parsed, validated, repaired (SPEC §15)
+            return await self.outputs.settle(sub, t0, messages,
+                                             None if failed else result, [] if failed else rows)
         sub.truncated = result.finish_reason == "length"
         sub.sanitized = result.sanitized
         return await steps.succeed(sub, t0, result.content, rows)
@@ -312,8 +318,8 @@ class SubtaskExecutor:
         routed = spec.get("orchestrator", {}).get("routing", "auto") == "auto"
         subs: list[Subtask] = [
             new_subtask(swarm_id, p.id, base + i, SubtaskKind.worker,
-                        p.model_hint if routed and p.model_hint and p.model_hint in prices
-                        else str(spec["model"]),
+                        _routed_model(spec["model"], p.model_hint if routed else None,
+                                      p.model_hint in prices),
                         spec["max_tokens"], depends_on=list(p.depends_on),
                         system_prompt=None,  # worker_system_prompt(task), when called
                         prompt=p.description, temperature=spec.get("temperature"),
@@ -424,3 +430,14 @@ class SubtaskExecutor:
                                    {"role": "user", "content": self._prompt(sub)}])
         return sub.output if sub.status == SubtaskStatus.succeeded else None
 
+
+
+def _routed_model(model: str | list[str], hint: str | None, priced: bool
+                  ) -> str | list[str]:
+    """A planned worker's model: the planner's priced hint, else the swarm's; a hint in front
+    of the swarm's list keeps the list's models to fall back on."""
+    if not hint or not priced:
+        return model
+    if isinstance(model, str):
+        return hint
+    return [hint, *(m for m in model if m != hint)]

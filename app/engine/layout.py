@@ -6,6 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 from app.db.tables import LiveSubtask, new_live_subtask
+from app.schemas import model_chain
 from app.states import SubtaskKind, SubtaskStatus
 
 PLANNER = "@planner"
@@ -13,8 +14,8 @@ SYNTHESIZER = "@synthesizer"
 COMPRESSOR_PREFIX = "@compress."  # '@' never starts an agent name: no collisions
 
 
-def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, model: str,
-                max_tokens: int, *, depends_on: list[str] | None = None,
+def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind,
+                model: str | list[str], max_tokens: int, *, depends_on: list[str] | None = None,
                 system_prompt: str | None = "", prompt: str | None = None,
                 temperature: float | None = None, weight: float = 1.0,
                 tools: list[str] | None = None, max_turns: int = 8) -> LiveSubtask:
@@ -23,12 +24,14 @@ def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, mode
 
     `prompt` None is the swarm's task, and a worker's `system_prompt` None the planned
     workers' one (built from the task): resolved when the call is made, so the task is never
-    copied into a subtask."""
+    copied into a subtask. `model` may list models to fall back on: the first runs first."""
+    chain = model_chain(model)
     # not through the declarative constructor's attribute events (~50 ms of CPU per 1,000
     # subtasks where this takes ~4: wide swarms' creation); nothing is lost: a new subtask
     # never joins a session
     return new_live_subtask(
-        swarm_id=swarm_id, name=name, position=position, kind=kind, model=model,
+        swarm_id=swarm_id, name=name, position=position, kind=kind, model=chain[0],
+        models=chain if len(chain) > 1 else None, fallbacks=0,
         depends_on=list(depends_on or []), system_prompt=system_prompt, prompt=prompt,
         max_tokens=max_tokens, temperature=temperature, weight=weight,
         status=SubtaskStatus.pending, attempts=0, output=None, error=None, truncated=False,
@@ -36,6 +39,7 @@ def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind, mode
         prompt_tokens=0, completion_tokens=0, cost_usd=Decimal(0), latency_ms=None,
         ready_at=None, started_at=None, finished_at=None, reused=False,
         tools=list(tools or []), max_turns=max_turns, turns=0, tool_calls=0,
+        output_json=None, output_status=None, output_format=None,
     )
 
 

@@ -15,9 +15,10 @@ from app.db.tables import Subtask, Swarm, new_live_swarm
 from app.db.types import utcnow
 from app.engine.dag import DagError, validate_dag
 from app.engine.layout import PLANNER, new_subtask, synthesizer_for
+from app.engine.outputs import SchemaInvalid, check_schema
 from app.engine.planner import planner_max_tokens
 from app.errors import Refused
-from app.schemas import Limits, SwarmCreate
+from app.schemas import Limits, SwarmCreate, model_chain
 from app.states import SubtaskKind, SwarmStatus
 from app.tools.registry import ToolRegistry, ToolSelectionError, permitted
 
@@ -37,11 +38,22 @@ def request_hash(body: SwarmCreate) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
-def check_model(settings: Settings, model: str, field: str) -> None:
-    if model not in settings.prices:
-        raise Refused(
-            f"model {model!r} has no price; priced models: {', '.join(settings.prices.names())}",
-            code="unknown_model", details={"field": field, "model": model})
+def check_model(settings: Settings, model: str | list[str], field: str) -> None:
+    """Every model a field names is priced (a list: each of its items, named by index)."""
+    listed = not isinstance(model, str)
+    for i, name in enumerate(model_chain(model)):
+        if name not in settings.prices:
+            raise Refused(
+                f"model {name!r} has no price; priced models: "
+                f"{', '.join(settings.prices.names())}", code="unknown_model",
+                details={"field": f"{field}.{i}" if listed else field, "model": name})
+
+
+def check_models(settings: Settings, spec: dict[str, Any]) -> None:
+    """The swarm's own models (its default, the synthesis's, the orchestrator's) are priced."""
+    check_model(settings, spec["model"], "model")
+    check_model(settings, spec["synthesis"]["model"], "synthesis.model")
+    check_model(settings, spec["orchestrator"]["model"], "orchestrator.model")
 
 
 def _check_agents(body: SwarmCreate, settings: Settings) -> None:
@@ -71,6 +83,26 @@ def _check_agents(body: SwarmCreate, settings: Settings) -> None:
         if isinstance(culprit, str) and culprit in seen:
             details["field"] = f"agents.{seen[culprit]}.depends_on"
         raise Refused(str(exc), code=exc.code, details=details) from exc
+
+
+def _check_schemas(body: SwarmCreate) -> None:
+    """Every `output_schema` is a usable JSON Schema (SPEC §15); the synthesis one only where
+    an LLM writes the result."""
+    given = [(f"agents.{i}.output_schema", a.output_schema)
+             for i, a in enumerate(body.agents or []) if a.output_schema is not None]
+    synthesis = body.synthesis.output_schema
+    if synthesis is not None:
+        given.append(("synthesis.output_schema", synthesis))
+        if body.synthesis.strategy != "synthesize":
+            raise Refused("synthesis.output_schema needs strategy 'synthesize' (no LLM writes "
+                          f"a {body.synthesis.strategy!r} result)", code="invalid_schema",
+                          details={"field": "synthesis.output_schema"})
+    for field, schema in given:
+        try:
+            check_schema(schema)
+        except SchemaInvalid as exc:
+            raise Refused(f"{field} {exc}", code="invalid_schema",
+                          details={"field": field}) from exc
 
 
 def _selectors(top: list[str] | None, agents: list[list[str] | None]) -> list[tuple[str, str]]:
@@ -133,10 +165,9 @@ def build_swarm(body: SwarmCreate, settings: Settings, tenant: str,
     With `agents`, they are the workers; without, a planner subtask decomposes the task when
     the swarm runs (its workers and synthesizer are added then)."""
     spec = normalise(body, settings)
-    check_model(settings, spec["model"], "model")
-    check_model(settings, spec["synthesis"]["model"], "synthesis.model")
-    check_model(settings, spec["orchestrator"]["model"], "orchestrator.model")
+    check_models(settings, spec)
     _check_agents(body, settings)
+    _check_schemas(body)
     _check_tools(body, tools, settings.tenant_limits(tenant).tools)
     swarm_id = str(uuid.uuid4())
     # the task is stored once, in its own column: not in the spec, and a prompt that is the
@@ -197,8 +228,6 @@ def retry_row(old: Swarm, limits: dict[str, Any], settings: Settings,
     over its limits; its subtasks are copied from the old swarm's rows."""
     merged = Limits.model_validate({**old.spec["limits"], **limits})
     spec = {**old.spec, "limits": {**old.spec["limits"], **limits}}
-    check_model(settings, spec["model"], "model")
-    check_model(settings, spec["synthesis"]["model"], "synthesis.model")
-    check_model(settings, spec["orchestrator"]["model"], "orchestrator.model")
+    check_models(settings, spec)
     return new_swarm_row(str(uuid.uuid4()), old.tenant, old.task, spec, old.meta,
                          merged.budget_usd, idempotency_key, digest, retry_of=old.id)

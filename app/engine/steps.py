@@ -16,6 +16,8 @@ from app.engine.calls import CallMeter, idempotency_key
 from app.engine.context import estimate_prompt_tokens, estimate_request_tokens
 from app.engine.faults import crash_point
 from app.engine.handle import EventRow, LedgerRow, Outcome, SwarmHandle, failure
+from app.engine.outputs import response_format as schema_format
+from app.engine.outputs import schema_tokens, schemas_of
 from app.engine.writer import WriteRejected
 from app.gateway.client import ChatRequest, ChatResult, GatewayRejected, GatewayUnavailable
 from app.pricing import metric_model_label
@@ -86,6 +88,7 @@ class SubtaskSteps:
 
     def __init__(self, handle: SwarmHandle) -> None:
         self.handle = handle
+        self.schemas = schemas_of(handle.spec)  # subtasks with an output schema (SPEC §15)
 
     def slots(self, sub: Subtask, ahead: CallMeter | None = None) -> Slots:
         """The swarm's slot, a per-model one (when the model table limits it), the tenant's
@@ -115,30 +118,50 @@ class SubtaskSteps:
 
     def meter(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
               tools: list[dict[str, Any]] | None = None) -> CallMeter:
-        """The meter of one logical call: its key, its label, its worst case."""
+        """The meter of one logical call on the subtask's model: its key, its label, its
+        worst case at that model's prices."""
         handle, ctx = self.handle, self.handle.ctx
         key = idempotency_key(handle.swarm.id, sub.name, call_no)
         label = metric_model_label(sub.model, ctx.prices)
         bound = (estimate_prompt_tokens(messages) if tools is None
                  else estimate_request_tokens(messages, tools))
+        if (schema := self.schemas.get(sub.name)) is not None:  # sent as response_format
+            bound += schema_tokens(schema)
         worst = ctx.prices[sub.model].worst_case(bound, sub.max_tokens)
-        return CallMeter(handle, sub, worst, key, label, bound)
+        return CallMeter(handle, sub, worst, key, label, bound, sub.model)
 
     async def gateway(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
-                      response_format: dict[str, str] | None = None,
+                      response_format: dict[str, Any] | None = None,
                       tools: list[dict[str, Any]] | None = None,
                       meter: CallMeter | None = None
                       ) -> tuple[ChatResult, list[LedgerRow]]:
-        """One logical call with retries; raises the client's errors or BudgetExceeded.
-        `meter`: one made (and maybe prepared) by the caller for this call."""
-        handle, ctx = self.handle, self.handle.ctx
+        """One logical call with retries, on the subtask's model and then, while each is
+        down, on the next of its list (SPEC §15); raises the client's errors or
+        BudgetExceeded. `meter`: one made (and maybe prepared) by the caller for this call."""
         if meter is None:
             meter = self.meter(sub, messages, call_no, tools)
+        while True:
+            try:
+                return await self._complete(sub, messages, response_format, tools, meter)
+            except GatewayUnavailable as exc:
+                if not self._fall_back(sub, exc):
+                    raise
+            # the same logical call (its key), reserved and priced at the next model
+            meter = self.meter(sub, messages, call_no, tools)
+
+    async def _complete(self, sub: Subtask, messages: list[dict[str, Any]],
+                        response_format: dict[str, str] | None,
+                        tools: list[dict[str, Any]] | None, meter: CallMeter
+                        ) -> tuple[ChatResult, list[LedgerRow]]:
+        """The call on the meter's model, retried by the §4 policy."""
+        handle, ctx = self.handle, self.handle.ctx
         key, label = meter.key, meter.label
+        if response_format is None and (schema := self.schemas.get(sub.name)) is not None:
+            response_format = schema_format(schema, sub.name)
         metrics.child(metrics.subtasks_in_flight, label).inc()
         try:
             result = await ctx.gateway.complete(
-                ChatRequest(model=sub.model, messages=messages, max_tokens=sub.max_tokens,
+                ChatRequest(model=meter.model, messages=messages, max_tokens=sub.max_tokens,
                             temperature=sub.temperature, response_format=response_format,
                             idempotency_key=key, tools=tools, on_delta=self._deltas(sub)),
                 max_attempts=int(handle.limits["max_attempts"]),
@@ -150,6 +173,25 @@ class SubtaskSteps:
         finish = metrics.finish_label(result.finish_reason)
         metrics.child(metrics.finish_reasons, label, finish).inc()
         return result, meter.ok_rows
+
+    def _fall_back(self, sub: Subtask, exc: GatewayUnavailable) -> bool:
+        """Move the subtask to the next model of its list when its model is down (attempts
+        spent on retryable failures, the deadline not reached); False: none is left. The
+        move is written with the subtask's next write: a takeover goes on from there."""
+        chain = sub.models or []
+        if exc.deadline_hit or sub.model not in chain:
+            return False
+        at = chain.index(sub.model) + 1
+        if at >= len(chain):
+            return False
+        prices = self.handle.ctx.prices
+        was, sub.model, sub.fallbacks = sub.model, chain[at], at
+        metrics.child(metrics.model_fallbacks, metric_model_label(was, prices),
+                      metric_model_label(sub.model, prices)).inc()
+        tracing.event("model_fallback", from_model=was, to_model=sub.model,
+                      outcome=exc.outcome)
+        self.handle.commit_soon([sub])
+        return True
 
     def _deltas(self, sub: Subtask) -> Callable[[str], None] | None:
         """Where a worker's tokens go as they come, when its swarm streams them (SPEC §10)."""
@@ -203,7 +245,7 @@ class SubtaskSteps:
         latency_ms = self._latency(sub, t0, SubtaskStatus.succeeded)
         event = move_subtask(sub, SubtaskStatus.succeeded, utcnow(), kind=sub.kind,
                              latency_ms=latency_ms, truncated=sub.truncated,
-                             sanitized=sub.sanitized)
+                             sanitized=sub.sanitized, **_moved(sub), **_structured(sub))
         assert event is not None
         sub.output = output
         row = self.handle.event(event)
@@ -230,7 +272,8 @@ class SubtaskSteps:
     async def fail(self, sub: Subtask, t0: float, err: dict[str, Any],
                    rows: list[LedgerRow] | None = None) -> Outcome:
         self._latency(sub, t0, SubtaskStatus.failed)
-        event = move_subtask(sub, SubtaskStatus.failed, utcnow(), kind=sub.kind, error=err)
+        event = move_subtask(sub, SubtaskStatus.failed, utcnow(), kind=sub.kind, error=err,
+                             **_moved(sub), **_structured(sub))
         assert event is not None
         sub.error = err
         self.handle.answered(sub)
@@ -243,6 +286,20 @@ class SubtaskSteps:
         metrics.child(metrics.subtask_duration, sub.kind, label, status).observe(
             sub.latency_ms / 1000)
         return sub.latency_ms
+
+
+def _moved(sub: Subtask) -> dict[str, Any]:
+    """What an end's event says of a subtask that fell back: the model it ended on (its
+    `subtask.started` named the first)."""
+    return {"model": sub.model, "fallbacks": sub.fallbacks} if sub.fallbacks else {}
+
+
+def _structured(sub: Subtask) -> dict[str, Any]:
+    """A schema subtask's event fields (SPEC §15): its parsed value and how it was got."""
+    if sub.output_status is None:
+        return {}
+    return {"output_status": sub.output_status, "output_format": sub.output_format,
+            "output_json": sub.output_json}
 
 
 def _error_of(exc: GatewayRejected | GatewayUnavailable | WriteRejected) -> dict[str, Any]:

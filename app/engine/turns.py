@@ -26,8 +26,9 @@ from app.db.types import utcnow
 from app.engine import dag
 from app.engine.faults import crash_point
 from app.engine.handle import EventRow, Outcome, SwarmHandle, TranscriptRow, failure
+from app.engine.repair import OutputLadder
 from app.engine.steps import CALL_FAILURES, SubtaskSteps
-from app.gateway.client import ToolCallRequest
+from app.gateway.client import ChatResult, ToolCallRequest, Usage
 from app.states import Event
 from app.tools.arguments import ArgumentsRefused, parse_arguments
 from app.tools.model import ToolInfo, ToolOutcome
@@ -92,6 +93,7 @@ class TurnLoop:
         self.handle = handle
         self.steps = steps
         self.used = sum(s.tool_calls for s in handle.subs.values())
+        self.outputs = OutputLadder(handle, steps)
 
     async def run(self, sub: Subtask, first: list[Message]) -> Outcome:
         """Never raises but for cancellation and a lost lease."""
@@ -107,7 +109,8 @@ class TurnLoop:
         if sub.turns and asked is not None:  # taken over after turn `sub.turns` began
             last = convo[asked]
             if not last.get("tool_calls"):  # the answer was committed, the success was not
-                return await steps.succeed(sub, t0, last.get("content") or "", [])
+                return await self._answered(sub, t0, convo, asked, ChatResult(
+                    last.get("content") or "", "stop", Usage(), ()), sub.turns)
             # only the calls without a committed result run again: call i's result is the
             # message after the assistant's i-th (its id may repeat)
             calls = _calls_of(last)
@@ -136,7 +139,7 @@ class TurnLoop:
                 sub.truncated = result.finish_reason == "length"
                 handle.commit_soon([sub], ledger=rows, tools=([], rows_t),
                                    events=[self._event(sub, turn, [])])
-                return await steps.succeed(sub, t0, result.content, [])
+                return await self._answered(sub, t0, convo, seq, result, turn)
             if turn >= sub.max_turns:
                 handle.commit_soon([sub], ledger=rows, tools=([], rows_t))
                 return await steps.fail(sub, t0, failure(
@@ -155,6 +158,15 @@ class TurnLoop:
             await self._end_turn(sub, convo, await self._run_calls(
                 sub, turn, pending, offered, priority), turn)
             crash_point("between_turns", sub.name)
+
+    async def _answered(self, sub: Subtask, t0: float, convo: dict[int, Message], seq: int,
+                        result: ChatResult, turn: int) -> Outcome:
+        """The final answer (message `seq`): as it is, or through the output schema's
+        ladder, whose repair turn (no tools) is numbered after this turn."""
+        if self.outputs.schema(sub) is None:
+            return await self.steps.succeed(sub, t0, result.content, [])
+        before = [convo[k] for k in sorted(convo) if k < seq]
+        return await self.outputs.settle(sub, t0, before, result, [], call_no=turn)
 
     async def _history(self, sub: Subtask, first: list[Message]) -> dict[int, Message]:
         """seq -> message: the committed transcript after a takeover, else the opening."""

@@ -76,7 +76,7 @@ class ChatRequest:
     messages: list[dict[str, Any]]
     max_tokens: int
     temperature: float | None = None
-    response_format: dict[str, str] | None = None
+    response_format: dict[str, Any] | None = None
     idempotency_key: str | None = None
     tools: list[dict[str, Any]] | None = None  # OpenAI `tools` (function definitions)
     # given: the call streams, and each piece of its text is handed here as it comes

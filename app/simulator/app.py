@@ -19,7 +19,7 @@ from starlette.types import Receive
 from uvicorn.config import LOGGING_CONFIG
 
 from app.simulator.config import SimulatorConfig, SimulatorStats, bounded_put
-from app.simulator.directives import Directives, parse_directives, parse_request
+from app.simulator.directives import Directives, parse_directives, parse_request, refuse_format
 from app.simulator.responses import (
     JSON,
     chat_completion,
@@ -88,11 +88,12 @@ class _Simulator:
         try:
             req = parse_request(raw)
             d = parse_directives(req.texts, cfg.flags)
+            refuse_format(req, d)
         except ValueError as exc:
             return error(400, str(exc))
         key = idem or hashlib.blake2b(raw, digest_size=16).hexdigest()
         attempt = self.stats.record(key, req.model, req.messages, received_at)
-        fault = self._fault(d, key, attempt)
+        fault = "503" if d.is_down(req.model) else self._fault(d, key, attempt)
         if fault == "timeout":
             wait = d.hang_s if d.hang_s is not None else cfg.timeout_s
         elif d.latency_ms is not None:

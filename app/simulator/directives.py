@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from app.simulator import tools as sim_tools
+from app.simulator.structured import OUTPUT_KINDS, asked_schema
 
 FAIL_KINDS = frozenset({"html502", "timeout", "truncated"})
 PLAN_KINDS = frozenset({"cyclic", "unknown_dep", "truncated", "not_json", "empty",
@@ -40,6 +41,13 @@ class Directives:
     extra_tool: str | None = None  # also call this (unoffered) tool on the first turn
     poison: int = 0  # 1: answers and error bodies carry a NUL and a lone surrogate
     stream_ms: float | None = None  # a streamed answer's pieces spread over this many ms
+    down: str | None = None  # models (comma-separated) that answer 503 to every call
+
+    def is_down(self, model: str) -> bool:
+        """Whether `down` names this model."""
+        return self.down is not None and model in self.down.split(",")
+    output: str | None = None  # a structured answer's fault: fence | prose | invalid
+    reject_schema: int = 0  # 1: a json_schema response_format is refused with a 400
 
 
 # name -> converter, read from the annotations above ("int | None" -> int)
@@ -77,7 +85,16 @@ def parse_directives(texts: list[str], flags: set[str] | None = None) -> Directi
         raise ValueError(f"bad simulator directive fail={fail}")
     if d.plan is not None and d.plan not in PLAN_KINDS:
         raise ValueError(f"bad simulator directive plan={d.plan}")
+    if d.output is not None and d.output not in OUTPUT_KINDS:
+        raise ValueError(f"bad simulator directive output={d.output}")
     return d
+
+
+def refuse_format(req: ChatRequest, d: Directives) -> None:
+    """`reject_schema=1`: a gateway that takes no json_schema response format (a 400)."""
+    if d.reject_schema and req.format_type == "json_schema":
+        raise ValueError("response_format json_schema is not supported by this model; use "
+                         "json_object")
 
 
 @dataclass
@@ -90,6 +107,8 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     tools: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    schema: dict[str, Any] | None = None  # what a structured call asks (json_schema or in text)
+    format_type: str | None = None  # response_format.type
 
 
 def parse_request(raw: bytes) -> ChatRequest:
@@ -114,7 +133,9 @@ def parse_request(raw: bytes) -> ChatRequest:
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     tools = sim_tools.tool_names(body["tools"]) if body.get("tools") else []
     return ChatRequest(model, messages, [_text_of(m.get("content")) for m in messages],
-                        max_tokens, json_mode, stream, include_usage, tools)
+                        max_tokens, json_mode, stream, include_usage, tools,
+                        asked_schema(fmt, messages),
+                        str(fmt.get("type")) if isinstance(fmt, dict) else None)
 
 
 def _text_of(content: Any) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from app.simulator import structured
 from app.simulator import tools as sim_tools
 from app.simulator.directives import DIRECTIVE, ChatRequest, Directives
 
@@ -160,6 +161,8 @@ def chat_completion(req: ChatRequest, d: Directives, key: str, attempt: int, len
                                      sim_tools.turns_done(req.messages) + 1, d.extra_tool)
         content = ""
         tokens = min(limit, max(1, len(json.dumps(calls)) // 4))
+    elif req.schema is not None:
+        content = structured.answer(req.schema, d.output, req.messages)
     elif req.tools:
         content = sim_tools.final_answer(req.messages)
     elif d.answer is not None:

@@ -4,7 +4,7 @@ the plan, its estimate and the decision; the due time is when an awaiting swarm 
 for `awaiting_approval`.
 
 Revision ID: 0020_swarm_approval
-Revises: 0023_audit
+Revises: 0019_structured_outputs
 Create Date: 2026-12-05
 """
 
@@ -15,7 +15,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0020_swarm_approval"
-down_revision: str | None = "0023_audit"
+down_revision: str | None = "0019_structured_outputs"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
