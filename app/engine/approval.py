@@ -117,7 +117,9 @@ def plan_agents(subtasks: Sequence[Subtask], task: str) -> list[dict[str, Any]]:
             "name": s.name,
             "system_prompt": (s.system_prompt if s.system_prompt is not None
                               else worker_system_prompt(task)),
-            "model": s.model, "max_tokens": s.max_tokens, "depends_on": list(s.depends_on)}
+            # a fallback list as the request gave it (SPEC §15)
+            "model": list(s.models) if s.models else s.model, "max_tokens": s.max_tokens,
+            "depends_on": list(s.depends_on)}
         if s.prompt is not None:
             agent["prompt"] = s.prompt
         if s.tools:

@@ -93,6 +93,9 @@ def test_the_plan_is_postable_as_agents() -> None:
     assert "the task" in agents[0]["system_prompt"]
     assert agents[0]["tools"] == ["srv"] and agents[0]["max_turns"] == 4
     assert "prompt" not in plan_agents([worker("q")], "t")[0]  # the task, by default
+    fallback = worker("f")
+    fallback.models = ["kimi-k2.5", "deepseek-v3.2"]
+    assert plan_agents([fallback], "t")[0]["model"] == ["kimi-k2.5", "deepseek-v3.2"]
 
 
 def test_the_deadline_runs_from_the_approval() -> None:
