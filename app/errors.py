@@ -116,6 +116,11 @@ class SwarmErased(ApiError):
     code = "swarm_erased"
 
 
+class NotAwaitingApproval(ApiError):
+    status_code = 409
+    code = "not_awaiting_approval"
+
+
 class IdempotencyKeyReused(ApiError):
     status_code = 422
     code = "idempotency_key_reused"

@@ -15,7 +15,7 @@ import httpx
 from fastapi import FastAPI
 
 from app import metrics
-from app.api import audit, errors, openai, ops, retry, swarms, usage
+from app.api import approval, audit, errors, openai, ops, retry, swarms, usage
 from app.api import estimate as estimate_api
 from app.api import tools as tools_api
 from app.api.admission import StreamSlots
@@ -126,6 +126,7 @@ def create_app(settings: Settings | None = None, *, gateway: GatewayClient | Non
     app.include_router(swarms.router, responses=errors.error_responses(403, 503))
     app.include_router(retry.router, responses=errors.error_responses(403, 503))
     app.include_router(estimate_api.router, responses=errors.error_responses(403, 503))
+    app.include_router(approval.router, responses=errors.error_responses(403, 503))
     app.include_router(usage.router, responses=errors.error_responses(403, 503))
     app.include_router(audit.router, responses=errors.error_responses(403, 503))
     app.include_router(openai.router, responses=openai_responses(403))  # OpenAI's shape

@@ -106,6 +106,9 @@ takeovers = Counter("swarm_takeovers_total", "Swarms taken over from another own
 ERASE_REASONS = ("request", "retention")
 erased_swarms = Counter("swarm_erased_swarms_total", "Swarms whose content was erased",
                         ["reason"])
+# SPEC §14: how each swarm that named an approval rule went on
+APPROVAL_OUTCOMES = ("approved", "rejected", "timed_out", "auto")
+approvals = Counter("swarm_approvals_total", "Approval decisions on swarms", ["outcome"])
 # Measured from the database when /metrics is asked (`set_queue_oldest_age`): every API
 # process sees the same queue, and the process just scraped has the freshest figure, so the
 # merge across processes keeps the most recent value (a `max` would keep a process's old,
@@ -135,6 +138,8 @@ def _init_labels() -> None:
         takeovers.labels(reason)
     for reason in ERASE_REASONS:
         erased_swarms.labels(reason)
+    for outcome in APPROVAL_OUTCOMES:
+        approvals.labels(outcome)
 
 
 def _init_models(models: tuple[str, ...] | list[str]) -> None:

@@ -9,7 +9,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from app.schemas import Int, MaxTokens, ModelChoice, Number, Temperature, model_chain
+from app.schemas import (
+    Approval,
+    Int,
+    MaxTokens,
+    ModelChoice,
+    Number,
+    Temperature,
+    model_chain,
+)
 
 FanIn = Literal["weighted_vote", "majority", "concatenate", "synthesize"]
 
@@ -78,6 +86,10 @@ class AgentSwarmOptions(BaseModel):
         description="the swarm's hard cap in USD: limits.budget_usd")
     deadline_s: Number | None = Field(
         default=None, gt=0, le=86_400, description="the swarm's deadline: limits.deadline_s")
+    approval: Approval | None = Field(
+        default=None, description='limits.approval: "always", {"above_usd": "2.50"} or '
+                                  '{"above_agents": 20}; a swarm held for approval answers 202 '
+                                  "with `swarm_status: awaiting_approval` and its `swarm_id`")
     routing: Literal["pinned", "auto"] = Field(
         default="pinned", description="pinned: every worker runs on `model`; auto: the "
                                       "planner's model hints pick workers' models")

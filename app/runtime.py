@@ -18,6 +18,7 @@ from app.db.notify import CHANGED
 from app.db.retry import log_db_failure
 from app.db.session import SessionFactory, asyncpg_dsn, make_db_engine, make_session_factory
 from app.engine import faults
+from app.engine.approval_sweep import ApprovalSweep
 from app.engine.budget import DailyCap
 from app.engine.deltas import CHANNEL as DELTAS
 from app.engine.listener import PgListener
@@ -218,6 +219,9 @@ class Runtime:
                                   transport=self._webhook_transport)
         hooks.start()
         self._stack.push_async_callback(hooks.stop)
+        sweep = ApprovalSweep(self.sessions, self.settings.poll_interval_s, self.notifier)
+        sweep.start()
+        self._stack.push_async_callback(sweep.stop)
         await engine.start()
         self._stack.push_async_callback(engine.stop)
         self.engine = engine

@@ -229,6 +229,32 @@ class SynthesisOptions(Strict):
     output_schema: OutputSchema = None
 
 
+class ApprovalAboveUsd(Strict):
+    """Approval when the expected cost is above this many USD."""
+
+    above_usd: Decimal = Field(ge=0, max_digits=20, decimal_places=12,
+                               json_schema_extra={"type": ["string", "number"],
+                                                  "examples": ["2.50"]})
+
+    @field_validator("above_usd", mode="before")
+    @classmethod
+    def _usd_string(cls, v: Any) -> Any:
+        if isinstance(v, bool) or (isinstance(v, str)
+                                   and re.fullmatch(BUDGET_PATTERN, v) is None):
+            raise PydanticCustomError(
+                "decimal_parsing", 'Input should be a decimal number (e.g. 2.5 or "2.50")')
+        return v
+
+
+class ApprovalAboveAgents(Strict):
+    """Approval when the plan has more than this many agents."""
+
+    above_agents: Int = Field(ge=0, le=1_000_000)
+
+
+Approval = Literal["never", "always"] | ApprovalAboveUsd | ApprovalAboveAgents
+
+
 class Limits(Strict):
     concurrency: Int = Field(default=8, ge=1, le=1000)
     budget_usd: Decimal | None = Field(default=None, gt=0, max_digits=20, decimal_places=12,
@@ -241,6 +267,11 @@ class Limits(Strict):
     # workers' tokens as they come (`subtask.delta` events, the facade's frames): the calls
     # stream from the gateway; off, each output arrives whole when its worker ends
     stream_tokens: bool = False
+    # the approval gate (SPEC §14): who must say yes before the workers run, and how long
+    # a swarm may wait for it
+    approval: Approval = Field(default="never", description='"never" | "always" | '
+                               '{"above_usd": "2.50"} (expected cost) | {"above_agents": 20}')
+    approval_timeout_s: Number = Field(default=86_400.0, gt=0, le=30 * 86_400)
 
     @field_validator("budget_usd", mode="before")
     @classmethod
@@ -308,6 +339,30 @@ class SwarmRetry(Strict):
         "examples": [{"limits": {"budget_usd": 10.0}}]})
 
     limits: RetryLimits | None = None
+
+
+class SwarmApprove(Strict):
+    """The optional body of `POST /swarms/{id}/approve`: the plan as the reviewer edited it
+    (it replaces the plan, validated like a request's `agents`) and limits for the run (keys
+    left out keep the swarm's)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"agents": [{"name": "researcher", "prompt": "Find the three main risks"},
+                    {"name": "writer", "prompt": "Write the summary",
+                     "depends_on": ["researcher"]}],
+         "limits": {"budget_usd": "2.00"}}]})
+
+    agents: list[AgentCreate] | None = Field(default=None, min_length=1)
+    limits: RetryLimits | None = None
+
+
+class SwarmReject(Strict):
+    """The optional body of `POST /swarms/{id}/reject`."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"reason": "too many agents for this task"}]})
+
+    reason: Text | None = Field(default=None, max_length=2000)
 
 
 # ---- responses -------------------------------------------------------------------------------
@@ -436,6 +491,11 @@ class SwarmRead(BaseModel):
     erased: bool = Field(default=False, description="its content was erased (DELETE, or the "
                          "retention period): task, metadata, spec, outputs, result and "
                          "event payloads are gone; usage, status and timestamps stay")
+    plan: dict[str, Any] | None = Field(
+        default=None, description='a swarm held for approval: {"agents": [...]}, postable as '
+                                  "`agents` (and to `POST /swarms/{id}/approve`)")
+    estimate: dict[str, Any] | None = Field(
+        default=None, description="a swarm held for approval: what its plan would cost")
 
 
 class SwarmList(BaseModel):

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple, Protocol
 class SwarmStatus(StrEnum):
     queued = "queued"
     planning = "planning"
+    awaiting_approval = "awaiting_approval"  # parked: nothing runs, no lease (SPEC §14)
     running = "running"
     synthesizing = "synthesizing"
     succeeded = "succeeded"
@@ -45,6 +46,8 @@ class SubtaskKind(StrEnum):
 
 # running, between queued and the end (a lease keeps it)
 ACTIVE_SWARM = (SwarmStatus.planning, SwarmStatus.running, SwarmStatus.synthesizing)
+# what a tenant's max_active_swarms counts: the active, the queued and the parked
+COUNTED_SWARM = (SwarmStatus.queued, SwarmStatus.awaiting_approval, *ACTIVE_SWARM)
 TERMINAL_SWARM = frozenset({SwarmStatus.succeeded, SwarmStatus.failed, SwarmStatus.cancelled})
 TERMINAL_SUBTASK = frozenset(
     {SubtaskStatus.succeeded, SubtaskStatus.failed, SubtaskStatus.skipped, SubtaskStatus.cancelled}
@@ -52,8 +55,11 @@ TERMINAL_SUBTASK = frozenset(
 
 _S = SwarmStatus
 SWARM_TRANSITIONS: dict[SwarmStatus, frozenset[SwarmStatus]] = {
-    _S.queued: frozenset({_S.planning, _S.running, _S.failed, _S.cancelled}),
-    _S.planning: frozenset({_S.running, _S.failed, _S.cancelled}),
+    _S.queued: frozenset({_S.planning, _S.awaiting_approval, _S.running, _S.failed,
+                          _S.cancelled}),
+    _S.planning: frozenset({_S.awaiting_approval, _S.running, _S.failed, _S.cancelled}),
+    # approved: back in the queue for an engine to claim; rejected; timed out
+    _S.awaiting_approval: frozenset({_S.queued, _S.failed, _S.cancelled}),
     _S.running: frozenset({_S.synthesizing, _S.succeeded, _S.failed, _S.cancelled}),
     _S.synthesizing: frozenset({_S.succeeded, _S.failed, _S.cancelled}),
     _S.succeeded: frozenset(),
@@ -151,6 +157,8 @@ def move_swarm(swarm: SwarmState, new: SwarmStatus, now: datetime, **data: Any) 
     if new.terminal:
         swarm.finished_at = now
         return Event("swarm.completed", {"status": new.value, **data})
+    if new is SwarmStatus.awaiting_approval:  # its data: the estimate
+        return Event("swarm.awaiting_approval", {"status": new.value, **data})
     return Event("swarm.status", {"status": new.value})
 
 

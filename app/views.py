@@ -127,7 +127,15 @@ def swarm_fields(swarm: Swarm, subtasks: Sequence[SubtaskView], *, with_outputs:
         "retry_of": swarm.retry_of,
         "retried_by": retried_by,
         "erased": swarm.erased_at is not None,
+        **_approval_fields(swarm.approval),
     }
+
+
+def _approval_fields(block: dict[str, Any] | None) -> dict[str, Any]:
+    """The plan and estimate of a swarm that asked for approval (SPEC §14)."""
+    if not block:
+        return {"plan": None, "estimate": None}
+    return {"plan": block.get("plan"), "estimate": block.get("estimate")}
 
 
 _PROGRESS = tuple(s.value for s in SubtaskStatus)

@@ -7,7 +7,7 @@ import json
 import os
 import random
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, TypeVar
@@ -168,6 +168,21 @@ def retry_call(swarm_id: str, limits: Mapping[str, Any] | None, key: str | None)
     body = {} if limits is None else {"limits": dict(limits)}
     return Call("POST", swarm_path(swarm_id, "/retry"), json=body,
                 headers={"Idempotency-Key": key or new_key()})
+
+
+def approve_call(swarm_id: str, agents: Sequence[Mapping[str, Any]] | None,
+                 limits: Mapping[str, Any] | None) -> Call:
+    body: dict[str, Any] = {}
+    if agents is not None:
+        body["agents"] = [dict(a) for a in agents]
+    if limits is not None:
+        body["limits"] = dict(limits)
+    return Call("POST", swarm_path(swarm_id, "/approve"), json=body)
+
+
+def reject_call(swarm_id: str, reason: str | None) -> Call:
+    return Call("POST", swarm_path(swarm_id, "/reject"),
+                json={} if reason is None else {"reason": reason})
 
 
 def _instant(value: date | datetime | str | None) -> str | None:

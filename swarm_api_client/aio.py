@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from datetime import date, datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -111,6 +111,17 @@ class AsyncSwarmClient:
                     idempotency_key: str | None = None) -> SwarmRead:
         """`POST /swarms/{id}/retry`: a new swarm reusing what succeeded (SPEC §11)."""
         return await self._call(b.retry_call(swarm_id, limits, idempotency_key), SwarmRead)
+
+    async def approve(self, swarm_id: str, *, agents: Sequence[Mapping[str, Any]] | None = None,
+                      limits: Mapping[str, Any] | None = None) -> SwarmRead:
+        """`POST /swarms/{id}/approve`: a swarm awaiting approval runs; with `agents`, exactly
+        that plan (SPEC §14). `Conflict` (`not_awaiting_approval`) when it is not waiting."""
+        return await self._call(b.approve_call(swarm_id, agents, limits), SwarmRead)
+
+    async def reject(self, swarm_id: str, *, reason: str | None = None) -> SwarmRead:
+        """`POST /swarms/{id}/reject`: a swarm awaiting approval ends `cancelled`
+        (`rejected`). `Conflict` (`not_awaiting_approval`) when it is not waiting."""
+        return await self._call(b.reject_call(swarm_id, reason), SwarmRead)
 
     async def usage(self, *, start: date | datetime | str | None = None,
                     end: date | datetime | str | None = None,

@@ -1,6 +1,6 @@
 """The client commands of the `swarm-api` console script (SPEC §13): submit, get, ls, watch,
-cancel, retry, erase, usage, audit. `app/cli.py` dispatches here; nothing of the server is
-imported.
+cancel, retry, erase, approve, reject, usage, audit, estimate. `app/cli.py` dispatches here;
+nothing of the server is imported.
 
 Exit statuses and help: `cli_args.py`. Written to a terminal, the commands draw with rich
 (`view.py`); to a pipe or a file, plain columns of whole values (`report.py`) or --json. Every
@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -33,6 +32,8 @@ from swarm_api_client.cli_args import (
     UNREACHABLE,
     add_commands,
 )
+from swarm_api_client.cli_input import BadInput as _BadInput
+from swarm_api_client.cli_input import read_body as _read_body
 from swarm_api_client.client import SwarmClient
 from swarm_api_client.errors import (
     ConnectionFailed,
@@ -118,10 +119,6 @@ def _drop_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
-class _BadInput(Exception):
-    pass
-
-
 class _Interrupted(KeyboardInterrupt):
     """Ctrl-C while following a swarm this command created: its id is in the message."""
 
@@ -164,20 +161,6 @@ def _print_swarm(swarm: SwarmRead, args: argparse.Namespace) -> None:
 
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
-
-
-def _read_body(name: str) -> dict[str, Any]:
-    try:
-        text = sys.stdin.read() if name == "-" else Path(name).read_text()
-    except OSError as exc:
-        raise _BadInput(f"cannot read {name}: {exc.strerror or exc}") from exc
-    try:
-        body = json.loads(text)
-    except ValueError as exc:
-        raise _BadInput(f"{'stdin' if name == '-' else name} is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise _BadInput("the request body must be a JSON object, e.g. {\"task\": \"...\"}")
-    return body
 
 
 def _outcome(swarm: SwarmRead) -> int:
@@ -264,6 +247,9 @@ def _finish(client: SwarmClient, swarm: SwarmRead, args: argparse.Namespace) -> 
         else:
             print(f"{swarm.id} {swarm.status}")
         return OK
+    if swarm.status == "awaiting_approval":  # it runs once someone decides
+        print(f"swarm {swarm.id} awaits approval: swarm-api approve {swarm.id} (or reject)",
+              file=sys.stderr)
     timeout = getattr(args, "timeout", None)
     try:
         if args.json:
@@ -306,6 +292,21 @@ def _retry(client: SwarmClient, args: argparse.Namespace) -> int:
     if not args.json:
         print(f"retry of {args.id}: new swarm {swarm.id}", file=sys.stderr)
     return _finish(client, swarm, args)
+
+
+def _approve(client: SwarmClient, args: argparse.Namespace) -> int:
+    plan = _read_body(args.plan, plan=True) if args.plan is not None else {}
+    return _finish(client, client.approve(args.id, agents=plan.get("agents"),
+                                          limits=plan.get("limits")), args)
+
+
+def _reject(client: SwarmClient, args: argparse.Namespace) -> int:
+    swarm = client.reject(args.id, reason=args.reason)
+    if args.json:
+        _print_json(swarm.model_dump(mode="json"))
+    else:
+        print(f"{swarm.id} {swarm.status}")
+    return OK
 
 
 def _get(client: SwarmClient, args: argparse.Namespace) -> int:
@@ -408,5 +409,6 @@ def _audit(client: SwarmClient, args: argparse.Namespace) -> int:
 
 _HANDLERS: dict[str, Callable[[SwarmClient, argparse.Namespace], int]] = {
     "submit": _submit, "get": _get, "ls": _ls, "watch": _watch, "cancel": _cancel,
-    "retry": _retry, "erase": _erase, "usage": _usage, "audit": _audit, "estimate": _estimate,
+    "retry": _retry, "erase": _erase, "approve": _approve, "reject": _reject,
+    "usage": _usage, "audit": _audit, "estimate": _estimate,
 }

@@ -12,8 +12,8 @@ from swarm_api_client._base import DEFAULT_URL, TERMINAL
 from swarm_api_client.report import SUBTASK_ROWS
 
 OK, NOT_SUCCEEDED, REFUSED, UNREACHABLE, KEY_REFUSED, INTERRUPTED = 0, 1, 2, 3, 4, 130
-COMMANDS = ("submit", "get", "ls", "watch", "cancel", "retry", "erase", "usage", "audit",
-            "estimate")
+COMMANDS = ("submit", "get", "ls", "watch", "cancel", "retry", "erase", "approve", "reject",
+            "usage", "audit", "estimate")
 
 EXIT_STATUSES = f"""\
 exit statuses (client commands):
@@ -38,8 +38,8 @@ Swarm API: run LLM agent swarms over an OpenAI-compatible gateway.
 
 Server commands run the service (serve, worker, migrate, simulator) or its database (prune);
 client commands talk to a running service over HTTP (submit, get, ls, watch, cancel, retry,
-erase, usage, audit, estimate). Written to a pipe or a file, client commands print plain
-columns with every value whole; --json prints JSON."""
+erase, approve, reject, usage, audit, estimate). Written to a pipe or a file, client
+commands print plain columns with every value whole; --json prints JSON."""
 
 EXAMPLES = """\
 examples:
@@ -124,7 +124,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = _command(sub, "ls", common, "list swarms, newest first",
                  "  swarm-api ls\n  swarm-api ls --status failed --limit 100 | cut -d' ' -f1")
     p.add_argument("--status", default=None,
-                   choices=["queued", "planning", "running", "synthesizing", *sorted(TERMINAL)])
+                   choices=["queued", "planning", "awaiting_approval", "running", "synthesizing",
+                            *sorted(TERMINAL)])
     p.add_argument("--limit", type=int, default=20, help="at most N swarms (default 20)")
 
     p = _command(sub, "watch", common,
@@ -159,6 +160,22 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                  "  swarm-api estimate examples/dag.json\n"
                  "  swarm-api estimate planned.json --json | jq .plan > plan.json")
     p.add_argument("file", help="the request body of POST /swarms, as JSON; - reads stdin")
+
+    p = _command(sub, "approve", common,
+                 "let a swarm awaiting approval run (with --plan: exactly that plan)",
+                 "  swarm-api approve ID\n  swarm-api get ID --json | jq .plan > plan.json  "
+                 "# edit it, then\n  swarm-api approve ID --plan plan.json --wait")
+    p.add_argument("id")
+    p.add_argument("--plan", default=None, metavar="FILE",
+                   help='the plan to run: {"agents": [...]} as the swarm shows it (optionally '
+                   'with "limits"), or a list of agents; - reads stdin')
+    p.add_argument("--wait", action="store_true", help="follow the swarm until it ends")
+    _report_flags(p)
+
+    p = _command(sub, "reject", common, "end a swarm awaiting approval (cancelled, rejected)",
+                 "  swarm-api reject ID --reason 'too many agents'")
+    p.add_argument("id")
+    p.add_argument("--reason", default=None, help="said in the swarm's error")
 
     p = _command(sub, "usage", common, "spend and tokens from the ledger",
                  "  swarm-api usage\n  swarm-api usage --from 2026-12-01 --group-by day")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from datetime import date, datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -110,6 +110,17 @@ class SwarmClient:
               idempotency_key: str | None = None) -> SwarmRead:
         """`POST /swarms/{id}/retry`: a new swarm reusing what succeeded (SPEC §11)."""
         return self._call(b.retry_call(swarm_id, limits, idempotency_key), SwarmRead)
+
+    def approve(self, swarm_id: str, *, agents: Sequence[Mapping[str, Any]] | None = None,
+                limits: Mapping[str, Any] | None = None) -> SwarmRead:
+        """`POST /swarms/{id}/approve`: a swarm awaiting approval runs; with `agents`, exactly
+        that plan (SPEC §14). `Conflict` (`not_awaiting_approval`) when it is not waiting."""
+        return self._call(b.approve_call(swarm_id, agents, limits), SwarmRead)
+
+    def reject(self, swarm_id: str, *, reason: str | None = None) -> SwarmRead:
+        """`POST /swarms/{id}/reject`: a swarm awaiting approval ends `cancelled`
+        (`rejected`). `Conflict` (`not_awaiting_approval`) when it is not waiting."""
+        return self._call(b.reject_call(swarm_id, reason), SwarmRead)
 
     def usage(self, *, start: date | datetime | str | None = None,
               end: date | datetime | str | None = None, group_by: str = "model") -> UsageReport:

@@ -271,8 +271,8 @@ async def test_documented_parameters_match_the_checks(api: Harness) -> None:
     limit = bounds(param("/swarms", "limit")["schema"])
     assert (limit["minimum"], limit["maximum"]) == (1, 200)
     status = _resolve(doc, bounds(param("/swarms", "status")["schema"]))
-    assert set(status["enum"]) == {"queued", "planning", "running", "synthesizing",
-                                   "succeeded", "failed", "cancelled"}
+    assert set(status["enum"]) == {"queued", "planning", "awaiting_approval", "running",
+                                   "synthesizing", "succeeded", "failed", "cancelled"}
     last_event_id = param("/swarms/{swarm_id}/events", "Last-Event-ID")
     assert last_event_id["in"] == "header"
     # the documented pattern refuses what the route refuses with 400 (the bound, 2^31 - 1, is

@@ -51,6 +51,10 @@ async def list_models(settings: SettingsDep, tenant: TenantDep) -> ModelList:
                                     "stream. " + _STREAM_DOC,
                      "content": {"text/event-stream": {"schema": json_event_schema(
                          inline_schema(ChatCompletionChunk), done_marker="[DONE]")}}},
+               202: {"model": ChatCompletion,
+                     "description": "`agent_swarm.approval`: the swarm is held for approval; "
+                                    "an empty `chat.completion` with `swarm_id` and "
+                                    "`swarm_status: awaiting_approval`"},
                **openai_responses(400, 401, 409, 413, 415, 422, 429, 502, 503)},
     summary="Create a chat completion (or, with agent_swarm, run a swarm)",
     operation_id="createChatCompletion",
@@ -73,6 +77,8 @@ async def create_chat_completion(
         streams = False
         try:
             swarm_id = await call.create(request, idempotency_key, admission)
+            if (parked := await unless_gone(request, call.held(swarm_id))) is not None:
+                return parked  # held for approval (SPEC §14)
             if body.stream:
                 streams = True
                 return call.stream(swarm_id, held.release)

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from fastapi import Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
@@ -58,6 +59,7 @@ FIELDS = (("orchestrator.max_subtasks", "agent_swarm.max_sub_agents"),
           ("limits.concurrency", "agent_swarm.concurrency"),
           ("limits.budget_usd", "agent_swarm.budget_usd"),
           ("limits.deadline_s", "agent_swarm.deadline_s"),
+          ("limits.approval", "agent_swarm.approval"),
           ("synthesis.output_schema", "response_format.json_schema.schema"))
 WAIT_GRACE_S = 30.0  # beyond the swarm's deadline: queueing, synthesis, the final commit
 
@@ -105,7 +107,7 @@ def swarm_request(req: ChatCompletionCreate) -> SwarmCreate:
         spec["orchestrator"]["max_subtasks"] = options.max_sub_agents
     limits = {"failure_tolerance": options.failure_tolerance,
               "concurrency": options.concurrency, "budget_usd": options.budget_usd,
-              "deadline_s": options.deadline_s,
+              "deadline_s": options.deadline_s, "approval": options.approval,
               "stream_tokens": True if options.streaming and req.stream else None}
     if any(v is not None for v in limits.values()):
         spec["limits"] = {k: v for k, v in limits.items() if v is not None}
@@ -219,6 +221,31 @@ class SwarmCall:
     async def _swarm(self, swarm_id: str) -> Swarm | None:
         async with self.sessions() as s, s.begin():
             return await queries.get_swarm(s, swarm_id, self.tenant)
+
+    async def held(self, swarm_id: str) -> Response | None:
+        """With `agent_swarm.approval`: once the swarm is planned, the answer when it is held
+        for approval — 202, an empty `chat.completion` with `swarm_status:
+        awaiting_approval` and `swarm_id` (SPEC §10) — else None (it runs: answer as ever)."""
+        options = self.req.agent_swarm
+        if options is None or options.approval in (None, "never"):
+            return None
+        while (left := self.deadline - time.monotonic()) > 0:
+            async with self.sessions() as s, s.begin():
+                status = await queries.get_status(s, swarm_id, self.tenant)
+            if status is SwarmStatus.awaiting_approval:
+                swarm = await self._swarm(swarm_id)
+                assert swarm is not None
+                return JSONResponse(ChatCompletion(
+                    id=f"chatcmpl-{swarm.id}", created=int(swarm.created_at.timestamp()),
+                    model=self.req.model, swarm_id=swarm.id, usage=_usage(swarm),
+                    swarm_status=SwarmStatus.awaiting_approval.value,
+                    choices=[Choice(message=AssistantMessage(content=""),
+                                    finish_reason="stop")]).model_dump(mode="json"),
+                    status_code=202, headers={"Location": f"/swarms/{swarm.id}"})
+            if status not in (SwarmStatus.queued, SwarmStatus.planning):
+                return None
+            await self.notifier.wait(swarm_id, min(left, POLL_S))
+        return None
 
     async def answer(self, swarm_id: str) -> Response | ChatCompletion:
         """Wait until the swarm is terminal (up to its deadline), then the completion."""

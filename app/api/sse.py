@@ -17,9 +17,9 @@ _EVENT_ID = re.compile(LAST_EVENT_ID_PATTERN)
 LAST_EVENT_ID_DOC = (f"the `id` of the last event seen, an integer from 0 to {MAX_EVENT_ID}: the "
                      "stream resumes after it (absent or empty: from the first event)")
 
-# SPEC §3 and §9 event names; a schema-aware client checks each event against these
+# SPEC §3, §9 and §14 event names; a schema-aware client checks each event against these
 EVENT_NAMES = ("swarm.status", "subtask.started", "subtask.succeeded", "subtask.failed",
-               "subtask.skipped", "subtask.turn", "swarm.completed")
+               "subtask.skipped", "subtask.turn", "swarm.awaiting_approval", "swarm.completed")
 
 
 def shutting_down() -> bool:

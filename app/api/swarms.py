@@ -46,7 +46,8 @@ from app.config import Settings
 from app.db import audit, create, erase, queries, quotas, retry_copy
 from app.db.session import SessionFactory, db_now
 from app.db.tables import Subtask, Swarm
-from app.engine import finish
+from app.db.types import utcnow
+from app.engine import finish, gate
 from app.engine.deltas import Delta
 from app.engine.scheduler import Scheduler
 from app.engine.specs import NewSwarm, build_swarm
@@ -89,7 +90,10 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
     new.swarm.trace_parent = tracing.swarm_created(traceparent, audit.key_id())
     if body.webhook_url is not None:
         await check_webhook_url(body.webhook_url, settings, tenant)
-    local = engine if engine is not None and engine.has_capacity() else None
+    now = utcnow()
+    # named agents whose estimate needs approval: stored awaiting it, for no engine to claim
+    held = gate.hold_at_creation(new, settings.prices, now)
+    local = _claimer(engine) if held is None else None
     # claimed as it is created: its runner now, its first calls written ahead with it
     runner = local.adoption(new.swarm, new.subtasks) if local is not None else None
     ahead = runner.first_wave() if runner is not None else None
@@ -106,10 +110,11 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
         nonlocal position
         position = await create.insert_swarm(
             s, new.swarm, new.subtasks, claim_for=local.owner if local else None,
-            lease_s=settings.lease_seconds, position=True, ahead=ahead)
+            lease_s=settings.lease_seconds, position=held is None, ahead=ahead)
+        await gate.write_held(s, new.swarm, held, now)  # a held swarm's event and webhook
         audit.record(s, action, new.swarm.id)
 
-    if admission.in_statement and not settings.is_sqlite:
+    if admission.in_statement and not settings.is_sqlite and held is None:
         # PostgreSQL: the insert is one statement, a transaction of its own, that checks the
         # tenant's quotas and frees an expired holder of the Idempotency-Key first (the typed
         # client sends a key with every creation: it was eleven round trips). A live holder is
@@ -156,6 +161,11 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
     elif engine is not None:
         engine.wake()
     return _answer(view, 202, response)
+
+
+def _claimer(engine: Scheduler | None) -> Scheduler | None:
+    """This process's engine when it has room to claim a new swarm as it creates it."""
+    return engine if engine is not None and engine.has_capacity() else None
 
 
 async def _inserted(insert: Coroutine[Any, Any, int | None], new: NewSwarm

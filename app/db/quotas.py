@@ -52,10 +52,10 @@ from app.db.tables import (
     table_of,
 )
 from app.db.types import utcnow
-from app.states import ACTIVE_SWARM as ACTIVE
-from app.states import SwarmStatus
+from app.states import COUNTED_SWARM
 
-ACTIVE_VALUES = (SwarmStatus.queued.value, *(s.value for s in ACTIVE))
+# max_active_swarms counts a swarm awaiting approval too (SPEC §8)
+ACTIVE_VALUES = tuple(s.value for s in COUNTED_SWARM)
 
 
 # ---- the token bucket -----------------------------------------------------------------------

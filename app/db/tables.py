@@ -61,7 +61,10 @@ class Swarm(Base):
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128))
-    status: Mapped[SwarmStatus] = mapped_column(StatusColumn(SwarmStatus))
+    # 24 characters for `awaiting_approval` (migration 0020); SQLite enforces no length, and
+    # its column keeps the type the first migration declared
+    status: Mapped[SwarmStatus] = mapped_column(
+        StatusColumn(SwarmStatus, 24).with_variant(StatusColumn(SwarmStatus), "sqlite"))
     task: Mapped[str] = mapped_column(Text)
     spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
@@ -101,6 +104,10 @@ class Swarm(Base):
     trace_parent: Mapped[str | None] = mapped_column(String(55))
     # when its content was erased (SPEC §16: DELETE, retention, prune); its money stays
     erased_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    # the approval gate (SPEC §14, migration 0020): the plan, its estimate and the decision;
+    # while the swarm awaits approval, when it times out
+    approval: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    approval_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_swarms_tenant_idempotency_key"),
@@ -113,6 +120,7 @@ class Swarm(Base):
         Index("ix_swarms_erasable", "finished_at",
               postgresql_where=text("erased_at IS NULL AND finished_at IS NOT NULL"),
               sqlite_where=text("erased_at IS NULL AND finished_at IS NOT NULL")),
+        Index("ix_swarms_approval_due_at", "approval_due_at"),
     )
 
 

@@ -52,14 +52,15 @@ E = TypeVar("E", bound=StrEnum)
 
 
 class StatusColumn(TypeDecorator[E]):
-    """A StrEnum stored as its text (VARCHAR(16), as the migrations made it), loaded back as
-    the enum: a status read from the database is typed like one set in memory."""
+    """A StrEnum stored as its text (VARCHAR(16), as the migrations made it; a swarm's status
+    24), loaded back as the enum: a status read from the database is typed like one set in
+    memory."""
 
-    impl = String(16)
+    impl = String  # a class: TypeDecorator builds it with the length given
     cache_ok = True
 
-    def __init__(self, enum: type[E]) -> None:
-        super().__init__()
+    def __init__(self, enum: type[E], length: int = 16) -> None:
+        super().__init__(length)
         self.enum = enum
         self._members: dict[str, E] = dict(enum._value2member_map_)
         # a member and its text are equal keys: either finds the text (the enum's call and

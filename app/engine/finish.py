@@ -13,12 +13,12 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db import queries, spend
+from app.db import approval, queries, spend
 from app.db.changes import SWARM_TOTAL_COLUMNS
 from app.db.notify import CANCEL, notify
 from app.db.session import db_now
 from app.db.tables import Event as EventTable
-from app.db.tables import Subtask, Swarm, Webhook
+from app.db.tables import Subtask, Swarm
 from app.db.webhooks import new_delivery
 from app.engine.handle import EventRow, WebhookRow
 from app.states import Event, SubtaskStatus, SwarmStatus, move_subtask, move_swarm
@@ -90,12 +90,13 @@ async def cancel(session: AsyncSession, swarm: Swarm) -> bool:
     the caller's transaction: the row's changes are written when it commits. Nobody runs a
     queued swarm without a live lease: it ends here (True). Otherwise its owner, or the next
     one, learns of the flag and ends it (False); an owner about to start it must not be
-    raced, since a cancel here would not fence its writes."""
+    raced, since a cancel here would not fence its writes. A swarm awaiting approval has no
+    owner either."""
     now = await db_now(session)
     swarm.cancel_requested = True
     unowned = swarm.lease_owner is None or (
         swarm.lease_expires_at is not None and swarm.lease_expires_at < now)
-    if swarm.status is SwarmStatus.queued and unowned:
+    if swarm.status in (SwarmStatus.queued, SwarmStatus.awaiting_approval) and unowned:
         # fence a lapsed owner out: paused, it would resume, renew the lease it still names
         # and run a swarm ended here (its writes passing the fence, a second end stored)
         swarm.lease_epoch += 1
@@ -110,8 +111,8 @@ async def cancel(session: AsyncSession, swarm: Swarm) -> bool:
         subs = (await queries.get_subtasks(session, [swarm.id], outputs=False))[swarm.id]
         end = end_swarm(swarm, subs, SwarmStatus.cancelled, None, now)
         await session.execute(insert(EventTable), end.events)
-        if end.webhook is not None:
-            await session.execute(insert(Webhook).values(**end.webhook))
+        if end.webhook is not None:  # in place of a held swarm's approval notice
+            await approval.replace_webhook(session, end.webhook)
         return True
     await notify(session, CANCEL, [swarm.id])  # the flag is written with the row, at commit
     return False

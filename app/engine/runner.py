@@ -20,7 +20,7 @@ from app.db.create import Ahead, insert_row
 from app.db.leases import LeaseLost, record_takeover
 from app.db.tables import Subtask, Swarm, column_values, live_subtask, live_swarm
 from app.db.types import utcnow
-from app.engine import dag
+from app.engine import approval, dag, gate
 from app.engine.budget import SwarmBudget
 from app.engine.calls import CANCELLED, IN_FLIGHT, UNKNOWN
 from app.engine.execute import SubtaskExecutor
@@ -50,6 +50,10 @@ _UNSETTLED = frozenset({IN_FLIGHT, UNKNOWN, CANCELLED})
 
 class Drained(Exception):
     """The runner stopped for a shutdown with the swarm unfinished."""
+
+
+class Parked(Exception):
+    """The runner stopped with the swarm held for approval (its lease given up)."""
 
 
 class SwarmRunner:
@@ -259,6 +263,8 @@ class SwarmRunner:
         except Drained:
             await self._write_held()
             log.info("swarm %s: drained for shutdown", self.swarm.id)
+        except Parked:
+            log.info("swarm %s: awaiting approval", self.swarm.id)
         finally:
             metrics.runs_in_progress.dec()
 
@@ -303,7 +309,7 @@ class SwarmRunner:
         executor.first_wave_opened(self._ahead)
         self._ahead = None
         try:
-            for phase in (self._plan, self._run_workers, self._synthesize):
+            for phase in (self._plan, self._hold, self._run_workers, self._synthesize):
                 if self._stop.is_set():
                     break
                 await phase(executor)
@@ -363,10 +369,12 @@ class SwarmRunner:
             # a retry keeps the plan of the swarm it retries: its planner is already done
             planner = self.subs.get(PLANNER)
             planning = planner is not None and planner.status != SubtaskStatus.succeeded
-            events.append(self._set_status(SwarmStatus.planning if planning
-                                           else SwarmStatus.running))
+            if planning or not self._approval_pending():  # else `_hold` decides first
+                events.append(self._set_status(SwarmStatus.planning if planning
+                                               else SwarmStatus.running))
         elif self.swarm.started_at is not None:
-            elapsed = (now - self.swarm.started_at).total_seconds()
+            since = approval.run_clock_start(self.swarm.approval, self.swarm.started_at)
+            elapsed = (now - since).total_seconds()
             self.deadline = time.monotonic() + float(self.limits["deadline_s"]) - elapsed
         # takeover: what was in flight in a dead process runs again (attempts are kept)
         back = [s for s in self.subs.values() if s.status == SubtaskStatus.running]
@@ -390,10 +398,34 @@ class SwarmRunner:
         if planner.status != SubtaskStatus.succeeded:
             await self._run_phase(executor, [PLANNER])
         if planner.status == SubtaskStatus.succeeded:
-            if self.swarm.status == SwarmStatus.planning:
+            if self.swarm.status == SwarmStatus.planning and not self._approval_pending():
                 self.commit_soon(events=[self._set_status(SwarmStatus.running)])
         elif not self._stop.is_set():
             self.stop_with(SwarmStatus.failed, planner.error)
+
+    def _approval_pending(self) -> bool:
+        """The limits name an approval rule and nobody has decided on this plan yet."""
+        return approval.asks(self.limits) and self.swarm.approval is None
+
+    async def _hold(self, executor: SubtaskExecutor) -> None:
+        """The approval gate, once the plan is known (SPEC §14): a plan that needs approval
+        parks the swarm (Parked: its lease given up, nothing more called), else it runs."""
+        if not self._approval_pending():
+            return
+        subs = list(self.subs.values())
+        estimate = approval.worst_case(subs, self.swarm.task, self.ctx.prices)
+        if approval.needed(self.limits, estimate):
+            await self.commit()  # what came before is durable before the lease goes
+            if self._stop.is_set():  # cancelled meanwhile: it ends, never held
+                return
+            if await gate.park(self.ctx.writer, self.swarm, subs, estimate, self.ctx.owner,
+                               self.epoch):
+                raise Parked
+            raise LeaseLost(self.swarm.id)
+        self.swarm.approval = {"state": "auto", "estimate": estimate}
+        metrics.approvals.labels("auto").inc()
+        if self.swarm.status in (SwarmStatus.queued, SwarmStatus.planning):
+            self.commit_soon(events=[self._set_status(SwarmStatus.running)])
 
     async def _run_workers(self, executor: SubtaskExecutor) -> None:
         for name in self.worker_names():

@@ -18,6 +18,7 @@ from app.db.notify import CANCEL, QUEUED
 from app.db.retry import log_db_failure
 from app.db.session import SessionFactory
 from app.db.tables import Subtask, Swarm
+from app.engine import approval
 from app.engine.budget import SharedCap
 from app.engine.handle import EngineContext
 from app.engine.listener import PgListener
@@ -183,7 +184,7 @@ class Scheduler:
             loaded = await leases.load_swarms_for_run(session, [c.swarm_id for c in claims])
         for claim in claims:
             swarm, subs = loaded[claim.swarm_id]
-            if claim.takeover is not None:
+            if claim.takeover is not None and not approval.requeued(swarm):
                 metrics.child(metrics.takeovers, claim.takeover).inc()
             self._drive(SwarmRunner(self.ctx, swarm, subs, claim.epoch, claim.rescues))
         if len(claims) == capacity:

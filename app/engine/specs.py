@@ -212,6 +212,7 @@ def new_swarm_row(swarm_id: str, tenant: str, task: str, spec: dict[str, Any],
         cancel_requested=False, event_seq=0, retry_of=retry_of, result=None, error=None,
         started_at=None, finished_at=None, lease_owner=None, lease_expires_at=None,
         trace_parent=None, vote=None, erased_at=None, settled_epoch=0, takeovers=None,
+        approval=None, approval_due_at=None,
     )
 
 

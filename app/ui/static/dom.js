@@ -1,8 +1,8 @@
 // Building the pages: elements, badges, bars, and figures formatted for reading.
 
 export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
-export const SWARM_STATUSES = ["queued", "planning", "running", "synthesizing", "succeeded",
-  "failed", "cancelled"];
+export const SWARM_STATUSES = ["queued", "planning", "awaiting_approval", "running",
+  "synthesizing", "succeeded", "failed", "cancelled"];
 export const SUBTASK_STATUSES = ["pending", "running", "succeeded", "failed", "skipped",
   "cancelled"];
 

@@ -1,7 +1,9 @@
 // /ui/swarms/{id}: the swarm's DAG (or its timeline), live from GET /swarms/{id}/events, with
 // the selected subtask's details, stat cards on a ticking clock, the failure panel, Retry and
-// the retry lineage, cancel and erase buttons (each confirmed). Public API only.
+// the retry lineage, cancel and erase buttons (each confirmed), and for a swarm held for
+// approval its plan, estimate, Approve and Reject. Public API only.
 import { ApiError, api, apiJson, readEvents, showError, showKeyState } from "./api.js";
+import { renderApproval } from "./approval.js";
 import { DagView } from "./dag-view.js";
 import { SUBTASK_STATUSES, TERMINAL, el, when } from "./dom.js";
 import { loadRetries, renderFailures, renderLineage, retry } from "./failures.js";
@@ -63,6 +65,13 @@ function minInterval() { // big swarms are big documents: read them less often
 }
 
 /** A snapshot never takes a subtask back from what the live events already said. */
+/** An approval's or rejection's answer: the swarm leaves `awaiting_approval` (for `queued`,
+ * which ranks below it: a decision moves it back, where a stale read must not). */
+function decided(fresh) {
+  if (swarm) swarm.status = fresh.status;
+  merge(fresh);
+}
+
 function merge(fresh) {
   if (swarm) {
     const live = new Map(swarm.subtasks.map((s) => [s.name, s.status]));
@@ -111,6 +120,9 @@ function onEvent(ev) {
   } else if (ev.event === "subtask.turn") {
     turned.add(data.name);
     if (data.name === selected) loadDetail();
+  } else if (ev.event === "swarm.awaiting_approval") {
+    swarm.status = data.status;
+    refetch(); // the plan and estimate
   } else if (ev.event === "swarm.status") {
     swarm.status = data.status;
     scheduleSummary();
@@ -189,6 +201,7 @@ function render() {
   renderLegend();
   renderNote();
   renderFailures(swarm, { onSelect: select });
+  renderApproval(swarm, { base, onDecided: decided, onError: showError });
   renderLineage(swarm, retries);
   readRetries();
   if (selected && !view.subtasks.has(selected)) selected = null;
