@@ -44,7 +44,7 @@ SPEC_IDS = {
 }
 VERBS = {"create", "get", "list", "cancel", "stream", "retry", "check", "delete", "update",
          "call", "run", "submit", "complete", "read", "watch", "replace", "set", "search",
-         "estimate"}
+         "estimate", "approve", "reject", "erase"}
 PAGES = ["/docs", "/redoc", "/ui", f"/ui/swarms/{uuid.uuid4()}"]
 # XML namespaces name a vocabulary; nothing is ever fetched from them
 NAMESPACES = re.compile(r"http://www\.w3\.org/(2000/svg|1999/xhtml|1999/xlink)")
