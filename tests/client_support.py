@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
 from types import TracebackType
 from typing import Any
 
 import httpx
+
+from tests.support import CLI
 
 API_KEY = "client-test-key"
 SERVICE_ENV = {"SWARM_API_KEYS": f"acme:{API_KEY}", "SWARM_SIMULATOR_LATENCY_MS": "20",
@@ -91,3 +95,12 @@ class CuttingProxy:
                 sent += data
             down.write(data)
             await down.drain()
+
+
+def cli(api_url: str, *args: str, stdin: str | None = None, key: str = API_KEY,
+        timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    env["SWARM_LOG_FORMAT"] = "text"  # the line itself, not a JSON record of it
+    env.update({"SWARM_URL": api_url, "SWARM_API_KEY": key, "COLUMNS": "200"})
+    return subprocess.run([CLI, *args], input=stdin, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)

@@ -14,9 +14,8 @@ from app.db.tables import GatewayCall, Subtask
 from app.gateway.client import GatewayClient, GatewayUnavailable
 from app.gateway.wire import ANSWER_FLOOR_BYTES, answer_limit, limit_of
 from tests.conftest import Harness
-from tests.gateway_support import REQUEST, completion
+from tests.gateway_support import REQUEST, ScriptedServer, completion, raw_answer
 from tests.helpers import agent, by_name
-from tests.test_gateway_client import ScriptedServer, raw_answer
 
 MIB = 1024 * 1024
 

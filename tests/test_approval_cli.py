@@ -13,10 +13,9 @@ import pytest
 
 from swarm_api_client import AsyncSwarmClient, SwarmClient
 from swarm_api_client.errors import Conflict
-from tests.client_support import API_KEY, SERVICE_ENV
+from tests.client_support import API_KEY, SERVICE_ENV, cli
 from tests.conftest import Harness
 from tests.procs import live_service
-from tests.test_cli import cli
 
 HELD = {"task": "held for review", "limits": {"approval": "always"},
         "agents": [{"name": "first", "prompt": "one"}, {"name": "second", "prompt": "two"}]}

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from swarm_api_client import SwarmClient
-from tests.client_support import API_KEY, SERVICE_ENV, five_agents
+from tests.client_support import API_KEY, SERVICE_ENV, cli, five_agents
 from tests.procs import live_service
 from tests.support import CLI, PG_URL, free_port, with_db
 
@@ -25,15 +25,6 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with live_service(tmp_path_factory.mktemp("cli"), **SERVICE_ENV) as url:
         yield url
-
-
-def cli(api_url: str, *args: str, stdin: str | None = None, key: str = API_KEY,
-        timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
-    env["SWARM_LOG_FORMAT"] = "text"  # the line itself, not a JSON record of it
-    env.update({"SWARM_URL": api_url, "SWARM_API_KEY": key, "COLUMNS": "200"})
-    return subprocess.run([CLI, *args], input=stdin, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
 
 
 def body_file(tmp_path: Path, body: dict[str, Any]) -> str:

@@ -17,7 +17,9 @@ from app.gateway.client import GatewayClient
 from app.pricing import PriceTable
 from tests.conftest import app_on, make_settings
 
-BIG = "B" * 5_000_000
+# under the 1 MiB floor an answer to a 1,500-token call is read up to, and ~8 windows of the
+# cheapest model's 128k tokens: the compressor's input must be cut to fit
+BIG = "B" * 1_000_000
 GIST = "the gist of B"
 
 
@@ -75,7 +77,7 @@ def swarm(budget: float, model: str | None = None) -> dict[str, Any]:
 
 async def test_the_compressor_input_is_cut_to_its_window(database_url: str) -> None:
     gateway = Gateway()
-    # uncut, the compressor's bound (5 M tokens) alone was over the budget
+    # uncut, the compressor's prompt would not fit its model's window
     done = await run(make_settings(database_url), gateway, swarm(budget=1.0))
     assert done["status"] == "succeeded", done["error"]
     subs = {s["name"]: s for s in done["subtasks"]}

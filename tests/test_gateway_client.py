@@ -30,8 +30,10 @@ from tests.gateway_support import (
     REQUEST,
     Gateway,
     Reply,
+    ScriptedServer,
     completion,
     ok_response,
+    raw_answer,
 )
 from tests.helpers import until
 
@@ -508,64 +510,7 @@ async def test_cancelling_a_call_abandons_the_request_promptly(
     assert after_calls == []
 
 
-def raw_answer(status: str, body: bytes, *headers: str, keep_alive: bool = False) -> bytes:
-    headers += (f"Content-Length: {len(body)}",) + (() if keep_alive else ("Connection: close",))
-    head = "".join(f"{h}\r\n" for h in headers)
-    return f"HTTP/1.1 {status}\r\n{head}\r\n".encode("latin-1") + body
-
-
 OK_BODY = json.dumps(completion()).encode()
-
-
-class ScriptedServer:
-    """A real HTTP/1.1 server writing each request's planned bytes (None: never answers),
-    counting connections and the most requests it held at once; `close` ends each connection
-    after its answer (one that promised more than it sent is cut short there)."""
-
-    def __init__(self, *answers: bytes | None, close: bool = False) -> None:
-        self.answers = list(answers)
-        self.close = close
-        self.connections = 0
-        self.requests = 0
-        self.held = 0
-        self.most_held = 0
-        self.release = asyncio.Event()
-        self.release.set()
-        self.server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                await reader.readexactly(length)
-                answer = self.answers[min(self.requests, len(self.answers) - 1)]
-                self.requests += 1
-                self.held += 1
-                self.most_held = max(self.most_held, self.held)
-                await self.release.wait()
-                self.held -= 1
-                if answer is None:
-                    await asyncio.sleep(30)
-                    return
-                writer.write(answer)
-                await writer.drain()
-                if self.close:
-                    return
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
 
 
 async def test_network_calls_share_one_pool_of_at_most_max_inflight_connections() -> None:

@@ -22,7 +22,9 @@ from app.engine.budget import DailyCap
 from app.engine.writer import StateWriter
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import agent, until
-from tests.test_writer import BARE, OWNER, _claimed_swarm, _write
+from tests.writer_support import BARE, OWNER
+from tests.writer_support import claimed_swarm as _claimed_swarm
+from tests.writer_support import write as _write
 
 WINDOW_S = 0.3
 
