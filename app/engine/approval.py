@@ -14,6 +14,7 @@ from typing import Any
 from app.db.tables import Subtask, Swarm
 from app.engine import dag
 from app.engine.context import estimate_prompt_tokens, with_dependencies
+from app.engine.estimate import width_of
 from app.engine.planner import worker_system_prompt
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.pricing import PriceTable, usd_str
@@ -68,7 +69,7 @@ def worst_case(subtasks: Sequence[Subtask], task: str, prices: PriceTable) -> di
     workers = {s.name: [d for d in s.depends_on if d in by_name]
                for s in plan if s.kind is SubtaskKind.worker}
     return {
-        "agents": len(workers), "width": _width(workers), "depth": dag.depth(workers),
+        "agents": len(workers), "width": width_of(workers), "depth": dag.depth(workers),
         "calls": {"expected": calls, "max": max_calls},
         "tokens": {"expected": expected_tokens, "max": max_tokens},
         "cost_usd": {"expected": usd_str(expected_usd), "p90": usd_str(max_usd),
@@ -76,17 +77,6 @@ def worst_case(subtasks: Sequence[Subtask], task: str, prices: PriceTable) -> di
         "reservation_usd": usd_str(max_usd),
         "basis": {"samples": 0, "since": None},
     }
-
-
-def _width(deps: Mapping[str, Sequence[str]]) -> int:
-    """The widest layer of the DAG (subtasks at the same distance from a root)."""
-    layer: dict[str, int] = {}
-    for name in dag.topological_order(deps, list(deps)):
-        layer[name] = 1 + max((layer[d] for d in deps[name]), default=0)
-    counts: dict[int, int] = {}
-    for n in layer.values():
-        counts[n] = counts.get(n, 0) + 1
-    return max(counts.values(), default=0)
 
 
 def asks(limits: Mapping[str, Any]) -> bool:
