@@ -14,7 +14,6 @@ import json
 import os
 import queue
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -47,7 +46,7 @@ from swarm_api_client.errors import (
 if TYPE_CHECKING:  # rich loads when a command prints, not when the parser is built
     from rich.console import Console
 
-    from app.schemas import SwarmEvent, SwarmRead
+    from app.schemas import SwarmRead
 
 __all__ = ["COMMANDS", "add_commands", "run"]
 
@@ -180,14 +179,15 @@ def follow(client: SwarmClient, swarm_id: str, console: Console,
     """Show the swarm live from its event stream until it ends; returns its final state."""
     from rich.live import Live
 
-    from swarm_api_client.view import LiveSwarm
+    from swarm_api_client.view import LiveSwarm, events_in_background
 
     view = LiveSwarm(client.get(swarm_id))
     if view.status in TERMINAL:
         return view.snapshot
     deadline = None if timeout is None else time.monotonic() + timeout
     read_at = time.monotonic()
-    events = _events_in_background(client, swarm_id)
+    events = events_in_background(client.events(swarm_id, last_event_id=None),
+                                  f"events-{swarm_id}")
     with Live(view, console=console, refresh_per_second=4, transient=True):
         while True:
             # the stream may say nothing for long (a slow call): the timeout and the
@@ -212,23 +212,6 @@ def follow(client: SwarmClient, swarm_id: str, console: Console,
                 read_at = now
     # the stream ends with the terminal status committed: one read for the final figures
     return client.get(swarm_id)
-
-
-def _events_in_background(client: SwarmClient, swarm_id: str
-                          ) -> queue.Queue[SwarmEvent | BaseException]:
-    """The swarm's events, read by a daemon thread into a queue (an error, last, as itself):
-    the reader may block on a quiet stream while the live view keeps time."""
-    out: queue.Queue[SwarmEvent | BaseException] = queue.Queue()
-
-    def read() -> None:
-        try:
-            for event in client.events(swarm_id, last_event_id=None):
-                out.put(event)
-        except BaseException as exc:  # handed to the view's thread, which raises it
-            out.put(exc)
-
-    threading.Thread(target=read, name=f"events-{swarm_id}", daemon=True).start()
-    return out
 
 
 def _await(client: SwarmClient, swarm_id: str, timeout: float | None) -> SwarmRead:

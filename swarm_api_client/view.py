@@ -3,7 +3,10 @@ reports and tables of `report.py`, coloured."""
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections import Counter
+from collections.abc import Iterable
 
 from rich.console import Console, Group, RenderableType
 from rich.progress_bar import ProgressBar
@@ -127,3 +130,20 @@ def usage_table(report: UsageReport) -> Table:
     for i, row in enumerate(rows):
         table.add_row(*row, style="bold" if i == len(rows) - 1 else None)
     return table
+
+
+def events_in_background(events: Iterable[SwarmEvent], name: str
+                         ) -> queue.Queue[SwarmEvent | BaseException]:
+    """A swarm's events, read by a daemon thread into a queue (an error, last, as itself):
+    the reader may block on a quiet stream while the live view keeps time."""
+    out: queue.Queue[SwarmEvent | BaseException] = queue.Queue()
+
+    def read() -> None:
+        try:
+            for event in events:
+                out.put(event)
+        except BaseException as exc:  # handed to the view's thread, which raises it
+            out.put(exc)
+
+    threading.Thread(target=read, name=name, daemon=True).start()
+    return out
