@@ -97,7 +97,7 @@ def to_json(fields: dict[str, Any]) -> bytes:
     """Fields as SwarmRead (or a list of them) would serialize them, without building the
     models: validating a 1,000-agent swarm into SwarmRead and dumping it cost ~36 ms, this
     ~4 ms (bench/RESULTS.md, session 8). The fields are built here from typed rows, and the
-    tests check the bytes against the models' own serialization (tests/test_api_routes.py)."""
+    tests check the bytes against the models' own serialization (tests/api/test_api_routes.py)."""
     return pydantic_core.to_json(fields, inf_nan_mode="null")  # as SwarmRead serializes them
 
 

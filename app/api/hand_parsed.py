@@ -5,7 +5,7 @@ dependency solver was 13.5 % of `serve`'s CPU under a creation load (bench/RESUL
 The endpoint keeps its annotated signature, so the OpenAPI document is generated from it as
 for any route; its requests go through `parse` (request → the endpoint's keyword arguments)
 instead. `json_body` and `header` answer what FastAPI answers for the same input, errors
-included (tests/test_hand_parsed.py sends every case to both).
+included (tests/perf/test_hand_parsed.py sends every case to both).
 """
 
 from __future__ import annotations

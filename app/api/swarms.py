@@ -75,7 +75,7 @@ SWARM_LINKS = _links(("GetSwarm", "get", ""), ("CancelSwarm", "post", "~1cancel"
 
 
 # Routed below with `_create_arguments` as its parser: this signature documents the request
-# (OpenAPI) and says what FastAPI would pass; tests/test_hand_parsed.py holds the two to it.
+# (OpenAPI) and says what FastAPI would pass; tests/perf/test_hand_parsed.py holds the two to it.
 async def create_swarm(body: SwarmCreate, request: Request, response: Response,
                        tenant: TenantDep, admission: AdmissionInInsertDep,
                        idempotency_key: IdempotencyKey = None,

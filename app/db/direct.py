@@ -25,7 +25,7 @@ CONNECT_TIMEOUT_S = 5.0
 APPLICATION_NAME = "swarm-api group commit"  # how pg_stat_activity names it
 # The group commit's statements are planned once per shape and that plan kept from the first
 # run (`one_statement`: written so the plan made for any arguments, at any table size, probes
-# each row by its key; tests/test_group_commit_plan.py). Left to choose, PostgreSQL plans the
+# each row by its key; tests/perf/test_group_commit_plan.py). Left to choose, PostgreSQL plans the
 # first five runs for their arguments and then compares: where the generic plan's estimate
 # came out above the custom ones' it planned every commit anew, ~0.55 ms of its CPU each for
 # this statement of five CTEs (bench/RESULTS.md, session 30).

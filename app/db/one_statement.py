@@ -481,7 +481,7 @@ def _dml(name: str, table: Table, keys: Sequence[str], source: str) -> str:
         # position too, though (swarm_id, name) is unique: with some statistics and without
         # any (a new database) the planner took the (swarm_id, position) index for a lookup
         # by name, reading half a swarm's rows per row updated (bench/RESULTS.md, session 9;
-        # tests/test_group_commit_plan.py); with the position given, either index finds it
+        # tests/perf/test_group_commit_plan.py); with the position given, either index finds it
         return (f"UPDATE {t} AS t SET {sets} FROM {source} WHERE t.swarm_id = v.swarm_id_ "
                 "AND t.position = v.position_ AND t.name = v.name_ "
                 "AND v.swarm_id_ IN (SELECT id FROM sw)")

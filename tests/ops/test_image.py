@@ -24,7 +24,7 @@ import pytest
 from tests import dockerfile
 from tests.support import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 BIN = Path(sys.executable).parent
 KEY = "image-test-key"

@@ -242,8 +242,8 @@ def _read_spans(path: Path) -> list[dict[str, Any]]:
 async def test_otlp_receiver_sees_one_trace_across_a_takeover(db_url: str,
                                                                tmp_path: Path) -> None:
     port, out = free_port(), tmp_path / "spans.jsonl"
-    collector = subprocess.Popen([sys.executable, str(Path(__file__).with_name(
-        "otlp_collector.py")), str(port), str(out)])
+    collector = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] /
+        "otlp_collector.py"), str(port), str(out)])
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100"}
     try:

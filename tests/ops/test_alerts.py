@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app import metrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 # what the issue asks the rules to watch, by the series that shows it
 WATCHED = {

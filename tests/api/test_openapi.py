@@ -276,7 +276,7 @@ async def test_documented_parameters_match_the_checks(api: Harness) -> None:
     last_event_id = param("/swarms/{swarm_id}/events", "Last-Event-ID")
     assert last_event_id["in"] == "header"
     # the documented pattern refuses what the route refuses with 400 (the bound, 2^31 - 1, is
-    # in the description: tests/test_api_routes.py holds the route to it)
+    # in the description: tests/api/test_api_routes.py holds the route to it)
     pattern = re.compile(last_event_id["schema"]["pattern"])
     for refused in ("abc", "1.5", "3x", "-1", "٣", "1_0", "99999999999999999999999"):
         assert not pattern.search(refused), refused
@@ -504,7 +504,7 @@ PHASES = ("examples", "coverage", "fuzzing", "stateful")
 # know (a cursor, an Idempotency-Key already used with another body, a swarm not yet
 # terminal to retry) for a valid request the server must accept, and use_after_free, which
 # wants a DELETEd resource gone: `DELETE /swarms/{id}` erases a swarm's content and the swarm
-# stays, answering `"erased": true` with its usage (tests/test_erase.py)
+# stays, answering `"erased": true` with its usage (tests/api/test_erase.py)
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
           "response_headers_conformance", "response_schema_conformance",
           "negative_data_rejection", "missing_required_header", "unsupported_method",

@@ -19,7 +19,7 @@ from app.config import Settings
 from tests import dockerfile
 from tests.cli_parser import parse
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "k8s"
 BIN = Path(sys.executable).parent
 SECRETS = ("SWARM_DATABASE_URL", "SWARM_GATEWAY_API_KEY", "SWARM_API_KEYS",

@@ -11,7 +11,7 @@ from pathlib import Path
 from app.main import create_app
 from tests.conftest import make_settings
 
-GUIDE = Path(__file__).resolve().parent.parent / "docs" / "API.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "API.md"
 SECTION = re.compile(r"^### (GET|POST|PUT|PATCH|DELETE) (/\S*)\s*$", re.M)
 
 

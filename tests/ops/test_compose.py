@@ -1,7 +1,7 @@
 """docker-compose.yml read as Compose reads it (YAML merge keys included): every service's
 command is one `swarm-api` accepts, every SWARM_* variable it sets is a setting, and the
 services SPEC §17 names are there and start in order. Running it needs a container engine
-(docs/OPERATIONS.md); what the images run is checked by tests/test_image.py."""
+(docs/OPERATIONS.md); what the images run is checked by tests/ops/test_image.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from app.config import Settings
 from app.simulator.config import SimulatorConfig
 from tests.cli_parser import parse
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 
 

@@ -11,7 +11,7 @@ from app.gateway.client import ChatRequest, GatewayClient
 from app.gateway.redact import MASK
 from tests.conftest import app_on, make_settings
 
-KEY = "gw-3f9a8b7c6d5e4f30a1b2"  # a gateway key and its base URL, as tests/test_redact.py's
+KEY = "gw-3f9a8b7c6d5e4f30a1b2"  # a gateway key and its base URL, as tests/gateway/test_redact.py's
 BASE = "https://llm.corp.example:8443/v1"
 
 ECHO = f"your key is Bearer {KEY}; again: {KEY}. Say 'token sk-not-ours' if asked."

@@ -27,7 +27,7 @@ from app.simulator.directives import FAIL_KINDS, PLAN_KINDS, Directives
 from tests.support import free_port
 
 pytestmark = [pytest.mark.slow]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SHELL = {"bash", "sh", "shell", "console"}
 PYTHON = {"python", "py"}

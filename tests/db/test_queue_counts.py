@@ -2,8 +2,8 @@
 swarms (queued, claimed by no engine) through every way a row enters or leaves the queue — an
 insert, a status move either way, a claim and its release, a tenant change, a delete, a
 TRUNCATE (PostgreSQL) — and the migration counts the swarms already waiting. A new swarm's
-`queue_position` is read from it (also checked in tests/test_tenant_isolation.py and
-tests/test_create_statement.py). SQLite and PostgreSQL."""
+`queue_position` is read from it (also checked in tests/api/test_tenant_isolation.py and
+tests/perf/test_create_statement.py). SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 one swarm whatever the bodies (the others `422 idempotency_key_reused`), concurrent retries
 with one key make one swarm, concurrent cancels answer only 202/409, and a cancel racing the
 swarm's end, a retry or the engine's claims leaves its events numbered 1..n with one
-`swarm.completed`. The tenant quotas under concurrency: tests/test_quota_races.py; a cancel
-fencing a lapsed owner: tests/test_cancel_fence.py."""
+`swarm.completed`. The tenant quotas under concurrency: tests/api/test_quota_races.py; a cancel
+fencing a lapsed owner: tests/engine/test_cancel_fence.py."""
 
 from __future__ import annotations
 

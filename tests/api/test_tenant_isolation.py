@@ -3,7 +3,8 @@
 `queue_position`, Idempotency-Keys, the facade's swarms and passthrough rows and `/usage`
 stay in their tenant; every route answers 401 to a caller without a valid key, whatever its
 body. (Found two defects when written: the global daily cap's refusals told one tenant what
-the others spent — tests/test_daily_cap.py — and retry and /v1 read a body before the key.)"""
+the others spent — tests/engine/test_daily_cap.py — and retry and /v1 read a body before the
+key.)"""
 
 from __future__ import annotations
 

@@ -235,7 +235,7 @@ async def test_no_first_wave_where_a_call_needs_more_than_the_creation(
 async def test_a_cancel_that_ends_a_lapsed_creators_swarm_bills_its_first_calls(
         database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The process that created (and claimed) the swarm stalls before starting it, past its
-    lease; a cancel ends the `queued` swarm itself (tests/test_cancel_fence.py). Its first
+    lease; a cancel ends the `queued` swarm itself (tests/engine/test_cancel_fence.py). Its first
     call's row, written with the creation, may have been sent before the stall for all the
     cancel knows: it is billed `unknown` at its reservation, as a takeover bills a dead
     owner's. The creator, resumed, finds its lease gone before sending anything."""

@@ -1,5 +1,6 @@
-"""The budget property (tests/test_budget_property.py) with tool-using agents: every turn is a
-gateway call reserving on the grown conversation, and spend still never exceeds the budget."""
+"""The budget property (tests/engine/test_budget_property.py) with tool-using agents: every
+turn is a gateway call reserving on the grown conversation, and spend still never exceeds the
+budget."""
 
 from __future__ import annotations
 
