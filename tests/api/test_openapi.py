@@ -7,7 +7,7 @@ import asyncio
 import json
 import re
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,13 @@ SPEC_ROUTES: dict[tuple[str, str], set[int]] = {
     ("get", "/metrics"): {200},
     ("get", "/tools"): {200, 401},
     ("get", "/swarms/{swarm_id}/subtasks/{name}"): {200, 401, 404, 503},
+    # SPEC §14 (403: a key without the route's scope, SPEC §16)
+    ("post", "/swarms/estimate"): {200, 401, 403, 422, 503},
+    ("post", "/swarms/{swarm_id}/approve"): {202, 401, 404, 409, 422, 503},
+    ("post", "/swarms/{swarm_id}/reject"): {202, 401, 404, 409, 503},
+    # SPEC §16
+    ("delete", "/swarms/{swarm_id}"): {204, 401, 403, 404, 409, 503},
+    ("get", "/audit"): {200, 401, 403, 422, 503},
 }
 
 
@@ -178,7 +185,8 @@ async def live(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
     """Auth on, a small body limit and a tenant with tight quotas (t2), so every documented
     status can be provoked."""
     tenants = tmp_path / "tenants.toml"
-    tenants.write_text("[tenants.t2]\nrequests_per_minute = 1\nburst = 1\nmax_streams = 0\n")
+    tenants.write_text("[tenants.t2]\nrequests_per_minute = 1\nburst = 1\nmax_streams = 0\n"
+                       '[tenants.t3]\nkeys = [{ key = "k3", scopes = ["swarms:read"] }]\n')
     h, close = await start_harness(make_settings(sqlite_url, api_keys="t1:k1,t2:k2",
                                                  max_body_bytes=MAX_BODY,
                                                  tenants_file=str(tenants)))
@@ -459,9 +467,59 @@ async def _exercise(h: Harness) -> list[tuple[str, str, httpx.Response]]:
     add("get", one, await c.get(f"/swarms/{sid}/subtasks/analyst"))
 
     add("get", "/healthz", await c.get("/healthz"))
+    await _exercise_lifecycle(c, sid, add)
     add("get", "/readyz", await c.get("/readyz"))
     add("get", "/metrics", await c.get("/metrics"))
     return out
+
+
+Add = Callable[[str, str, httpx.Response], httpx.Response]
+
+
+async def _exercise_lifecycle(c: httpx.AsyncClient, sid: str, add: Add) -> None:
+    """SPEC §14 and §16: estimate, approve, reject, erase and the audit trail; `sid` has ended."""
+    reader = {"Authorization": "Bearer k3"}  # tenant t3: a key with swarms:read only
+    add("post", "/swarms/estimate", await c.post("/swarms/estimate", json=BODY, headers=KEY))
+    add("post", "/swarms/estimate", await c.post("/swarms/estimate", json={"task": ""},
+                                                 headers=KEY))
+    add("post", "/swarms/estimate", await c.post("/swarms/estimate", json=BODY))
+    add("post", "/swarms/estimate", await c.post("/swarms/estimate", json=BODY, headers=reader))
+
+    gated = {**BODY, "limits": {"approval": "always"}}
+    held = [(await c.post("/swarms", json=gated, headers=KEY)).json()["id"] for _ in range(2)]
+    for swarm_id in held:
+        for _ in range(200):
+            got = await c.get(f"/swarms/{swarm_id}", headers=KEY)
+            if got.json()["status"] == "awaiting_approval":
+                break
+            await asyncio.sleep(0.05)
+    approve, reject = "/swarms/{swarm_id}/approve", "/swarms/{swarm_id}/reject"
+    add("post", approve, await c.post(f"/swarms/{held[0]}/approve", json={"agents": [
+        {"name": "a", "depends_on": ["a"]}]}, headers=KEY))
+    add("post", approve, await c.post(f"/swarms/{held[0]}/approve", headers=KEY))
+    add("post", approve, await c.post(f"/swarms/{held[0]}/approve", headers=KEY))
+    add("post", approve, await c.post("/swarms/nope/approve", headers=KEY))
+    add("post", approve, await c.post(f"/swarms/{held[1]}/approve"))
+    add("post", reject, await c.post(f"/swarms/{held[1]}/reject", json={"reason": "no"},
+                                     headers=KEY))
+    add("post", reject, await c.post(f"/swarms/{held[1]}/reject", headers=KEY))
+    add("post", reject, await c.post("/swarms/nope/reject", headers=KEY))
+    add("post", reject, await c.post(f"/swarms/{held[1]}/reject"))
+
+    erase = "/swarms/{swarm_id}"
+    running = (await c.post("/swarms", json={"task": "t", "agents": [agent("a", SLOW)]},
+                            headers=KEY)).json()["id"]
+    add("delete", erase, await c.delete(f"/swarms/{running}", headers=KEY))
+    add("delete", erase, await c.delete(f"/swarms/{sid}", headers=reader))
+    add("delete", erase, await c.delete(f"/swarms/{sid}"))
+    add("delete", erase, await c.delete("/swarms/nope", headers=KEY))
+    add("delete", erase, await c.delete(f"/swarms/{held[1]}", headers=KEY))
+    await c.post(f"/swarms/{running}/cancel", headers=KEY)
+
+    add("get", "/audit", await c.get("/audit", params={"limit": 2}, headers=KEY))
+    add("get", "/audit", await c.get("/audit", params={"action": "dance"}, headers=KEY))
+    add("get", "/audit", await c.get("/audit", headers=reader))
+    add("get", "/audit", await c.get("/audit"))
 
 
 async def test_every_answer_matches_what_the_document_declares(live: Harness) -> None:
@@ -473,6 +531,10 @@ async def test_every_answer_matches_what_the_document_declares(live: Harness) ->
         responses = doc["paths"][template][method]["responses"]
         assert str(r.status_code) in responses, f"{where} is not documented: {r.text[:200]}"
         content = responses[str(r.status_code)].get("content", {})
+        if r.status_code == 204:  # no body, and none documented
+            assert r.content == b"" and content == {}, where
+            seen.add((method, template, r.status_code))
+            continue
         media = r.headers["content-type"].split(";")[0]
         assert media in content, f"{where}: answered {media}, documents {list(content)}"
         if media == "application/json":
