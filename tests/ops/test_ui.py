@@ -420,6 +420,31 @@ def test_panel_shows_a_subtasks_tool_calls(driver: WebDriver,
         mcp.close()
 
 
+def test_panel_says_a_repaired_output_and_a_fallback(driver: WebDriver,
+                                                     server: LiveServer) -> None:
+    """SPEC §15 in the panel: the output's status with the parsed JSON shown, and how many
+    models were passed over before the one that answered."""
+    schema = {"type": "object", "properties": {"verdict": {"enum": ["ship", "hold"]}},
+              "required": ["verdict"]}
+    swarm = httpx.post(f"{server.url}/swarms", timeout=60, json={
+        "task": "Release?",
+        "synthesis": {"strategy": "none"},
+        "agents": [{"name": "judge", "model": ["kimi-k2.5", "deepseek-v3.2"],
+                    "prompt": "Judge [[sim output=fence down=kimi-k2.5 retry_after=0]]",
+                    "output_schema": schema}]}).json()
+    done = httpx.get(f"{server.url}/swarms/{swarm['id']}", params={"wait": 30}).json()
+    assert done["status"] == "succeeded", done
+    (judge,) = done["subtasks"]
+    assert judge["output_status"] == "repaired" and judge["fallbacks"] == 1, judge
+    driver.get(f"{server.url}/ui/swarms/{swarm['id']}#subtask=judge")
+    wait_for(driver, "document.querySelector('.output-repaired') !== null")
+    panel = driver.find_element(By.ID, "panel").text
+    assert "output\nrepaired JSON" in panel and "fallbacks\n1 model passed over" in panel
+    assert "model\ndeepseek-v3.2" in panel
+    assert '"verdict": "ship"' in panel  # the parsed value, indented
+    assert severe_console(driver) == []
+
+
 def test_failed_swarm_shows_why_and_retries_with_lineage(driver: WebDriver,
                                                          server: LiveServer) -> None:
     """The failure panel lists each failed subtask with its reason; Retry starts the retry
