@@ -124,8 +124,8 @@ async def insert_swarm_alone(engine: AsyncEngine, swarm: Swarm, subtasks: Sequen
     """`insert_swarm` on PostgreSQL as a transaction of its own: its one statement in
     autocommit, sent by the pooled connection's driver (no BEGIN, no COMMIT, none of
     SQLAlchemy's execution around it). For a creation nothing else is written with (no
-    Idempotency-Key, no quota to check in its transaction): one round trip where the
-    transaction took four, a third of one client's `POST` (bench/RESULTS.md, session 11).
+    Idempotency-Key, no quota to check in its transaction): one round trip where a
+    transaction takes four (docs/decisions/0002-group-commit-one-statement.md).
     With `admit`, the tenant's quotas are checked in that statement: `Refused` when one is
     reached (nothing stored). With `key_ttl_s` (the swarm carries an Idempotency-Key), an
     expired holder of its key lets go of it in that statement too: `KeyTaken` when a live one

@@ -27,8 +27,8 @@ APPLICATION_NAME = "swarm-api group commit"  # how pg_stat_activity names it
 # run (`one_statement`: written so the plan made for any arguments, at any table size, probes
 # each row by its key; tests/perf/test_group_commit_plan.py). Left to choose, PostgreSQL plans the
 # first five runs for their arguments and then compares: where the generic plan's estimate
-# came out above the custom ones' it planned every commit anew, ~0.55 ms of its CPU each for
-# this statement of five CTEs (bench/RESULTS.md, session 30).
+# came out above the custom ones' it planned every commit anew
+# (docs/decisions/0009-plans-postgresql-keeps.md).
 SETTINGS = {"application_name": APPLICATION_NAME, "plan_cache_mode": "force_generic_plan"}
 
 
