@@ -54,8 +54,8 @@ class Ahead:
 
 
 def insert_row(sub: Subtask) -> dict[str, Any]:
-    """Every column of a new subtask, for Core executemany inserts (instrumented getattrs
-    were 15 % of creating a 1,000-agent swarm)."""
+    """Every column of a new subtask, for Core executemany inserts (not through instrumented
+    getattrs: docs/decisions/0011-live-rows.md)."""
     return column_values(sub, SUBTASK_INSERT_COLUMNS)
 
 
@@ -154,8 +154,8 @@ def _creation(swarm: Swarm, subtasks: Sequence[Subtask], claim_for: str | None,
     if claim_for is not None:
         swarm.lease_owner, swarm.lease_epoch = claim_for, 1
     return one_statement.creation(
-        # a new subtask's instance dict holds its columns: read as it is (a copy of each row
-        # was ~3 % of creating a 1,000-agent swarm); a loaded row's is copied
+        # a new subtask's instance dict holds its columns: read as it is (no copy per row); a
+        # loaded row's is copied
         _swarm_values(swarm), [s.__dict__ if isinstance(s, LiveSubtask) else insert_row(s)
                                for s in subtasks], SUBTASK_INSERT_COLUMNS,
         claim_s=lease_s if claim_for is not None else None,
