@@ -1,9 +1,9 @@
 """The group commit's statement finds each row it writes with one index probe, whether the
 tables are new (no statistics yet) or hold history (analyzed), and in the plan a prepared
 statement keeps, made once on a new database's tables and used while they grow: PostgreSQL's
-plan, read with EXPLAIN on the real statement and its real arguments (bench/RESULTS.md,
-session 9: on a new database the subtasks' update read half a swarm's rows per row; against
-20,000 swarms every commit scanned the swarms table; session 30: the kept plan scanned it)."""
+plan, read with EXPLAIN on the real statement and its real arguments (on a new database the
+subtasks' update once read half a swarm's rows per row, and against 20,000 swarms every commit
+scanned the swarms table; docs/decisions/0009-plans-postgresql-keeps.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """A swarm looked up by id for a tenant (every `GET /swarms/{id}`, `?wait=`, follow, cancel) is
 found by its primary key in the plan PostgreSQL keeps for the statement, the one made on a new
-database and run as the tenant's swarms accumulate (bench/RESULTS.md, session 30: `id = $1
-AND tenant = $2` kept a read of the tenant's whole (tenant, status, created_at) index); and a
-swarm of another tenant is still not found."""
+database and run as the tenant's swarms accumulate (`id = $1 AND tenant = $2` kept a read of
+the tenant's whole (tenant, status, created_at) index;
+docs/decisions/0009-plans-postgresql-keeps.md); and a swarm of another tenant is still not
+found."""
 
 from __future__ import annotations
 
