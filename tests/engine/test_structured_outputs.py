@@ -166,6 +166,11 @@ async def test_events_carry_the_parsed_value_and_the_metric_counts(harness: Harn
     ({"$ref": "https://example.com/s.json"}, "points outside the schema"),
     ({"description": "x" * 70_000}, "at most 65536"),
     (json.loads('{"items":' * 40 + "{}" + "}" * 40), "nested deeper"),
+    ({"properties": {"code": {"type": "string", "pattern": r"^(\d)\1$"}}},
+     "without a linear-time match (backreference or lookaround): invalid escape sequence: "
+     "\\1 (at properties/code/pattern)"),
+    ({"patternProperties": {"^(?!x-)": {"type": "string"}}},
+     "uses a construct without a linear-time match"),
 ])
 async def test_a_bad_schema_is_refused_naming_the_field(harness: Harness, schema: Any,
                                                         why: str) -> None:
@@ -232,3 +237,22 @@ async def test_the_repair_turn_is_held_to_the_budget(harness: Harness) -> None:
     assert data["status"] == "failed" and data["error"]["code"] == "budget_exceeded"
     assert await calls(harness, data["id"]) == [("1", "ok", 200)]
     assert Decimal(data["usage"]["cost_usd"]) == first.cost_usd <= budget
+
+
+async def test_a_pattern_that_explodes_when_backtracked_stalls_no_other_swarm(
+        harness: Harness) -> None:
+    """A caller's pattern and an answer it refuses, which a backtracking matcher takes
+    minutes to refuse (2^32 ways to split the a's) with the loop held: matched in linear
+    time, the answer fails `output_invalid` and the other swarm of the process ends."""
+    evil = "a" * 32 + "b"
+    r = await harness.post({
+        "task": "t", "synthesis": {"strategy": "none"},
+        "agents": [{"name": "reviewer", "prompt": f'[[sim answer="\\"{evil}\\""]]',
+                    "output_schema": {"type": "string", "pattern": "^(a?){32}a{32}$"}}]})
+    assert r.status_code == 202, r.text
+    other = await harness.run(body())
+    assert other["status"] == "succeeded", other["error"]
+    data = await harness.wait(r.json()["id"])
+    sub = only(data)
+    assert sub["status"] == "failed" and sub["error"]["code"] == "output_invalid"
+    assert f"(root): '{evil}' does not match" in sub["error"]["details"]["errors"][0]
