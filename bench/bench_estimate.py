@@ -31,7 +31,7 @@ from app.db.types import utcnow
 from app.engine.layout import new_subtask
 from app.engine.specs import new_swarm_row
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
-from bench.bench_create import serve_db
+from bench.bench_create import cpu_s, serve_db
 from bench.bench_rows import serving
 
 TENANT = "default"  # the tenant of a service without SWARM_API_KEYS
@@ -103,39 +103,45 @@ def body(agents: int) -> dict[str, Any]:
                        for i in range(agents)]}
 
 
-async def measure(api: str, agents: int, requests: int) -> tuple[list[float], dict[str, Any]]:
+async def measure(api: str, agents: int, requests: int, warm: int = 3
+                  ) -> tuple[list[float], dict[str, Any]]:
     times: list[float] = []
     async with httpx.AsyncClient(base_url=api, timeout=60) as c:
         answer: dict[str, Any] = {}
-        for i in range(requests + 3):
+        for i in range(requests + warm):
             t0 = time.perf_counter()
             r = await c.post("/swarms/estimate", json=body(agents))
             elapsed = time.perf_counter() - t0
             r.raise_for_status()
             answer = r.json()
-            if i >= 3:  # warm-up: the first statements' plans, the app's first answers
+            if i >= warm:  # warm-up: the first statements' plans, the app's first answers
                 times.append(elapsed * 1000)
     return times, answer
 
 
-def one_round(builds: dict[str, str], rows: int, agents: int, requests: int, plan: bool
-              ) -> dict[str, list[float]]:
+def one_round(builds: dict[str, str], rows: int, agents: int, requests: int, plan: bool,
+              cpus: dict[str, list[float]]) -> dict[str, list[float]]:
     """One database seeded once (migrated by the first build's `serve`), then each build's
     `serve` on it in turn: each build's estimate times."""
     got: dict[str, list[float]] = {}
     with serve_db("swarm_estimate") as database:
         for i, (name, cli) in enumerate(builds.items()):
-            with serving(cli, Path(tempfile.mkdtemp()), database=database) as (api, db, _, _):
+            with serving(cli, Path(tempfile.mkdtemp()), database=database) as (api, db, pid, _):
                 if i == 0:
                     t0 = time.perf_counter()
                     asyncio.run(seed(db, rows))
                     print(f"  seeded {rows} ledger rows in {time.perf_counter() - t0:.1f} s")
-                times, answer = asyncio.run(measure(api, agents, requests))
+                asyncio.run(measure(api, agents, 0))
+                # the serve's own CPU per estimate: what a loaded machine's queueing leaves out
+                cpu0 = cpu_s(pid)
+                times, answer = asyncio.run(measure(api, agents, requests, warm=0))
+                cpu = (cpu_s(pid) - cpu0) / requests * 1000
                 q = statistics.quantiles(times, n=10)
                 print(f"  {name}: POST /swarms/estimate, {agents} agents, {rows} rows of "
                       f"history: p50 {statistics.median(times):.1f} ms, p90 {q[8]:.1f} ms, "
-                      f"min {min(times):.1f} ms ({len(times)} requests); "
-                      f"basis {answer['basis']}")
+                      f"min {min(times):.1f} ms ({len(times)} requests), serve CPU "
+                      f"{cpu:.1f} ms a request; basis {answer['basis']}")
+                cpus.setdefault(name, []).append(cpu)
                 got[name] = times
                 if plan and i == 0:
                     shown, alone = asyncio.run(explain(db))
@@ -158,16 +164,20 @@ def main() -> None:
     builds = dict(c.split("=", 1) for c in args.cli or [
         f"this={Path('.venv/bin/swarm-api').resolve()}"])
     p50s: dict[str, list[float]] = {name: [] for name in builds}
+    cpus: dict[str, list[float]] = {}
     for r in range(args.rounds):
         print(f"round {r + 1}:")
         # the builds in turn, the first one alternating: a shared machine's load weighs alike
         order = list(builds.items())[r % len(builds):] + list(builds.items())[:r % len(builds)]
         for name, times in one_round({n: str(Path(c).absolute()) for n, c in order},
-                                     args.rows, args.agents, args.requests, r == 0).items():
+                                     args.rows, args.agents, args.requests, r == 0,
+                                     cpus).items():
             p50s[name].append(statistics.median(times))
     for name, got in p50s.items():
         print(f"{name}: median of {len(got)} rounds' p50 {statistics.median(got):.1f} ms "
-              f"(each: {', '.join(f'{x:.1f}' for x in got)})")
+              f"(each: {', '.join(f'{x:.1f}' for x in got)}); serve CPU a request, median "
+              f"{statistics.median(cpus[name]):.1f} ms "
+              f"(each: {', '.join(f'{x:.1f}' for x in cpus[name])})")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@ while API replicas and workers poll for work, survives a restart of every proces
 (simulator, API, worker: each SIGKILLed), and runs once approved.
 
 The wait stands in for SPEC's minute by its claim polls: at SWARM_POLL_INTERVAL_S 0.05 a
-worker polls the queue (and the approval timeouts) as often in 3 s as at the default 1 s in
-a minute, and a poll is the only way a held swarm could be picked up."""
+worker polls the queue as often in 3 s as at the default 1 s in a minute, and a claim is the
+only way a held swarm could be run (nothing else calls the gateway for it)."""
 
 from __future__ import annotations
 

@@ -87,7 +87,8 @@ def _statement() -> Select[Any]:
         .group_by(per_sub.c.model, Subtask.kind, tools))
 
 
-# built once: building it and its cache key took a few ms of an estimate's CPU
+# built once, its values bound when it runs: building it anew is a good share of an
+# estimate's CPU
 HISTORY = _statement()
 
 
