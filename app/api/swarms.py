@@ -92,7 +92,7 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
         await check_webhook_url(body.webhook_url, settings, tenant)
     now = utcnow()
     # named agents whose estimate needs approval: stored awaiting it, for no engine to claim
-    held = gate.hold_at_creation(new, settings.prices, now)
+    held = await gate.hold_at_creation(state.sessions, new, settings, tools, now)
     local = _claimer(engine) if held is None else None
     # claimed as it is created: its runner now, its first calls written ahead with it
     runner = local.adoption(new.swarm, new.subtasks) if local is not None else None

@@ -413,7 +413,7 @@ class SwarmRunner:
         if not self._approval_pending():
             return
         subs = list(self.subs.values())
-        estimate = approval.worst_case(subs, self.swarm.task, self.ctx.prices)
+        estimate = await gate.estimate_planned(self.ctx, self.swarm, subs)
         if approval.needed(self.limits, estimate):
             await self.commit()  # what came before is durable before the lease goes
             if self._stop.is_set():  # cancelled meanwhile: it ends, never held
