@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.db import quotas, spend
 from app.db.tables import GatewayCall, Subtask
 from app.db.types import utcnow
-from app.states import SubtaskKind
+from app.states import AttemptOutcome, SubtaskKind
 
 # fewer calls than this of a model and kind are no history: the estimate falls back
 MIN_SAMPLES = 3
@@ -66,7 +66,7 @@ def history_statement(tenant: str, calls: int = WINDOW_CALLS,
     g = GatewayCall
     window = (select(g.swarm_id, g.subtask_name, g.model, g.prompt_tokens,
                      g.completion_tokens, g.created_at)
-              .where(g.tenant == tenant, g.created_at >= since, g.outcome == "ok",
+              .where(g.tenant == tenant, g.created_at >= since, g.outcome == AttemptOutcome.ok,
                      g.swarm_id.is_not(None), g.at_bound.is_(False))
               .order_by(g.created_at.desc()).limit(calls).subquery("w"))
     per_sub = (select(window.c.swarm_id, window.c.subtask_name, window.c.model,
