@@ -268,3 +268,38 @@ def test_the_status_check_catches_a_literal(source: str) -> None:
 ])
 def test_the_status_check_lets_text_through(source: str) -> None:
     assert status_literals(source) == []
+
+
+def status_moves(source: str) -> list[int]:
+    """Lines that write a `.status` attribute: a move that bypasses app/states.py's moves (a
+    row's first status is given where it is made, as a constructor's keyword)."""
+    def targets(node: ast.expr) -> list[ast.expr]:
+        return [t for e in node.elts for t in targets(e)] if isinstance(
+            node, ast.Tuple | ast.List) else [node]
+
+    return sorted(
+        node.lineno for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign)
+        and any(isinstance(t, ast.Attribute) and t.attr == "status"
+                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                for t in targets(target)))
+
+
+def test_no_status_is_moved_outside_states() -> None:
+    offenders = [f"{p.relative_to(ROOT)}:{line}" for p in sorted((ROOT / "app").rglob("*.py"))
+                 if p != ROOT / "app" / "states.py" for line in status_moves(p.read_text())]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("source", [
+    "sub.status = SubtaskStatus.running",
+    "sub.status, sub.output = SubtaskStatus.running, None",
+    "self.swarm.status: SwarmStatus = status",
+])
+def test_the_move_check_catches_a_status_write(source: str) -> None:
+    assert status_moves(source) == [1]
+
+
+def test_the_move_check_lets_reads_and_creations_through() -> None:
+    assert status_moves("s = Swarm(status=SwarmStatus.queued)\nx = r.status\n"
+                        "if sub.status is T.running: pass\nstatus = sub.status\n") == []
