@@ -83,7 +83,7 @@ class PassthroughMeter:
     key: str = field(default_factory=call_key)
     lease_s: float = 15.0
     _held: list[tuple[SharedCap, Reservation]] = field(default_factory=list)
-    _last_outcome: str | None = None
+    _last_outcome: AttemptOutcome | None = None
     _open: int | None = None  # the attempt on the wire: written ahead, not settled
 
     @property
@@ -141,8 +141,8 @@ class PassthroughMeter:
             metrics.count_unknown(self.label, float(lost), self.prompt_bound, self.max_tokens)
         await run_to_end(_settle_all(held, lost))
 
-    def _row(self, attempt: int, outcome: str, status: int | None, u: Usage, cost: Decimal,
-             latency_s: float, at_bound: bool = False) -> dict[str, Any]:
+    def _row(self, attempt: int, outcome: AttemptOutcome, status: int | None, u: Usage,
+             cost: Decimal, latency_s: float, at_bound: bool = False) -> dict[str, Any]:
         return {
             "swarm_id": None, "tenant": self.tenant, "subtask_name": None,
             "model": self.price.name, "idempotency_key": self.key, "attempt": attempt,
