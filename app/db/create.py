@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.db import one_statement
 from app.db.batch import executemany
+from app.db.columns import SUBTASK_INSERT_COLUMNS
 from app.db.direct import fetchrow_pooled
 from app.db.queries import queued_swarms
 from app.db.quotas import Admit, CapAsk, Refused, tenant_checks
@@ -24,14 +25,6 @@ from app.db.session import is_postgres as _is_pg
 from app.db.spend import DailyCheck
 from app.db.tables import GatewayCall, LiveSubtask, Subtask, Swarm, column_values
 from app.db.types import utcnow
-
-SUBTASK_INSERT_COLUMNS = (
-    "swarm_id", "name", "position", "kind", "model", "depends_on", "system_prompt", "prompt",
-    "max_tokens", "temperature", "weight", "status", "attempts", "output", "error", "truncated",
-    "prompt_tokens", "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at",
-    "finished_at", "reused", "tools", "max_turns", "turns", "tool_calls",
-    "sanitized", "models", "fallbacks", "output_json", "output_status", "output_format",
-)
 
 
 @dataclass

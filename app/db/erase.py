@@ -24,7 +24,7 @@ from app.db.tables import (
     Webhook,
     table_of,
 )
-from app.states import TERMINAL_SWARM
+from app.states import TERMINAL_SWARM, AttemptOutcome
 
 _SUBTASKS = table_of(Subtask)
 # what an erased swarm's events carry instead of their payloads
@@ -144,7 +144,7 @@ async def prune_ledger(session: AsyncSession, before: datetime, tenant: str | No
     """Ledger rows (gateway attempts) recorded before `before`: all counted (`dry_run`), or
     up to `limit` removed (one batch). Only settled ones: an attempt in flight is money not
     yet known."""
-    cond = (GatewayCall.created_at < before) & (GatewayCall.outcome != "in_flight")
+    cond = (GatewayCall.created_at < before) & (GatewayCall.outcome != AttemptOutcome.in_flight)
     if tenant is not None:
         cond &= GatewayCall.tenant == tenant
     if dry_run:

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.db import quotas, spend
 from app.db.tables import GatewayCall, Subtask
 from app.db.types import utcnow
-from app.states import SubtaskKind
+from app.states import AttemptOutcome, SubtaskKind
 
 # fewer calls than this of a model and kind are no history: the estimate falls back
 MIN_SAMPLES = 3
@@ -65,7 +65,7 @@ def _statement() -> Select[Any]:
     window = (select(g.swarm_id, g.subtask_name, g.model, g.prompt_tokens,
                      g.completion_tokens, g.created_at)
               .where(g.tenant == bindparam("tenant"), g.created_at >= bindparam("since"),
-                     g.outcome == "ok", g.swarm_id.is_not(None), g.at_bound.is_(False))
+                     g.outcome == AttemptOutcome.ok, g.swarm_id.is_not(None), g.at_bound.is_(False))
               .order_by(g.created_at.desc()).limit(bindparam("calls", type_=Integer))
               .subquery("w"))
     per_sub = (select(window.c.swarm_id, window.c.subtask_name, window.c.model,

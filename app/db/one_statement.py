@@ -38,7 +38,8 @@ from sqlalchemy import JSON, Column, Table
 from sqlalchemy.dialects import postgresql
 
 from app.db.batch import bind_processor
-from app.db.changes import LEDGER_SETTLED, SwarmWrite
+from app.db.changes import SwarmWrite
+from app.db.columns import LEDGER_SETTLED
 from app.db.notify import CHANGED, QUEUED
 from app.db.quotas import Admit, CapAsk
 from app.db.tables import (
@@ -53,6 +54,7 @@ from app.db.tables import (
     Webhook,
     table_of,
 )
+from app.states import AttemptOutcome
 
 _DIALECT = postgresql.asyncpg.dialect()  # type: ignore[no-untyped-call]
 _Q = _DIALECT.identifier_preparer.quote
@@ -493,7 +495,7 @@ def _dml(name: str, table: Table, keys: Sequence[str], source: str) -> str:
     # a row written ahead as in_flight is settled by its answer, a settled one never again
     sets = ", ".join(f"{_Q(k)} = EXCLUDED.{_Q(k)}" for k in LEDGER_SETTLED)
     return (insert + f"ON CONFLICT (idempotency_key, attempt) DO UPDATE SET {sets} "
-            f"WHERE {t}.outcome = 'in_flight'")
+            f"WHERE {t}.outcome = '{AttemptOutcome.in_flight}'")
 
 
 def _same(value: Any) -> Any:

@@ -15,14 +15,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import logs, metrics, tracing
 from app.db import spend
-from app.db.changes import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite
+from app.db.changes import SwarmWrite
+from app.db.columns import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS
 from app.db.create import Ahead, insert_row
 from app.db.leases import LeaseLost, record_takeover
 from app.db.tables import Subtask, Swarm, column_values, live_subtask, live_swarm
 from app.db.types import utcnow
 from app.engine import approval, dag, gate
 from app.engine.budget import SwarmBudget
-from app.engine.calls import CANCELLED, IN_FLIGHT, UNKNOWN
 from app.engine.execute import SubtaskExecutor
 from app.engine.faults import crash_point
 from app.engine.finish import end_swarm, event_row, log_end
@@ -41,11 +41,18 @@ from app.engine.steps import refused_result, unstorable
 from app.engine.synthesis import WorkerResult, concatenate, tally
 from app.engine.writer import WriteRejected, retrieve_exception
 from app.pricing import metric_model_label
-from app.states import Event, SubtaskKind, SubtaskStatus, SwarmStatus, move_subtask, move_swarm
+from app.states import (
+    UNANSWERED,
+    Event,
+    SubtaskKind,
+    SubtaskStatus,
+    SwarmStatus,
+    amend_end,
+    move_subtask,
+    move_swarm,
+)
 
 log = logging.getLogger(__name__)
-# ledger outcomes that are no answer: a swarm whose calls end only so made no progress
-_UNSETTLED = frozenset({IN_FLIGHT, UNKNOWN, CANCELLED})
 
 
 class Drained(Exception):
@@ -181,7 +188,7 @@ class SwarmRunner:
             events = [*begun, *events]
         s = self.swarm
         s.spent_usd, s.reserved_usd = self.budget.spent, self.budget.reserved
-        if any(row["outcome"] not in _UNSETTLED for row in ledger):
+        if any(row["outcome"] not in UNANSWERED for row in ledger):
             s.settled_epoch = self.epoch  # progress: the next takeover is not fruitless
         return self.ctx.writer.submit(SwarmWrite(
             s.id, self.epoch, column_values(s, SWARM_STATE_COLUMNS),
@@ -574,7 +581,8 @@ class SwarmRunner:
                                  if status is SwarmStatus.succeeded else None)
         else:
             status, self.swarm.result = SwarmStatus.failed, None
-        self.swarm.status, self.swarm.error = status, err  # the first was never committed
+        amend_end(self.swarm, status)  # the first was never committed
+        self.swarm.error = err
         return status, err
 
     # ---- phases -------------------------------------------------------------------------

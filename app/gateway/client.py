@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, Literal, NoReturn
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import httpx
@@ -33,24 +33,17 @@ from app.gateway.wire import (
     answer_limit,
     limit_of,
 )
+from app.states import AttemptOutcome
 from app.text import storable
 
-Outcome = Literal[
-    "ok",
-    "rate_limited",
-    "server_error",
-    "timeout",
-    "invalid_response",
-    "client_error",
-    "connection_error",
-]
+Outcome = AttemptOutcome  # the answered ones (states.ANSWERED): the client never writes ahead
 
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 60.0
 BACKOFF_BASE_S = 0.5
 _DETAIL_CHARS = 200
-_STATUS_OUTCOMES: dict[int, Outcome] = {429: "rate_limited", 408: "timeout"}
+_STATUS_OUTCOMES: dict[int, Outcome] = {429: Outcome.rate_limited, 408: Outcome.timeout}
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +136,7 @@ class GatewayError(Exception):
         last = attempts[-1] if attempts else None
         self.status_code: int | None = last.status_code if last else None
         # No attempt at all only happens when the deadline had already passed.
-        self.outcome: Outcome = last.outcome if last else "timeout"
+        self.outcome: Outcome = last.outcome if last else Outcome.timeout
 
 
 class GatewayRejected(GatewayError):
@@ -178,7 +171,8 @@ def _classify(status: int) -> Outcome:
     """The outcome of a non-2xx status; client_error other than 409 is the one not retried."""
     # 409 (a conflicting in-flight request with the same key) may clear, so it is retried; other
     # 4xx, and 1xx/3xx (a misconfigured base URL), would fail the same way again.
-    return _STATUS_OUTCOMES.get(status) or ("server_error" if status >= 500 else "client_error")
+    return _STATUS_OUTCOMES.get(status) or (
+        Outcome.server_error if status >= 500 else Outcome.client_error)
 
 
 def _loads(raw: bytes) -> Any:
@@ -400,7 +394,8 @@ class _Call:
         calls, calls_changed = _storable_calls(choice[2]) if choice else ((), False)
         if self.secret and self.secret in content:  # the hot path: a search, rarely a copy
             content = content.replace(self.secret, MASK)
-        tracing.record_chat(outcome=record.outcome, status_code=record.status_code,
+        failed = None if record.outcome == Outcome.ok else record.outcome
+        tracing.record_chat(error=failed, status_code=record.status_code,
                             input_tokens=record.usage.prompt_tokens,
                             output_tokens=record.usage.completion_tokens,
                             finish_reason=choice[1] if choice else None,
@@ -410,7 +405,7 @@ class _Call:
         if choice is not None:
             return ChatResult(content, storable(choice[1])[0], record.usage,
                               tuple(self.attempts), body, calls, changed or calls_changed)
-        if record.outcome == "client_error" and record.status_code != 409:
+        if record.outcome == Outcome.client_error and record.status_code != 409:
             self.log_failed(None)  # not retried
             raise GatewayRejected(
                 f"gateway rejected the request: {record.error}", tuple(self.attempts)
@@ -632,7 +627,7 @@ class GatewayClient:
                 call.deadline_hit = True
                 error = "deadline passed before sending"
                 return await call.finish(
-                    AttemptRecord(number, None, "timeout", _NO_USAGE, 0.0, error, None)
+                    AttemptRecord(number, None, Outcome.timeout, _NO_USAGE, 0.0, error, None)
                 )
         started = time.perf_counter()
         try:
@@ -640,15 +635,15 @@ class GatewayClient:
             async with asyncio.timeout(timeout):
                 answer = await self._post(call, headers, timeout)
         except TimeoutError:
-            outcome: Outcome = "timeout"
+            outcome = Outcome.timeout
             error = f"no response within {timeout:.3g} s"
         except WireError as exc:
             if exc.undecodable:  # a body whose Content-Encoding does not decode
-                outcome, error = "invalid_response", "undecodable body"
+                outcome, error = Outcome.invalid_response, "undecodable body"
             elif exc.too_large:  # unread: a failure, billed as one (nothing it reports)
-                outcome, error = "invalid_response", str(exc)
+                outcome, error = Outcome.invalid_response, str(exc)
             else:
-                outcome, error = "connection_error", self._scrub(str(exc))
+                outcome, error = Outcome.connection_error, self._scrub(str(exc))
         else:
             return await self._classified(call, number, answer, time.perf_counter() - started)
         latency = time.perf_counter() - started
@@ -679,12 +674,12 @@ class GatewayClient:
             if choice is not None:
                 usage, reported = billed_usage(body, call.body, len(answer.content))
                 return await call.finish(AttemptRecord(
-                    number, status, "ok", usage, latency, None, None, reported), choice, body)
+                    number, status, Outcome.ok, usage, latency, None, None, reported), choice, body)
             # an answer not used is billed as a failure: what it reports (a bound would be
             # spend no ledger row marks unresolved)
             error = "unparseable or truncated body" if body is None else "unexpected body shape"
             return await call.finish(AttemptRecord(
-                number, status, "invalid_response", _usage_of(body) or _NO_USAGE, latency,
+                number, status, Outcome.invalid_response, _usage_of(body) or _NO_USAGE, latency,
                 error, None))
         return await call.finish(
             self.failed_record(number, status, answer.headers, answer.content, latency))

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from app import metrics
+from app.states import ToolCallStatus
 from app.text import storable
 from app.tools.arguments import ArgumentsRefused, check_sendable, cleaned_arguments
 from app.tools.config import ServerConfig, load_config
@@ -158,7 +159,7 @@ class ToolRegistry:
             arguments = cleaned_arguments(arguments)
             check_sendable(tool, arguments)
         except ArgumentsRefused as exc:
-            return self._settled(conn, tool, "error", str(exc), 0.0)
+            return self._settled(conn, tool, ToolCallStatus.error, str(exc), 0.0)
         limit = conn.config.tool_concurrency.get(tool)
         slots = [self._tool_slot(server, tool, limit)] if limit else []
         async with held(*slots, self._server_slots[server], priority=priority):
@@ -183,21 +184,21 @@ class ToolRegistry:
                 session = await conn.session(timeout)
                 result = await session.call_tool(tool, arguments)
             text = result_text(result)
-            status = "error" if result.is_error else "ok"
+            status = ToolCallStatus.error if result.is_error else ToolCallStatus.ok
         except TimeoutError:
-            status, text = "timeout", f"tool call timed out after {timeout:g} s"
+            status, text = ToolCallStatus.timeout, f"tool call timed out after {timeout:g} s"
         except ServerUnavailable as exc:
-            status, text = "error", str(exc)
+            status, text = ToolCallStatus.error, str(exc)
         except MCPError as exc:
-            status, text = "error", exc.error.message
+            status, text = ToolCallStatus.error, exc.error.message
         except Exception as exc:  # a broken connection: the supervisor checks it now
             conn.suspect()
-            status, text = "error", f"{type(exc).__name__}: {exc}"
+            status, text = ToolCallStatus.error, f"{type(exc).__name__}: {exc}"
         finally:
             gauge.dec()
         return self._settled(conn, tool, status, text, time.monotonic() - started)
 
-    def _settled(self, conn: ServerConnection, tool: str, status: str, text: str,
+    def _settled(self, conn: ServerConnection, tool: str, status: ToolCallStatus, text: str,
                  latency: float) -> ToolOutcome:
         """The call's metrics, and its outcome as the model reads it."""
         label = tool if tool in conn.tools else UNKNOWN_TOOL_LABEL
@@ -207,5 +208,5 @@ class ToolRegistry:
         # which UTF-8 cannot even encode) is replaced where it enters, as for gateway content
         text = storable(text)[0]
         size = len(text.encode())
-        shown = text if status == "ok" else f"error: {text}"
+        shown = text if status is ToolCallStatus.ok else f"error: {text}"
         return ToolOutcome(status, cut(shown, self.result_max_bytes), latency, size)
