@@ -212,14 +212,6 @@ class Settings(LogSettings):
             load_config(self.mcp_config)
         return self
 
-    @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")
-
-    @property
-    def migrate_on_start(self) -> bool:
-        return self.auto_migrate or self.is_sqlite
-
     @cached_property
     def keys(self) -> KeyRing:
         """The API keys in force: SWARM_API_KEYS's and the tenants file's (SPEC §16)."""
