@@ -17,10 +17,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from app.db import one_statement
 from app.db.batch import executemany
 from app.db.columns import SUBTASK_INSERT_COLUMNS
+from app.db.dialect import engine_of
 from app.db.direct import fetchrow_pooled
 from app.db.queries import queued_swarms
 from app.db.quotas import Admit, CapAsk, Refused, tenant_checks
-from app.db.session import bound_engine, db_now
+from app.db.session import db_now
 from app.db.session import is_postgres as _is_pg
 from app.db.spend import DailyCheck
 from app.db.tables import GatewayCall, LiveSubtask, Subtask, Swarm, column_values
@@ -191,7 +192,7 @@ async def key_holder(session: AsyncSession, tenant: str, key: str, ttl_s: float
     or None (the key is free). PostgreSQL: one statement alone, the database's clock in it
     (in the session's transaction it was BEGIN, `SELECT now()`, the select, COMMIT)."""
     if _is_pg(session):
-        row = await fetchrow_pooled(bound_engine(session), _KEY_HOLDER,
+        row = await fetchrow_pooled(engine_of(session), _KEY_HOLDER,
                                     (tenant, key, float(ttl_s)))
         return None if row is None else (row[0], row[1])
     async with session.begin():

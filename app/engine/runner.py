@@ -222,10 +222,13 @@ class SwarmRunner:
         turn, so their starts make one write after their sends, not a write each before
         them (~50 us of the CPU before each of a 100-agent fan-out's sends)."""
         subs, events = self._starting
-        if not subs:
+        batched = self.ctx.settings.latency_devices
+        if not subs and batched:
             asyncio.get_running_loop().call_soon(self._write_starts)
         subs.append(sub)
         events.append(event)
+        if not batched:  # a write of its own, queued before the send
+            self.commit_soon()
 
     def _write_starts(self) -> None:
         if self._starting[0]:  # not taken by a write meanwhile

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db import changes, columns, leases, one_statement
-from app.db.direct import APPLICATION_NAME
+from app.db.direct import APPLICATION_NAME, DirectConnection
 from app.db.notify import CHANGED
 from app.db.session import asyncpg_dsn
 from app.db.tables import Event, GatewayCall, Subtask, Swarm, Webhook
@@ -452,7 +452,7 @@ async def test_a_heartbeat_and_a_group_commit_of_the_same_swarms_never_deadlock(
         swarms = [await _claimed_swarm(h) for _ in range(4)]  # random ids: an order of
         # their own in the table, the reverse of it in the commit's document below
         epochs = dict(swarms)
-        writer = StateWriter(h.app.state.sessions, OWNER, retry_for_s=10)
+        direct = DirectConnection(database_url)  # the group commit's connection
 
         async def beats() -> None:
             for _ in range(150):
@@ -461,8 +461,6 @@ async def test_a_heartbeat_and_a_group_commit_of_the_same_swarms_never_deadlock(
                     await asyncio.sleep(0)  # its locks held across a turn of the loop
 
         async def commits() -> None:
-            direct = writer._direct
-            assert direct is not None
             for _ in range(150):
                 stmt = one_statement.statement(
                     OWNER, [_write(i, e, **BARE) for i, e in reversed(swarms)])
@@ -471,6 +469,6 @@ async def test_a_heartbeat_and_a_group_commit_of_the_same_swarms_never_deadlock(
         try:
             await asyncio.gather(beats(), commits())
         finally:
-            await writer.close()
+            await direct.close()
     finally:
         await close()
