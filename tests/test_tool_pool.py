@@ -47,14 +47,15 @@ async def test_calls_spread_over_the_pool_and_stop_closes_it(tmp_path: Path) -> 
     log = tmp_path / "calls.log"
     async with http_server(log) as server, registry(
             {"url": server.url, "max_concurrency": 12}, http_sessions=3) as tools:
+        pool = tools.connections["s"].pool
+        assert pool is not None and pool.open_sessions == 0  # opened as calls need them
         outcomes = await asyncio.gather(*(tools.call("s", "sleep", {"seconds": 0.5 + i / 1000})
                                           for i in range(12)))
         assert [o.status for o in outcomes] == ["ok"] * 12
         served = set(sessions_of(log, "sleep").values())
         assert len(served) == 3  # every pooled session took calls, none beyond the size
         assert max_in_flight(log, "sleep") > 3
-        pool = tools.connections["s"].pool
-        assert pool is not None and pool.open_sessions == 3
+        assert pool.open_sessions == 3
     assert pool.open_sessions == 0
 
 

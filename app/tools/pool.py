@@ -5,9 +5,10 @@ loop, so calls to a server that is up queue behind one session's CPU (docs/decis
 0100-mcp-session-pool.md). A pool holds up to `size` call sessions (SWARM_MCP_HTTP_SESSIONS)
 beside the connection's own, which lists tools and watches the server: one is opened when a
 call finds every open session busy, a call that fails takes its session out of the choice
-until a ping answers, and a session whose ping fails is closed and later replaced. The
-registry's limits (slots, timeouts, caps) hold per call around the lease, whatever session
-serves it; a session carries no tenant's state (its headers are the server's).
+until a ping answers, and a session whose ping fails is closed and later replaced (while none
+opens, calls use the listing session, as without a pool). The registry's limits (slots,
+timeouts, caps) hold per call around the lease, whatever session serves it; a session carries
+no tenant's state (its headers are the server's).
 """
 
 from __future__ import annotations
@@ -111,12 +112,14 @@ class SessionPool:
         self.changed()
 
     @asynccontextmanager
-    async def lease(self) -> AsyncIterator[ClientSession]:
-        """The least busy usable session for one call; a failure inside marks it suspect."""
+    async def lease(self, fallback: ClientSession) -> AsyncIterator[ClientSession]:
+        """The least busy usable session for one call (`fallback`, the listing session, when
+        none can be opened); a failure inside marks a pooled session suspect."""
         member = await self._pick()
-        session = member.session
-        if session is None:  # closed between its choice and now
-            raise ServerUnavailable(f"server {self.name}: its session closed")
+        session = member.session if member is not None else None
+        if member is None or session is None:  # none opens, or it closed since its choice
+            yield fallback
+            return
         member.busy += 1
         try:
             yield session
@@ -126,7 +129,7 @@ class SessionPool:
         finally:
             member.busy -= 1
 
-    async def _pick(self) -> _Member:
+    async def _pick(self) -> _Member | None:
         while True:
             if self.stopping.is_set():
                 raise ServerUnavailable(f"server {self.name} is stopping")
@@ -138,9 +141,7 @@ class SessionPool:
                 self._members.append(member)
                 if best is None:  # nothing open to use meanwhile: wait for this one
                     await member.opened.wait()
-                    if member.session is None:
-                        raise ServerUnavailable(f"server {self.name}: {member.error}")
-                    return member
+                    return member if member.session is not None else None
             if best is not None:
                 return best
             await self._changed.wait()  # every session is opening or suspect

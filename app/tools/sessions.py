@@ -96,7 +96,7 @@ class ServerConnection:
         below the protocol has the session checked now, not at the next ping."""
         session = await self.session(wait_s)
         if self.pool is not None:
-            async with self.pool.lease() as pooled:
+            async with self.pool.lease(session) as pooled:
                 yield pooled
             return
         try:
