@@ -1,7 +1,7 @@
 """Several sessions with one streamable-HTTP server, each call on the least busy one.
 
 One SDK session is one client dispatcher and one server-side session, each a single task's
-loop, so calls to a server that is up queue behind one session's CPU (docs/decisions/
+loop, so many calls at once queue behind one session's loops (docs/decisions/
 0100-mcp-session-pool.md). A pool holds up to `size` call sessions (SWARM_MCP_HTTP_SESSIONS)
 beside the connection's own, which lists tools and watches the server: one is opened when a
 call finds every open session busy, a call that fails takes its session out of the choice
