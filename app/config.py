@@ -155,6 +155,8 @@ class Settings(LogSettings):
     simulator_exit_allowed: bool = False
     # tools (SPEC §9): the mcpServers JSON file, and the cut of each tool result
     mcp_config: str | None = None
+    # calls to a streamable-HTTP tool server spread over this many sessions (1: one session)
+    mcp_http_sessions: int = Field(default=8, ge=1, le=64)
     tool_result_max_bytes: int = Field(default=16384, ge=256, le=10_000_000)
     # a model's tool-call arguments longer than this are the call's error, never sent (§9)
     tool_args_max_bytes: int = Field(default=262144, ge=256, le=100_000_000)

@@ -58,7 +58,8 @@ async def start_tools(settings: Settings) -> ToolRegistry | None:
         return None
     tools = ToolRegistry.from_file(settings.mcp_config,
                                    result_max_bytes=settings.tool_result_max_bytes,
-                                   args_max_bytes=settings.tool_args_max_bytes)
+                                   args_max_bytes=settings.tool_args_max_bytes,
+                                   http_sessions=settings.mcp_http_sessions)
     await tools.start()
     return tools
 

@@ -78,10 +78,12 @@ class ToolRegistry:
     """Every configured server of this process, its tools, and the slots that bound them."""
 
     def __init__(self, servers: dict[str, ServerConfig], *, result_max_bytes: int = 16384,
-                 args_max_bytes: int = 262144, start_wait_s: float = 10.0) -> None:
+                 args_max_bytes: int = 262144, start_wait_s: float = 10.0,
+                 http_sessions: int = 1) -> None:
         from app.tools.sessions import ServerConnection
 
-        self.connections = {n: ServerConnection(n, c) for n, c in servers.items()}
+        self.connections = {n: ServerConnection(n, c, http_sessions)
+                            for n, c in servers.items()}
         self.result_max_bytes = result_max_bytes
         self.args_max_bytes = args_max_bytes
         self._start_wait_s = start_wait_s
@@ -91,9 +93,9 @@ class ToolRegistry:
 
     @classmethod
     def from_file(cls, path: str, *, result_max_bytes: int = 16384,
-                  args_max_bytes: int = 262144) -> ToolRegistry:
+                  args_max_bytes: int = 262144, http_sessions: int = 1) -> ToolRegistry:
         return cls(load_config(path), result_max_bytes=result_max_bytes,
-                   args_max_bytes=args_max_bytes)
+                   args_max_bytes=args_max_bytes, http_sessions=http_sessions)
 
     async def start(self) -> None:
         """Start every server and wait (bounded) for each first attempt; a server that does
@@ -180,8 +182,7 @@ class ToolRegistry:
         gauge.inc()
         started = time.monotonic()
         try:
-            async with asyncio.timeout(timeout):
-                session = await conn.session(timeout)
+            async with asyncio.timeout(timeout), conn.lease(timeout) as session:
                 result = await session.call_tool(tool, arguments)
             text = result_text(result)
             status = ToolCallStatus.error if result.is_error else ToolCallStatus.ok
@@ -191,8 +192,7 @@ class ToolRegistry:
             status, text = ToolCallStatus.error, str(exc)
         except MCPError as exc:
             status, text = ToolCallStatus.error, exc.error.message
-        except Exception as exc:  # a broken connection: the supervisor checks it now
-            conn.suspect()
+        except Exception as exc:  # a broken connection: the lease had it checked
             status, text = ToolCallStatus.error, f"{type(exc).__name__}: {exc}"
         finally:
             gauge.dec()
