@@ -101,6 +101,9 @@ class TenantDailyCap:
         self._settled.set()
         self._settled = asyncio.Event()
 
+    def held_ids(self) -> list[str]:
+        return [rid for rid, _ in self._held.values()]
+
     async def close(self) -> None:
         """Stop the batcher and the refresher (reservations still held expire after a lease)."""
         for task in self._tasks:
@@ -177,7 +180,7 @@ class TenantDailyCap:
     async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
-            ids = [rid for rid, _ in self._held.values()]
+            ids = self.held_ids()
             if not ids:
                 continue
             try:
@@ -214,6 +217,9 @@ class BothCaps:
         both = Reservation(amount)
         self._pairs[both] = (a, b)
         return both
+
+    def held_ids(self) -> list[str]:
+        return [*self.first.held_ids(), *self.second.held_ids()]
 
     async def settle(self, reservation: Reservation, actual: Decimal) -> None:
         pair = self._pairs.pop(reservation, None)
@@ -271,6 +277,10 @@ class TenantGates:
         if combined is not None:
             self._combined[tenant] = combined
         return combined
+
+    def held_ids(self) -> list[str]:
+        """The reservations every tenant cap of this process holds."""
+        return [rid for cap in self._caps.values() for rid in cap.held_ids()]
 
     async def close(self) -> None:
         """Stop refreshing every tenant cap's reservations."""
