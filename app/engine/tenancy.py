@@ -153,9 +153,19 @@ class TenantDailyCap:
             for op, check in zip(reserves, checks, strict=True):
                 if not op.future.done():
                     op.future.set_result(check)
+                elif check.reservation_id is not None:  # its caller was cancelled meanwhile
+                    self._release(check)
             for op in batch:
                 if not op.future.done():
                     op.future.set_result(None)
+
+    def _release(self, check: DailyCheck) -> None:
+        """Free a reservation granted to nobody (its caller gone): in the next batch."""
+        fut = self._future()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it
+        self._queue.append(_Op(fut, settle=quotas.Settle(check.reservation_id or "",
+                                                         check.day, Decimal(0))))
+        self._wake.set()
 
     async def _apply(self, reserves: list[Decimal], settles: list[quotas.Settle]
                      ) -> list[DailyCheck]:
