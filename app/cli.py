@@ -186,9 +186,11 @@ async def _prune(settings: Settings, args: argparse.Namespace) -> int:
     from app import logs
     from app.db import erase
     from app.db.retry import database_not_migrated, database_unavailable, reason
+    from app.db.sealed import use_sealer
     from app.db.session import db_now, make_db_engine, make_session_factory
     from app.engine.retention import erase_all
 
+    use_sealer(settings.sealer)  # an erased error keeps its code: read through the keys
     engine = make_db_engine(settings.database_url)
     sessions = make_session_factory(engine)
     dry, tenant = args.dry_run, args.tenant
@@ -224,6 +226,43 @@ async def _prune(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _reencrypt(settings: Settings, batch: int) -> int:
+    """`swarm-api reencrypt`: every content value moved to the first key of
+    SWARM_ENCRYPTION_KEYS (plaintext encrypted), on SWARM_DATABASE_URL directly."""
+    from app import logs
+    from app.crypto import SealError
+    from app.db.reencrypt import reencrypt_all
+    from app.db.retry import database_not_migrated, database_unavailable, reason
+    from app.db.sealed import use_sealer
+    from app.db.session import make_db_engine, make_session_factory
+
+    sealer = settings.sealer
+    if sealer is None:
+        logs.say("swarm-api reencrypt: SWARM_ENCRYPTION_KEYS is unset (the first key encrypts)")
+        return 2
+    use_sealer(sealer)
+    engine = make_db_engine(settings.database_url)
+    try:
+        done = await reencrypt_all(make_session_factory(engine), sealer, batch)
+    except SealError as exc:
+        logs.say(f"swarm-api reencrypt: {exc}")
+        return 1
+    except Exception as exc:
+        if database_unavailable(exc):
+            logs.say(f"swarm-api reencrypt: database unavailable ({reason(exc)})")
+        elif database_not_migrated(exc):
+            logs.say("swarm-api reencrypt: database not migrated (run `swarm-api migrate`)")
+        else:
+            raise
+        return 1
+    finally:
+        await engine.dispose()
+    for table, progress in done.items():
+        print(f"{table}: {progress.rewritten} of {progress.scanned} rows re-encrypted")
+    print(f"every value is encrypted with key {sealer.current}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     try:  # the client's imports take ~0.5 s: a Ctrl-C then is an interrupt, not a traceback
         from swarm_api_client import cli as client_cli
@@ -254,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     p_prune.add_argument("--ledger-older-than", type=_duration, metavar="DURATION",
                          help="also remove ledger rows recorded more than this ago, e.g. "
                          "400d (spend reports over that time lose them)")
+    p_reencrypt = sub.add_parser(
+        "reencrypt", help="encrypt every stored content value with the first key of "
+        "SWARM_ENCRYPTION_KEYS (SWARM_DATABASE_URL directly; resumable)")
+    p_reencrypt.add_argument("--batch", type=int, default=500,
+                             help="rows per transaction (default 500)")
     client_cli.add_commands(sub)
     args = parser.parse_args(argv)
     if args.command == "prune" and args.older_than is None and args.ledger_older_than is None:
@@ -286,8 +330,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         logs.say("database at head", error=False)
         return 0
-    if args.command == "prune":
-        return asyncio.run(_prune(settings, args))
+    if args.command in ("prune", "reencrypt"):  # on the database directly
+        return asyncio.run(_prune(settings, args) if args.command == "prune"
+                           else _reencrypt(settings, max(args.batch, 1)))
     if args.command == "worker":
         with contextlib.suppress(ImportError):
             import uvloop  # what uvicorn runs `serve` on: markedly less CPU per call

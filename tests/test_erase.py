@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 from sqlalchemy import select, text
 
 from app.db.tables import Base, DailySpend, GatewayCall, TenantDailySpend, Webhook
-from tests.conftest import Harness, make_settings, start_harness
+from tests.conftest import ENV_SEALER, Harness, make_settings, start_harness
 from tests.helpers import agent, by_name, error_of, read_events, until
 from tests.mcp_servers import stdio_server, write_config
 
@@ -80,7 +80,8 @@ async def test_erase_removes_every_content_and_keeps_the_money(tooled: Harness) 
     assert by_name(done)["shaped"]["output_json"] == {"k": f"{tag}-json"}
     detail = (await h.client.get(f"/swarms/{done['id']}/subtasks/reader")).json()
     assert any(tag in json.dumps(m) for m in detail["transcript"] if m["role"] == "tool")
-    assert tag in await raw_dump(h)  # the content is there, in several tables
+    if ENV_SEALER is None:  # the content is there, in several tables (else encrypted)
+        assert tag in await raw_dump(h)
     before = await money(h, done["id"])
     assert before["ledger"] and before["daily"] and before["tenant_daily"]
     counted = erased_count("request")
