@@ -131,7 +131,7 @@ def _serve_workers(settings: Settings, host: str, port: int, engine: bool,
 
 async def _worker(settings: Settings) -> int:
     from app import logs, metrics
-    from app.runtime import Runtime
+    from app.crypto import SealError
 
     metrics.set_price_table(settings.prices)
     server = None
@@ -148,26 +148,32 @@ async def _worker(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    died: str | None = None
     try:
-        async with Runtime(settings, run_engine=True, listen_changes=False,
-                           freeze_gc=True) as runtime:
-            assert runtime.engine is not None
-            log.info("worker %s running", runtime.engine.owner)
-            failed = asyncio.create_task(runtime.wait_failed())
-            stopped = asyncio.create_task(stop.wait())
-            await asyncio.wait([failed, stopped], return_when=asyncio.FIRST_COMPLETED)
-            if failed.done():
-                died = failed.result()
-                log.critical("stopping the worker: %s", died)
-            else:
-                failed.cancel()
-                log.info("stopping: finishing in-flight work for up to %ss",
-                         settings.shutdown_grace_s)
+        return await _run_worker(settings, stop)
+    except SealError as exc:  # content no configured key opens: say so in a line
+        logs.say(f"swarm-api worker: {exc}")
+        return 1
     finally:
         if server is not None:
             await asyncio.to_thread(server.shutdown)
-    return 1 if died else 0
+
+
+async def _run_worker(settings: Settings, stop: asyncio.Event) -> int:
+    from app.runtime import Runtime
+
+    async with Runtime(settings, run_engine=True, listen_changes=False,
+                       freeze_gc=True) as runtime:
+        assert runtime.engine is not None
+        log.info("worker %s running", runtime.engine.owner)
+        failed = asyncio.create_task(runtime.wait_failed())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([failed, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if failed.done():
+            log.critical("stopping the worker: %s", failed.result())
+            return 1
+        failed.cancel()
+        log.info("stopping: finishing in-flight work for up to %ss", settings.shutdown_grace_s)
+    return 0
 
 
 def _duration(value: str) -> timedelta:
