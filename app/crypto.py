@@ -78,8 +78,10 @@ class Sealer:
         return frozenset(self._ciphers)
 
     def seal(self, text: str) -> str:
+        """`text` encrypted with the first key. Text no database stores as it is (a lone
+        surrogate) raises UnicodeEncodeError, as a database refuses it in the clear."""
         nonce = os.urandom(_NONCE_BYTES)
-        body = self._cipher.encrypt(nonce, text.encode("utf-8", "surrogatepass"), _ASSOCIATED)
+        body = self._cipher.encrypt(nonce, text.encode("utf-8"), _ASSOCIATED)
         return self._prefix + base64.b64encode(nonce + body).decode("ascii")
 
     def is_current(self, value: str) -> bool:
@@ -99,7 +101,7 @@ class Sealer:
         except (binascii.Error, ValueError, InvalidTag):
             raise SealError(f"a value encrypted with key {kid!r} does not decrypt: "
                             "it was altered") from None
-        return plain.decode("utf-8", "surrogatepass")
+        return plain.decode("utf-8")
 
 
 def is_sealed(value: object) -> bool:
