@@ -186,12 +186,24 @@ def _duration(value: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _say_database_error(command: str, exc: Exception) -> None:
+    """A command on the database directly: one line for a database it cannot use (re-raises
+    anything else)."""
+    from app import logs
+    from app.db.retry import database_not_migrated, database_unavailable, reason
+
+    if database_unavailable(exc):
+        logs.say(f"swarm-api {command}: database unavailable ({reason(exc)})")
+    elif database_not_migrated(exc):
+        logs.say(f"swarm-api {command}: database not migrated (run `swarm-api migrate`)")
+    else:
+        raise exc
+
+
 async def _prune(settings: Settings, args: argparse.Namespace) -> int:
     """`swarm-api prune`: erase the content of swarms that ended before --older-than (and
     remove ledger rows older than --ledger-older-than), on SWARM_DATABASE_URL directly."""
-    from app import logs
     from app.db import erase
-    from app.db.retry import database_not_migrated, database_unavailable, reason
     from app.db.sealed import use_sealer
     from app.db.session import db_now, make_db_engine, make_session_factory
     from app.engine.retention import erase_all
@@ -220,12 +232,7 @@ async def _prune(settings: Settings, args: argparse.Namespace) -> int:
                     break
             print(f"{'would remove' if dry else 'removed'} {total} ledger rows")
     except Exception as exc:
-        if database_unavailable(exc):
-            logs.say(f"swarm-api prune: database unavailable ({reason(exc)})")
-        elif database_not_migrated(exc):
-            logs.say("swarm-api prune: database not migrated (run `swarm-api migrate`)")
-        else:
-            raise
+        _say_database_error("prune", exc)
         return 1
     finally:
         await engine.dispose()
@@ -238,7 +245,6 @@ async def _reencrypt(settings: Settings, batch: int) -> int:
     from app import logs
     from app.crypto import SealError
     from app.db.reencrypt import reencrypt_all
-    from app.db.retry import database_not_migrated, database_unavailable, reason
     from app.db.sealed import use_sealer
     from app.db.session import make_db_engine, make_session_factory
 
@@ -249,17 +255,12 @@ async def _reencrypt(settings: Settings, batch: int) -> int:
     use_sealer(sealer)
     engine = make_db_engine(settings.database_url)
     try:
-        done = await reencrypt_all(make_session_factory(engine), sealer, batch)
+        done = await reencrypt_all(make_session_factory(engine), batch)
     except SealError as exc:
         logs.say(f"swarm-api reencrypt: {exc}")
         return 1
     except Exception as exc:
-        if database_unavailable(exc):
-            logs.say(f"swarm-api reencrypt: database unavailable ({reason(exc)})")
-        elif database_not_migrated(exc):
-            logs.say("swarm-api reencrypt: database not migrated (run `swarm-api migrate`)")
-        else:
-            raise
+        _say_database_error("reencrypt", exc)
         return 1
     finally:
         await engine.dispose()

@@ -26,8 +26,7 @@ from app.db.sealed import open_json, seal_json, use_sealer
 from app.db.tables import Subtask
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import agent, by_name, read_events
-from tests.mcp_servers import stdio_server, write_config
-from tests.test_erase import raw_dump
+from tests.test_erase import content_swarm, raw_dump, tooled_harness
 
 FLAKY_400 = "[[sim when=flaky fail=400]]"
 
@@ -46,9 +45,7 @@ def sealed_with(key: str) -> str:
 
 @pytest.fixture
 async def sealed(database_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
-    config = write_config(tmp_path / "mcp.json", {"docs": stdio_server(tmp_path / "docs.log")})
-    h, close = await start_harness(make_settings(database_url, mcp_config=config,
-                                                 encryption_keys=K1))
+    h, close = await tooled_harness(database_url, tmp_path, encryption_keys=K1)
     yield h
     await close()
 
@@ -56,15 +53,7 @@ async def sealed(database_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
 async def test_no_table_holds_the_content_in_the_clear(sealed: Harness) -> None:
     h = sealed
     tag = f"zq{uuid.uuid4().hex[:12]}"
-    body = {"task": f"task {tag}-task", "metadata": {"ticket": f"{tag}-meta"},
-            "agents": [{"name": "reader", "tools": ["docs.lookup"],
-                        "system_prompt": f"system {tag}-system", "prompt": f"{tag}-lookup"},
-                       {"name": "writer", "prompt": f"prompt {tag}-prompt",
-                        "depends_on": ["reader"]},
-                       {"name": "shaped", "output_schema": {
-                           "type": "object", "required": ["k"],
-                           "properties": {"k": {"const": f"{tag}-json"}}}}]}
-    done = await h.run(body, timeout=120)
+    done = await h.run(content_swarm(tag), timeout=120)
     assert done["status"] == "succeeded", done["error"]
     # the API reads every piece whole: task, metadata, output, tool result, events
     got = (await h.client.get(f"/swarms/{done['id']}")).json()

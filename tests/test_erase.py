@@ -54,19 +54,24 @@ async def money(h: Harness, swarm_id: str) -> dict[str, Any]:
     return {"ledger": ledger, "daily": daily, "tenant_daily": tenant, "usage": usage}
 
 
+async def tooled_harness(database_url: str, tmp_path: Path, **settings: Any
+                         ) -> tuple[Harness, Any]:
+    """A harness whose agents may call a stdio tool server's `docs.lookup`."""
+    config = write_config(tmp_path / "mcp.json", {"docs": stdio_server(tmp_path / "docs.log")})
+    return await start_harness(make_settings(database_url, mcp_config=config, **settings))
+
+
 @pytest.fixture
 async def tooled(database_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
-    config = write_config(tmp_path / "mcp.json", {"docs": stdio_server(tmp_path / "docs.log")})
-    h, close = await start_harness(make_settings(database_url, mcp_config=config,
-                                                 daily_budget_usd="100"))
+    h, close = await tooled_harness(database_url, tmp_path, daily_budget_usd="100")
     yield h
     await close()
 
 
-async def test_erase_removes_every_content_and_keeps_the_money(tooled: Harness) -> None:
-    h = tooled
-    tag = f"zq{uuid.uuid4().hex[:12]}"
-    body = {"task": f"task {tag}-task", "metadata": {"ticket": f"{tag}-meta"},
+def content_swarm(tag: str) -> dict[str, Any]:
+    """A swarm whose task, metadata, prompts, outputs, tool transcript and events carry
+    `tag`: a tool-using agent, a dependent one, a structured output."""
+    return {"task": f"task {tag}-task", "metadata": {"ticket": f"{tag}-meta"},
             "agents": [{"name": "reader", "tools": ["docs.lookup"],
                         "system_prompt": f"system {tag}-system", "prompt": f"{tag}-lookup"},
                        {"name": "writer", "prompt": f"prompt {tag}-prompt",
@@ -74,7 +79,12 @@ async def test_erase_removes_every_content_and_keeps_the_money(tooled: Harness) 
                        {"name": "shaped", "output_schema": {
                            "type": "object", "required": ["k"],
                            "properties": {"k": {"const": f"{tag}-json"}}}}]}
-    done = await h.run(body, timeout=120)
+
+
+async def test_erase_removes_every_content_and_keeps_the_money(tooled: Harness) -> None:
+    h = tooled
+    tag = f"zq{uuid.uuid4().hex[:12]}"
+    done = await h.run(content_swarm(tag), timeout=120)
     assert done["status"] == "succeeded", done["error"]
     assert by_name(done)["reader"]["tool_calls"] == 1
     assert by_name(done)["shaped"]["output_json"] == {"k": f"{tag}-json"}

@@ -18,7 +18,14 @@ from sqlalchemy.types import TypeEngine
 
 from app.crypto import Sealer, SealError, is_sealed, key_of
 from app.db.retry import in_transaction, reason
-from app.db.sealed import SealedJSON, SealedText, open_json, open_text, seal_json
+from app.db.sealed import (
+    SealedJSON,
+    SealedText,
+    active_sealer,
+    open_json,
+    open_text,
+    seal_json,
+)
 from app.db.session import is_postgres
 from app.db.tables import Base, Swarm, table_of
 from app.db.types import JSONType
@@ -55,13 +62,14 @@ class Progress:
     rewritten: int = 0
 
 
-async def reencrypt_batch(session: AsyncSession, sealer: Sealer, table: Table,
+async def reencrypt_batch(session: AsyncSession, table: Table,
                           columns: Sequence[Column[Any]], progress: Progress,
                           limit: int) -> bool:
-    """Rewrite with the first key the values of up to `limit` rows after `progress.after`
-    (by primary key) that are plaintext or sealed with another key; False when the table has
-    no rows left. The rows are locked while rewritten (PostgreSQL; SQLite's transaction holds
-    the write lock), so a concurrent write is never overwritten with an older value."""
+    """Rewrite with the first key in force (`use_sealer`) the values of up to `limit` rows
+    after `progress.after` (by primary key) that are plaintext or sealed with another key;
+    False when the table has no rows left. The rows are locked while rewritten (PostgreSQL;
+    SQLite's transaction holds the write lock), so a concurrent write is never overwritten
+    with an older value."""
     pk = tuple(table.primary_key.columns)
     stmt = select(*pk, *(_raw(c) for c in columns)).order_by(*pk).limit(limit)
     if progress.after is not None:
@@ -69,6 +77,7 @@ async def reencrypt_batch(session: AsyncSession, sealer: Sealer, table: Table,
     if is_postgres(session):
         stmt = stmt.with_for_update()
     rows = (await session.execute(stmt)).all()
+    sealer = _in_force()
     for row in rows:
         key, values = tuple(row[:len(pk)]), row[len(pk):]
         changed = {c.name: type_coerce(_moved(sealer, c, v), _stored_type(c))
@@ -95,6 +104,13 @@ def _moved(sealer: Sealer, col: Column[Any], value: Any) -> Any:
     if isinstance(col.type, SealedText):
         return sealer.seal(open_text(value) or "")
     return seal_json(open_json(value))
+
+
+def _in_force() -> Sealer:
+    sealer = active_sealer()
+    if sealer is None:
+        raise SealError("SWARM_ENCRYPTION_KEYS is unset: no key to encrypt with")
+    return sealer
 
 
 # how many swarms' tasks a start reads to check its keys: a sample, not a scan
@@ -137,9 +153,9 @@ async def check_keys_at_start(sessions: async_sessionmaker[AsyncSession],
 _CONFLICTS = ("40P01", "40001")  # deadlock, serialization: another writer won; try again
 
 
-async def reencrypt_all(sessions: async_sessionmaker[AsyncSession], sealer: Sealer,
-                        batch: int, retry_for_s: float = 30.0) -> dict[str, Progress]:
-    """Every content value of every table moved to the first key, table by table, `batch`
+async def reencrypt_all(sessions: async_sessionmaker[AsyncSession], batch: int,
+                        retry_for_s: float = 30.0) -> dict[str, Progress]:
+    """Every content value of every table moved to the first key in force, table by table, `batch`
     rows per transaction (each committed: a pass stopped half-way keeps what it did, and the
     next one skips what is already on the first key). Returns each table's progress."""
     out: dict[str, Progress] = {}
@@ -147,20 +163,20 @@ async def reencrypt_all(sessions: async_sessionmaker[AsyncSession], sealer: Seal
         progress = out[table.name] = Progress()
         more = True
         while more:
-            more = await _batch_retried(sessions, sealer, table, columns, progress, batch,
+            more = await _batch_retried(sessions, table, columns, progress, batch,
                                         retry_for_s)
     return out
 
 
-async def _batch_retried(sessions: async_sessionmaker[AsyncSession], sealer: Sealer,
-                         table: Table, columns: Sequence[Column[Any]], progress: Progress,
-                         batch: int, retry_for_s: float) -> bool:
+async def _batch_retried(sessions: async_sessionmaker[AsyncSession], table: Table,
+                         columns: Sequence[Column[Any]], progress: Progress, batch: int,
+                         retry_for_s: float) -> bool:
     for tries in range(5):
         at = Progress(progress.after, progress.scanned, progress.rewritten)
         try:
             more = await in_transaction(
-                sessions, functools.partial(reencrypt_batch, sealer=sealer, table=table,
-                                            columns=columns, progress=at, limit=batch),
+                sessions, functools.partial(reencrypt_batch, table=table, columns=columns,
+                                            progress=at, limit=batch),
                 retry_for_s=retry_for_s)
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) not in _CONFLICTS or tries == 4:
