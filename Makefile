@@ -38,9 +38,9 @@ test: lint
 # first encrypts; every Settings a test builds and every process it starts reads them. The
 # modules left out check files, not the database (docs, manifests, the image, dashboards)
 ENCRYPTION_TEST_KEYS ?= 7CVzmu5mFvXhsGr0BsoVTP/Bpp5uTo3zpEPKi5QmgbU=,Vu7wcvzq0lkRr3YQZgFZEjCxHqc6PBcrnq6oUOPMnDE=
-ENCRYPTED_TEST_IGNORE := $(addprefix --ignore=tests/,test_docs.py test_doc_links.py test_api_guide.py \
-	test_openapi.py test_image.py test_k8s.py test_compose.py test_alerts.py test_dashboards.py \
-	test_architecture.py interop)
+ENCRYPTED_TEST_IGNORE := $(foreach m,test_docs test_doc_links test_api_guide test_openapi test_image \
+	test_k8s test_compose test_alerts test_dashboards test_architecture,--ignore-glob='*/$(m).py') \
+	--ignore=tests/interop
 
 test-encrypted: $(VENV)/.installed-test
 	SWARM_ENCRYPTION_KEYS=$(ENCRYPTION_TEST_KEYS) $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal \
