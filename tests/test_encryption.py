@@ -25,8 +25,8 @@ from app.db.reencrypt import sealed_tables
 from app.db.sealed import open_json, seal_json, use_sealer
 from app.db.tables import Subtask
 from tests.conftest import Harness, make_settings, start_harness
+from tests.erase_support import content_swarm, raw_dump, tooled_harness
 from tests.helpers import agent, by_name, read_events
-from tests.test_erase import content_swarm, raw_dump, tooled_harness
 
 FLAKY_400 = "[[sim when=flaky fail=400]]"
 

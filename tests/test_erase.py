@@ -14,29 +14,18 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client import REGISTRY
-from sqlalchemy import select, text
+from sqlalchemy import select
 
-from app.db.tables import Base, DailySpend, GatewayCall, TenantDailySpend, Webhook
+from app.db.tables import DailySpend, GatewayCall, TenantDailySpend, Webhook
 from tests.conftest import ENV_SEALER, Harness, make_settings, start_harness
+from tests.erase_support import content_swarm, raw_dump, tooled_harness
 from tests.helpers import agent, by_name, error_of, read_events, until
-from tests.mcp_servers import stdio_server, write_config
 
 FLAKY_400 = "[[sim when=flaky fail=400]]"
 
 
 def erased_count(reason: str) -> float:
     return REGISTRY.get_sample_value("swarm_erased_swarms_total", {"reason": reason}) or 0.0
-
-
-async def raw_dump(h: Harness) -> str:
-    """Every row of every table, every column, as text: what a reader of the database files
-    through SQL finds."""
-    out: list[str] = []
-    async with h.app.state.db_engine.connect() as conn:
-        for table in Base.metadata.sorted_tables:
-            rows = await conn.execute(text(f'SELECT * FROM "{table.name}"'))
-            out += [json.dumps([str(v) for v in row]) for row in rows]
-    return "\n".join(out)
 
 
 async def money(h: Harness, swarm_id: str) -> dict[str, Any]:
@@ -54,31 +43,11 @@ async def money(h: Harness, swarm_id: str) -> dict[str, Any]:
     return {"ledger": ledger, "daily": daily, "tenant_daily": tenant, "usage": usage}
 
 
-async def tooled_harness(database_url: str, tmp_path: Path, **settings: Any
-                         ) -> tuple[Harness, Any]:
-    """A harness whose agents may call a stdio tool server's `docs.lookup`."""
-    config = write_config(tmp_path / "mcp.json", {"docs": stdio_server(tmp_path / "docs.log")})
-    return await start_harness(make_settings(database_url, mcp_config=config, **settings))
-
-
 @pytest.fixture
 async def tooled(database_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
     h, close = await tooled_harness(database_url, tmp_path, daily_budget_usd="100")
     yield h
     await close()
-
-
-def content_swarm(tag: str) -> dict[str, Any]:
-    """A swarm whose task, metadata, prompts, outputs, tool transcript and events carry
-    `tag`: a tool-using agent, a dependent one, a structured output."""
-    return {"task": f"task {tag}-task", "metadata": {"ticket": f"{tag}-meta"},
-            "agents": [{"name": "reader", "tools": ["docs.lookup"],
-                        "system_prompt": f"system {tag}-system", "prompt": f"{tag}-lookup"},
-                       {"name": "writer", "prompt": f"prompt {tag}-prompt",
-                        "depends_on": ["reader"]},
-                       {"name": "shaped", "output_schema": {
-                           "type": "object", "required": ["k"],
-                           "properties": {"k": {"const": f"{tag}-json"}}}}]}
 
 
 async def test_erase_removes_every_content_and_keeps_the_money(tooled: Harness) -> None:
