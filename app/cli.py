@@ -133,7 +133,7 @@ def _serve_workers(settings: Settings, host: str, port: int, engine: bool,
 
 async def _worker(settings: Settings) -> int:
     from app import logs, metrics
-    from app.runtime import Runtime
+    from app.crypto import SealError
 
     metrics.set_price_table(settings.prices)
     server = None
@@ -150,26 +150,32 @@ async def _worker(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    died: str | None = None
     try:
-        async with Runtime(settings, run_engine=True, listen_changes=False,
-                           freeze_gc=True) as runtime:
-            assert runtime.engine is not None
-            log.info("worker %s running", runtime.engine.owner)
-            failed = asyncio.create_task(runtime.wait_failed())
-            stopped = asyncio.create_task(stop.wait())
-            await asyncio.wait([failed, stopped], return_when=asyncio.FIRST_COMPLETED)
-            if failed.done():
-                died = failed.result()
-                log.critical("stopping the worker: %s", died)
-            else:
-                failed.cancel()
-                log.info("stopping: finishing in-flight work for up to %ss",
-                         settings.shutdown_grace_s)
+        return await _run_worker(settings, stop)
+    except SealError as exc:  # content no configured key opens: say so in a line
+        logs.say(f"swarm-api worker: {exc}")
+        return 1
     finally:
         if server is not None:
             await asyncio.to_thread(server.shutdown)
-    return 1 if died else 0
+
+
+async def _run_worker(settings: Settings, stop: asyncio.Event) -> int:
+    from app.runtime import Runtime
+
+    async with Runtime(settings, run_engine=True, listen_changes=False,
+                       freeze_gc=True) as runtime:
+        assert runtime.engine is not None
+        log.info("worker %s running", runtime.engine.owner)
+        failed = asyncio.create_task(runtime.wait_failed())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([failed, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if failed.done():
+            log.critical("stopping the worker: %s", failed.result())
+            return 1
+        failed.cancel()
+        log.info("stopping: finishing in-flight work for up to %ss", settings.shutdown_grace_s)
+    return 0
 
 
 def _duration(value: str) -> timedelta:
@@ -182,15 +188,29 @@ def _duration(value: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _say_database_error(command: str, exc: Exception) -> None:
+    """A command on the database directly: one line for a database it cannot use (re-raises
+    anything else)."""
+    from app import logs
+    from app.db.retry import database_not_migrated, database_unavailable, reason
+
+    if database_unavailable(exc):
+        logs.say(f"swarm-api {command}: database unavailable ({reason(exc)})")
+    elif database_not_migrated(exc):
+        logs.say(f"swarm-api {command}: database not migrated (run `swarm-api migrate`)")
+    else:
+        raise exc
+
+
 async def _prune(settings: Settings, args: argparse.Namespace) -> int:
     """`swarm-api prune`: erase the content of swarms that ended before --older-than (and
     remove ledger rows older than --ledger-older-than), on SWARM_DATABASE_URL directly."""
-    from app import logs
     from app.db import erase
-    from app.db.retry import database_not_migrated, database_unavailable, reason
+    from app.db.sealed import use_sealer
     from app.db.session import db_now, make_db_engine, make_session_factory
     from app.engine.retention import erase_all
 
+    use_sealer(settings.sealer)  # an erased error keeps its code: read through the keys
     engine = make_db_engine(settings.database_url)
     sessions = make_session_factory(engine)
     dry, tenant = args.dry_run, args.tenant
@@ -214,15 +234,41 @@ async def _prune(settings: Settings, args: argparse.Namespace) -> int:
                     break
             print(f"{'would remove' if dry else 'removed'} {total} ledger rows")
     except Exception as exc:
-        if database_unavailable(exc):
-            logs.say(f"swarm-api prune: database unavailable ({reason(exc)})")
-        elif database_not_migrated(exc):
-            logs.say("swarm-api prune: database not migrated (run `swarm-api migrate`)")
-        else:
-            raise
+        _say_database_error("prune", exc)
         return 1
     finally:
         await engine.dispose()
+    return 0
+
+
+async def _reencrypt(settings: Settings, batch: int) -> int:
+    """`swarm-api reencrypt`: every content value moved to the first key of
+    SWARM_ENCRYPTION_KEYS (plaintext encrypted), on SWARM_DATABASE_URL directly."""
+    from app import logs
+    from app.crypto import SealError
+    from app.db.reencrypt import reencrypt_all
+    from app.db.sealed import use_sealer
+    from app.db.session import make_db_engine, make_session_factory
+
+    sealer = settings.sealer
+    if sealer is None:
+        logs.say("swarm-api reencrypt: SWARM_ENCRYPTION_KEYS is unset (the first key encrypts)")
+        return 2
+    use_sealer(sealer)
+    engine = make_db_engine(settings.database_url)
+    try:
+        done = await reencrypt_all(make_session_factory(engine), batch)
+    except SealError as exc:
+        logs.say(f"swarm-api reencrypt: {exc}")
+        return 1
+    except Exception as exc:
+        _say_database_error("reencrypt", exc)
+        return 1
+    finally:
+        await engine.dispose()
+    for table, progress in done.items():
+        print(f"{table}: {progress.rewritten} of {progress.scanned} rows re-encrypted")
+    print(f"every value is encrypted with key {sealer.current}")
     return 0
 
 
@@ -256,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     p_prune.add_argument("--ledger-older-than", type=_duration, metavar="DURATION",
                          help="also remove ledger rows recorded more than this ago, e.g. "
                          "400d (spend reports over that time lose them)")
+    p_reencrypt = sub.add_parser(
+        "reencrypt", help="encrypt every stored content value with the first key of "
+        "SWARM_ENCRYPTION_KEYS (SWARM_DATABASE_URL directly; resumable)")
+    p_reencrypt.add_argument("--batch", type=int, default=500,
+                             help="rows per transaction (default 500)")
     client_cli.add_commands(sub)
     args = parser.parse_args(argv)
     if args.command == "prune" and args.older_than is None and args.ledger_older_than is None:
@@ -288,8 +339,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         logs.say("database at head", error=False)
         return 0
-    if args.command == "prune":
-        return asyncio.run(_prune(settings, args))
+    if args.command in ("prune", "reencrypt"):  # on the database directly
+        return asyncio.run(_prune(settings, args) if args.command == "prune"
+                           else _reencrypt(settings, max(args.batch, 1)))
     if args.command == "worker":
         with contextlib.suppress(ImportError):
             import uvloop  # what uvicorn runs `serve` on: markedly less CPU per call

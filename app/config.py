@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.crypto import Sealer
 from app.keys import KeyRing, parse_api_keys
 from app.logs import LEVELS
 from app.pricing import PriceTable
@@ -166,6 +167,9 @@ class Settings(LogSettings):
     retention_days: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     retention_sweep_s: float = Field(default=300.0, gt=0)
     retention_batch: int = Field(default=20, ge=1, le=10_000)
+    # content encrypted at rest with the first of these base64 32-byte keys, opened with any
+    # (SPEC §16, app/crypto.py); empty: stored as plaintext
+    encryption_keys: SecretStr = SecretStr("")
     # the Alembic scripts (the image sets /app/migrations); unset: <repo>/migrations
     migrations_dir: str | None = None
     # crash tests only: SIGKILL this process at `<point>:<subtask>[,…]` (app/engine/faults.py)
@@ -211,6 +215,7 @@ class Settings(LogSettings):
     def _refuse_ambiguity(self) -> Settings:
         # fail when built, not on the first request that needs the keys or the model's price
         parse_api_keys(self.api_keys.get_secret_value())
+        _ = self.sealer  # SWARM_ENCRYPTION_KEYS: each key base64 of 32 bytes
         if self.default_model not in self.prices:
             raise ValueError(f"SWARM_DEFAULT_MODEL {self.default_model!r} has no price "
                              f"(priced: {', '.join(self.prices.names())})")
@@ -225,6 +230,11 @@ class Settings(LogSettings):
         """The API keys in force: SWARM_API_KEYS's and the tenants file's (SPEC §16)."""
         return KeyRing(parse_api_keys(self.api_keys.get_secret_value()), self.tenants_file,
                        read_tenant_keys)
+
+    @cached_property
+    def sealer(self) -> Sealer | None:
+        """The keys of SWARM_ENCRYPTION_KEYS (None: content is stored as plaintext)."""
+        return Sealer.from_setting(self.encryption_keys.get_secret_value())
 
     @cached_property
     def allowed_host_names(self) -> frozenset[str]:

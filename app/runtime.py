@@ -16,7 +16,9 @@ from app.config import Settings
 from app.db.dialect import change_listener, dialect_of, migrates_on_start, notify_sender
 from app.db.migrate import upgrade_head_async
 from app.db.notify import CHANGED
+from app.db.reencrypt import check_keys_at_start
 from app.db.retry import log_db_failure
+from app.db.sealed import use_sealer
 from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.engine import faults
 from app.engine.approval_sweep import ApprovalSweep
@@ -156,6 +158,8 @@ class Runtime:
             self.db = make_db_engine(settings.database_url)
             stack.push_async_callback(self.db.dispose)
             self.sessions = make_session_factory(self.db)
+            use_sealer(settings.sealer)
+            await check_keys_at_start(self.sessions, settings.sealer)
             await self._settle_stale()
             # every process, API replicas too: one at a time erases what is past retention
             self.retention = RetentionSweep(settings, self.sessions)

@@ -18,7 +18,9 @@ from fastapi import FastAPI
 from starlette.applications import Starlette
 
 from app.config import Settings
+from app.crypto import Sealer
 from app.db.migrate import upgrade_head
+from app.db.sealed import use_sealer
 from app.db.session import SessionFactory, asyncpg_dsn, make_db_engine, make_session_factory
 from app.gateway import client as client_module
 from app.gateway.client import GatewayClient
@@ -28,6 +30,18 @@ from tests import gateway_support
 from tests.support import PG_URL, drop_db, pg_admin, throwaway_db, with_db
 
 SKIP_PG = os.environ.get("SWARM_TEST_SKIP_POSTGRES") == "1"
+# the encrypted suite (`make test-encrypted`): SWARM_ENCRYPTION_KEYS set for the whole run,
+# so every Settings a test builds (and every process it starts) encrypts content at rest
+ENV_SEALER = Sealer.from_setting(os.environ.get("SWARM_ENCRYPTION_KEYS", ""))
+
+
+@pytest.fixture(autouse=True)
+def _process_keys() -> Iterator[None]:
+    """Each test starts with the run's keys in force (a test's own Runtime may set others;
+    engines a test builds itself read through the keys in force)."""
+    use_sealer(ENV_SEALER)
+    yield
+    use_sealer(ENV_SEALER)
 BACKENDS = ["sqlite"] if SKIP_PG else ["sqlite", "postgres"]
 
 

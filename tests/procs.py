@@ -24,6 +24,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from app.db.sealed import open_json, open_text
 from app.db.session import asyncpg_dsn
 from app.pricing import PriceTable
 from tests.helpers import until
@@ -182,9 +183,14 @@ class Db:
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         conn = await asyncpg.connect(self.dsn, timeout=5)
         try:
+            # content read as the service reads it: opened with the keys in force (the
+            # encrypted suite's), as it is when stored in the clear
             for typ in ("json", "jsonb"):
-                await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads,
+                await conn.set_type_codec(typ, encoder=json.dumps,
+                                          decoder=lambda v: open_json(json.loads(v)),
                                           schema="pg_catalog")
+            await conn.set_type_codec("text", encoder=str, decoder=open_text,
+                                      schema="pg_catalog")
             rows: list[asyncpg.Record] = await conn.fetch(sql, *args)
             return rows
         finally:

@@ -42,6 +42,7 @@ from app.db.changes import SwarmWrite
 from app.db.columns import LEDGER_SETTLED
 from app.db.notify import CHANGED, QUEUED
 from app.db.quotas import Admit, CapAsk
+from app.db.sealed import SealedJSON, seal_json
 from app.db.tables import (
     AuditRow,
     Event,
@@ -209,7 +210,7 @@ _OWN_PARAMETER = ("spec",)
 
 def _json(value: Any) -> str | None:
     """A JSON column's value as its own parameter's text (None: SQL NULL, as in a document)."""
-    return None if value is None else _encode(value)
+    return None if value is None else _encode(seal_json(value))
 
 
 def _split(rows: Sequence[Mapping[str, Any]], keys: tuple[str, ...],
@@ -432,8 +433,10 @@ def _recordset(table: Table, keys: tuple[str, ...], params: Iterator[int], *, de
     for key, type_ in zip(keys, types, strict=True):
         if key in filled:
             continue
-        # a JSON column's value goes into the document as it is
-        process = (None if isinstance(type_.dialect_impl(_DIALECT), JSON)
+        # a JSON column's value goes into the document as it is (a content column's sealed
+        # first: a JSON string); every other through its bind processor (a sealed one's seals)
+        process = (seal_json if isinstance(type_, SealedJSON)
+                   else None if isinstance(type_.dialect_impl(_DIALECT), JSON)
                    else bind_processor(type_, _DIALECT))
         if process is None:
             direct.append(key)

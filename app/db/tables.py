@@ -25,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from app.db.sealed import SealedJSON, SealedText
 from app.db.types import JSONType, Money, StatusColumn, UTCDateTime, utcnow
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, WebhookState
 
@@ -65,9 +66,10 @@ class Swarm(Base):
     # its column keeps the type the first migration declared
     status: Mapped[SwarmStatus] = mapped_column(
         StatusColumn(SwarmStatus, 24).with_variant(StatusColumn(SwarmStatus), "sqlite"))
-    task: Mapped[str] = mapped_column(Text)
-    spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
-    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
+    # the content columns (SPEC §16) are Sealed*: encrypted at rest when keys are configured
+    task: Mapped[str] = mapped_column(SealedText)
+    spec: Mapped[dict[str, Any]] = mapped_column(SealedJSON)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", SealedJSON, default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
     budget_usd: Mapped[Decimal | None] = mapped_column(Money)
@@ -78,8 +80,8 @@ class Swarm(Base):
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     gateway_calls: Mapped[int] = mapped_column(Integer, default=0)
-    result: Mapped[str | None] = mapped_column(Text)
-    error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    result: Mapped[str | None] = mapped_column(SealedText)
+    error: Mapped[dict[str, Any] | None] = mapped_column(SealedJSON)
     # a voted swarm's count: outcome, winner, weights (SPEC §3; migration 0016)
     vote: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -106,7 +108,7 @@ class Swarm(Base):
     erased_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     # the approval gate (SPEC §14, migration 0020): the plan, its estimate and the decision;
     # while the swarm awaits approval, when it times out
-    approval: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    approval: Mapped[dict[str, Any] | None] = mapped_column(SealedJSON, default=None)
     approval_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
 
     __table_args__ = (
@@ -136,15 +138,15 @@ class Subtask(Base):
     depends_on: Mapped[list[str]] = mapped_column(JSONType, default=list)
     # NULL: the default, resolved when the call is made (the prompt: the swarm's task; a
     # planned worker's system prompt: built from the task), so the task is stored once
-    system_prompt: Mapped[str | None] = mapped_column(Text)
-    prompt: Mapped[str | None] = mapped_column(Text)
+    system_prompt: Mapped[str | None] = mapped_column(SealedText)
+    prompt: Mapped[str | None] = mapped_column(SealedText)
     max_tokens: Mapped[int] = mapped_column(Integer)
     temperature: Mapped[float | None] = mapped_column(Float)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
     status: Mapped[SubtaskStatus] = mapped_column(StatusColumn(SubtaskStatus))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    output: Mapped[str | None] = mapped_column(Text)
-    error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    output: Mapped[str | None] = mapped_column(SealedText)
+    error: Mapped[dict[str, Any] | None] = mapped_column(SealedJSON)
     truncated: Mapped[bool] = mapped_column(Boolean, default=False)
     # the output had characters no database stores (NUL, lone surrogates), replaced by U+FFFD
     sanitized: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -169,7 +171,7 @@ class Subtask(Base):
     fallbacks: Mapped[int] = mapped_column(Integer, default=0)
     # structured outputs (SPEC §15): the parsed value, valid | repaired | invalid, and the
     # response_format asked (json_schema; json_object where the gateway refused it)
-    output_json: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    output_json: Mapped[Any] = mapped_column(SealedJSON, nullable=True)
     output_status: Mapped[str | None] = mapped_column(String(16))
     output_format: Mapped[str | None] = mapped_column(String(16))
 
@@ -356,7 +358,7 @@ class Event(Base):
     )
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     type: Mapped[str] = mapped_column(String(32))
-    data: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    data: Mapped[dict[str, Any]] = mapped_column(SealedJSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -457,7 +459,7 @@ class TranscriptMessage(Base):
     subtask_name: Mapped[str] = mapped_column(String(64), primary_key=True)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     turn: Mapped[int] = mapped_column(Integer)
-    message: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    message: Mapped[dict[str, Any]] = mapped_column(SealedJSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -24,9 +24,6 @@ BASE = ROOT / "deploy" / "k8s"
 BIN = Path(sys.executable).parent
 SECRETS = ("SWARM_DATABASE_URL", "SWARM_GATEWAY_API_KEY", "SWARM_API_KEYS",
            "SWARM_ENCRYPTION_KEYS")
-# SPEC §2 and §17 name it; the setting comes with encryption at rest (§16): until then the
-# optional secret reaches a process that does not read it
-SPEC_ONLY = {"SWARM_ENCRYPTION_KEYS"}
 Doc = dict[str, Any]
 
 
@@ -162,7 +159,7 @@ def test_secrets_come_from_a_secret_and_every_variable_is_a_setting() -> None:
     maps = of_kind("ConfigMap")
     config = {k: v for m in maps for k, v in m.get("data", {}).items()}
     assert not set(config) & set(SECRETS), "a secret in a ConfigMap"
-    known = {f"SWARM_{f.upper()}" for f in Settings.model_fields} | SPEC_ONLY
+    known = {f"SWARM_{f.upper()}" for f in Settings.model_fields}
     for name, spec in pod_specs():
         for c in containers(spec):
             env = _variables(c, config)
