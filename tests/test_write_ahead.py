@@ -25,7 +25,8 @@ from app.db.tables import (
 )
 from app.db.types import utcnow
 from app.engine.tenancy import TenantDailyCap
-from app.gateway.client import ChatRequest, GatewayClient
+from app.gateway.chat import ChatRequest
+from app.gateway.client import GatewayClient
 from app.pricing import PriceTable
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import agent, until

@@ -64,7 +64,7 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
     swarm ids fenced out (another process holds their lease now), whose writes were dropped.
     The group commit on SQLite (its readers in this process are told by the writer's
     on_commit); PostgreSQL's runs them as one statement in autocommit
-    (app/db/one_statement.py, which also NOTIFYs)."""
+    (app/db/commit_statement.py, which also NOTIFYs)."""
     held = await lock_leases(session, list({w.swarm_id for w in writes}), lease_s)
     ok = [w for w in writes if held.get(w.swarm_id) == (w.epoch, owner)]
     fenced = {w.swarm_id for w in writes} - {w.swarm_id for w in ok}

@@ -14,7 +14,7 @@ from app.db.tables import Subtask
 from app.db.types import utcnow
 from app.engine.budget import Reservation, SharedCap, billable_usage
 from app.engine.handle import LedgerRow, SwarmHandle
-from app.gateway.client import AttemptRecord, Usage
+from app.gateway.chat import AttemptRecord, Usage
 
 IN_FLIGHT = "in_flight"  # written ahead: sent (or about to be), no answer settled yet
 UNKNOWN = "unknown"  # the answer was lost (crash, cancel mid-call): billed at its reservation

@@ -22,7 +22,7 @@ from app.db.types import utcnow
 from app.engine.budget import Reservation, SharedCap, billable_usage
 from app.engine.calls import IN_FLIGHT, UNKNOWN
 from app.engine.context import MESSAGE_OVERHEAD_TOKENS, TOOLS_OVERHEAD_TOKENS
-from app.gateway.client import AttemptRecord, Usage
+from app.gateway.chat import AttemptRecord, Usage
 from app.pricing import ModelPrice
 
 # the longest a streamed attempt may last, events or not: with SWARM_FACADE_TIMEOUT_S between

@@ -20,7 +20,7 @@ from app.engine.outputs import (
     with_schema,
 )
 from app.engine.steps import CALL_FAILURES, SubtaskSteps
-from app.gateway.client import ChatResult
+from app.gateway.chat import ChatResult
 
 
 class OutputLadder:

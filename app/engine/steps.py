@@ -19,7 +19,8 @@ from app.engine.handle import EventRow, LedgerRow, Outcome, SwarmHandle, failure
 from app.engine.outputs import response_format as schema_format
 from app.engine.outputs import schema_tokens, schemas_of
 from app.engine.writer import WriteRejected
-from app.gateway.client import ChatRequest, ChatResult, GatewayRejected, GatewayUnavailable
+from app.gateway.chat import ChatRequest, ChatResult
+from app.gateway.errors import GatewayRejected, GatewayUnavailable
 from app.pricing import metric_model_label
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, move_subtask
 

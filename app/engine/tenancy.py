@@ -15,7 +15,7 @@ from typing import Any
 
 from app import logs
 from app.aio import run_to_end
-from app.db import quotas
+from app.db import tenant_cap
 from app.db.direct import fetchrow_pooled
 from app.db.retry import in_transaction, retrying
 from app.db.session import SessionFactory, postgres_engine
@@ -32,7 +32,7 @@ class _Op:
 
     future: asyncio.Future[DailyCheck | None]
     amount: Decimal = Decimal(0)
-    settle: quotas.Settle | None = None
+    settle: tenant_cap.Settle | None = None
 
 
 class TenantDailyCap:
@@ -73,11 +73,11 @@ class TenantDailyCap:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(settled.wait(), random.uniform(*self.poll_s))
 
-    def ask(self, rows: list[dict[str, Any]]) -> quotas.CapAsk:
+    def ask(self, rows: list[dict[str, Any]]) -> tenant_cap.CapAsk:
         """A reservation of each written-ahead ledger row's worst case (`reserved_usd`, by its
         key) for another statement to make in this cap's name (a swarm's creation): `held`
         takes them on."""
-        return quotas.CapAsk(self.tenant, self.limit, self.owner, self.lease_s,
+        return tenant_cap.CapAsk(self.tenant, self.limit, self.owner, self.lease_s,
                              tuple(row["reserved_usd"] for row in rows),
                              tuple(row["idempotency_key"] for row in rows))
 
@@ -95,7 +95,7 @@ class TenantDailyCap:
         if reservation.settled or entry is None:
             return
         reservation.settled = True
-        op = _Op(self._future(), settle=quotas.Settle(entry[0], entry[1], actual))
+        op = _Op(self._future(), settle=tenant_cap.Settle(entry[0], entry[1], actual))
         # to its end: money already spent reaches the table before a cancelled caller goes on
         await run_to_end(self._submit(op))
         self._settled.set()
@@ -154,24 +154,24 @@ class TenantDailyCap:
                 if not op.future.done():
                     op.future.set_result(None)
 
-    async def _apply(self, reserves: list[Decimal], settles: list[quotas.Settle]
+    async def _apply(self, reserves: list[Decimal], settles: list[tenant_cap.Settle]
                      ) -> list[DailyCheck]:
         """One batch, retried while the database is unavailable: on PostgreSQL its one
         statement alone on a pooled connection's driver (autocommit: no BEGIN, no COMMIT, no
         ORM around it; a retry of a batch whose answer was lost settles nothing twice)."""
         if self._engine is None:
             return await in_transaction(self.sessions, functools.partial(
-                quotas.apply_tenant_ops, tenant=self.tenant, cap=self.limit,
+                tenant_cap.apply_tenant_ops, tenant=self.tenant, cap=self.limit,
                 reserves=reserves, settles=settles, owner=self.owner, lease_s=self.lease_s),
                 retry_for_s=self.lease_s)
         engine = self._engine
-        sql, args = quotas.tenant_ops_statement(self.tenant, self.limit, reserves, settles,
+        sql, args = tenant_cap.tenant_ops_statement(self.tenant, self.limit, reserves, settles,
                                                 self.owner, self.lease_s)
 
         async def once() -> list[DailyCheck]:
             row = await fetchrow_pooled(engine, sql, args)
             assert row is not None  # the function answers one row
-            return quotas.tenant_checks(row)
+            return tenant_cap.tenant_checks(row)
         return await retrying(once, self.lease_s)
 
     async def _refresh_loop(self) -> None:
@@ -182,7 +182,7 @@ class TenantDailyCap:
                 continue
             try:
                 await in_transaction(self.sessions, functools.partial(
-                    quotas.refresh_tenant, reservation_ids=ids, lease_s=self.lease_s),
+                    tenant_cap.refresh_tenant, reservation_ids=ids, lease_s=self.lease_s),
                     retry_for_s=self.lease_s)
             except Exception:
                 log.exception("tenant cap %s: refreshing %d reservations failed", self.tenant,

@@ -28,7 +28,7 @@ from app.engine.faults import crash_point
 from app.engine.handle import EventRow, Outcome, SwarmHandle, TranscriptRow, failure
 from app.engine.repair import OutputLadder
 from app.engine.steps import CALL_FAILURES, SubtaskSteps
-from app.gateway.client import ChatResult, ToolCallRequest, Usage
+from app.gateway.chat import ChatResult, ToolCallRequest, Usage
 from app.states import Event
 from app.tools.arguments import ArgumentsRefused, parse_arguments
 from app.tools.model import ToolInfo, ToolOutcome

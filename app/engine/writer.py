@@ -14,9 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.aio import alongside
 from app.db.changes import SwarmWrite
+from app.db.commit_statement import statement
 from app.db.direct import DirectConnection
 from app.db.leases import LeaseLost
-from app.db.one_statement import statement
 from app.db.retry import database_unavailable, in_transaction, retrying
 from app.db.session import SessionFactory, postgres_engine
 from app.db.writes import apply_spend_only, apply_writes

@@ -98,7 +98,7 @@ END $$
 """
 
 # `POST /swarms`' quota checks (admission.py `_checks`: the bucket's token, the tenant's active
-# swarms, its daily cap) called from the creation's statement (one_statement.creation), before
+# swarms, its daily cap) called from the creation's statement (creation_statement.creation), before
 # its INSERT reads a row: with SPEC §8's defaults a creation was a transaction of five round trips
 # through the ORM where, with none, it is one statement. The order and the locks are `_checks`':
 # the token's upsert locks the tenant's bucket row (without a bucket, the tenant's advisory lock
