@@ -16,7 +16,8 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import select, text
 
-from app.db.tables import Base, DailySpend, GatewayCall, TenantDailySpend, Webhook
+from app.db.tables import METADATA, DailySpend, GatewayCall, Webhook
+from app.db.tenant_tables import TenantDailySpend
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import agent, by_name, error_of, read_events, until
 from tests.mcp_servers import stdio_server, write_config
@@ -33,7 +34,7 @@ async def raw_dump(h: Harness) -> str:
     through SQL finds."""
     out: list[str] = []
     async with h.app.state.db_engine.connect() as conn:
-        for table in Base.metadata.sorted_tables:
+        for table in METADATA.sorted_tables:
             rows = await conn.execute(text(f'SELECT * FROM "{table.name}"'))
             out += [json.dumps([str(v) for v in row]) for row in rows]
     return "\n".join(out)

@@ -15,7 +15,7 @@ from sqlalchemy import delete, insert, select
 from app.db import tenant_cap
 from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.db.spend import DailyCheck
-from app.db.tables import TenantDailyReservation, TenantDailySpend
+from app.db.tenant_tables import TenantDailyReservation, TenantDailySpend
 from app.engine.budget import BudgetExceeded
 from app.engine.tenancy import TenantDailyCap
 

@@ -15,14 +15,8 @@ from prometheus_client import REGISTRY
 from sqlalchemy import insert, select, update
 
 from app.db import leases
-from app.db.tables import (
-    DailyReservation,
-    DailySpend,
-    GatewayCall,
-    Subtask,
-    Swarm,
-    TenantDailySpend,
-)
+from app.db.tables import DailyReservation, DailySpend, GatewayCall, Subtask, Swarm
+from app.db.tenant_tables import TenantDailySpend
 from app.db.types import utcnow
 from app.engine.tenancy import TenantDailyCap
 from app.gateway.chat import ChatRequest

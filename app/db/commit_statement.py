@@ -26,6 +26,7 @@ from typing import Any
 
 from sqlalchemy import Table
 
+from app.db.base import table_of
 from app.db.changes import LEDGER_SETTLED, SwarmWrite
 from app.db.notify import CHANGED
 from app.db.recordsets import Columns, document, quote, recordset
@@ -35,12 +36,11 @@ from app.db.tables import (
     GatewayCall,
     Subtask,
     Swarm,
-    TenantQueue,
     ToolCall,
     TranscriptMessage,
     Webhook,
-    table_of,
 )
+from app.db.tenant_tables import TenantQueue
 
 # each table's part of the statement, by the name of its CTE
 _SWARMS, _SUBTASKS, _LEDGER = table_of(Swarm), table_of(Subtask), table_of(GatewayCall)

@@ -15,14 +15,16 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.db import creation_statement
+from app.db.base import column_values
 from app.db.batch import executemany
 from app.db.direct import fetchrow_pooled
+from app.db.live_rows import LiveSubtask
 from app.db.queries import queued_swarms
 from app.db.quotas import Admit, Refused
 from app.db.session import bound_engine, db_now
 from app.db.session import is_postgres as _is_pg
 from app.db.spend import DailyCheck
-from app.db.tables import GatewayCall, LiveSubtask, Subtask, Swarm, column_values
+from app.db.tables import GatewayCall, Subtask, Swarm
 from app.db.tenant_cap import CapAsk, tenant_checks
 from app.db.types import utcnow
 

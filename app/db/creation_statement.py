@@ -8,18 +8,13 @@ import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from app.db.base import table_of
 from app.db.notify import QUEUED
 from app.db.quotas import Admit
 from app.db.recordsets import Columns, defaults_of, document, json_param, quote, recordset
-from app.db.tables import (
-    AuditRow,
-    GatewayCall,
-    Subtask,
-    Swarm,
-    TenantQueue,
-    table_of,
-)
+from app.db.tables import AuditRow, GatewayCall, Subtask, Swarm
 from app.db.tenant_cap import CapAsk
+from app.db.tenant_tables import TenantQueue
 
 # each table's part of the statement, by the name of its CTE
 _SWARMS, _SUBTASKS, _LEDGER = table_of(Swarm), table_of(Subtask), table_of(GatewayCall)
@@ -197,7 +192,7 @@ def _creation(swarm_keys: tuple[str, ...],
     if not claim:
         out.append(f"pg_notify('{QUEUED}', n.id)")
     if count:  # the tenant's waiting swarms but this one (the statement's snapshot: its own
-        # row's trigger has not counted it), from the trigger-kept counts (tables.TenantQueue)
+        # row's trigger has not counted it), from the trigger-kept counts (TenantQueue)
         out.append(f"(SELECT coalesce(sum(q.queued), 0) FROM {quote(_QUEUES.name)} q "
                    "WHERE q.tenant = n.tenant)")
     source = "new_swarm n"

@@ -25,10 +25,7 @@ from app.db.notify import QUEUED, notify
 from app.db.queries import get_subtasks
 from app.db.session import db_now
 from app.db.session import is_postgres as _is_pg
-from app.db.tables import (
-    Subtask,
-    Swarm,
-)
+from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.states import ACTIVE_SWARM as ACTIVE
 from app.states import SwarmStatus

@@ -32,14 +32,12 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from app.db.base import table_of
 from app.db.direct import fetchrow_pooled
 from app.db.session import is_postgres
-from app.db.tables import (
-    Swarm,
-    TenantBucket,
-    table_of,
-)
+from app.db.tables import Swarm
 from app.db.tenant_cap import spent_of
+from app.db.tenant_tables import TenantBucket
 from app.db.types import utcnow
 from app.states import COUNTED_SWARM
 

@@ -23,11 +23,9 @@ import pydantic_core
 from sqlalchemy import JSON, Column, Table
 from sqlalchemy.dialects import postgresql
 
+from app.db.base import table_of
 from app.db.batch import bind_processor
-from app.db.tables import (
-    Swarm,
-    table_of,
-)
+from app.db.tables import Swarm
 
 DIALECT = postgresql.asyncpg.dialect()  # type: ignore[no-untyped-call]
 quote = DIALECT.identifier_preparer.quote

@@ -31,10 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.session import db_now, is_postgres
 from app.db.spend import DailyCheck
-from app.db.tables import (
-    TenantDailyReservation,
-    TenantDailySpend,
-)
+from app.db.tenant_tables import TenantDailyReservation, TenantDailySpend
 
 
 def spent_of(tenant: Any, day: Any) -> Select[Decimal]:

@@ -30,15 +30,7 @@ from app.db.changes import (
 )
 from app.db.leases import idle_limit as _idle_limit
 from app.db.session import is_postgres as _is_pg
-from app.db.tables import (
-    Event,
-    GatewayCall,
-    Subtask,
-    Swarm,
-    ToolCall,
-    TranscriptMessage,
-    Webhook,
-)
+from app.db.tables import Event, GatewayCall, Subtask, Swarm, ToolCall, TranscriptMessage, Webhook
 
 
 async def lock_leases(session: AsyncSession, swarm_ids: Sequence[str],

@@ -15,10 +15,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import logs, metrics, tracing
 from app.db import spend
+from app.db.base import column_values
 from app.db.changes import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite
 from app.db.create import Ahead, insert_row
 from app.db.leases import LeaseLost, record_takeover
-from app.db.tables import Subtask, Swarm, column_values, live_subtask, live_swarm
+from app.db.live_rows import live_subtask, live_swarm
+from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.engine import approval, dag, gate
 from app.engine.budget import SwarmBudget
@@ -63,7 +65,7 @@ class SwarmRunner:
     def __init__(self, ctx: EngineContext, swarm: Swarm, subtasks: list[Subtask], epoch: int,
                  rescues: int = 0) -> None:
         self.ctx = ctx
-        # live rows: the runner reads and writes them ~150 times per subtask (tables.py)
+        # live rows: the runner reads and writes them ~150 times per subtask (live_rows.py)
         self.swarm: Swarm = live_swarm(swarm)
         self.epoch = epoch
         self.rescues = rescues
