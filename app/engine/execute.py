@@ -26,7 +26,7 @@ class SubtaskExecutor:
         self.steps = SubtaskSteps(handle)
         self.turns = TurnLoop(handle, self.steps)
         self.outputs = OutputLadder(handle, self.steps)
-        self.inputs = SubtaskInputs(handle, self._call)
+        self.inputs = SubtaskInputs(handle)
         self.planner = PlannerCall(handle, self.steps)
         self.ahead = WrittenAhead(handle, self.steps, self.inputs)
 
@@ -51,7 +51,7 @@ class SubtaskExecutor:
             if prepared is not None:
                 return await self._call(sub, prepared.messages, prepared.meter)
             call_no = 2  # its call 1 was written ahead and cancelled: that row keeps its key
-        inputs = await self.inputs.gather(sub)  # compressors take their own slots (in _call)
+        inputs = await self.inputs.gather(sub, self._call)  # compressors: own slots (_call)
         if sub.tools:  # the turn loop takes a slot per turn, never while tools run
             return await self.turns.run(sub, self.inputs.messages(sub, inputs))
         return await self._call(sub, self.inputs.messages(sub, inputs), call_no=call_no)

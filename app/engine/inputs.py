@@ -27,7 +27,8 @@ from app.states import SubtaskKind, SubtaskStatus
 COMPRESSOR_SYSTEM = ("You compress the result of another agent. Keep every fact, number, name, "
                      "decision and open question; drop repetition and filler.")
 CONTEXT_MARGIN_TOKENS = 256
-# how a compressor's call is made: the executor's one gateway call (slots, meter, result)
+# how a compressor's call is made: the executor's one gateway call (slots, meter, result),
+# handed to each `gather`, never kept (the executor holds this object: no cycle through it)
 Call = Callable[[Subtask, list[dict[str, str]]], Awaitable[Outcome]]
 
 
@@ -55,9 +56,8 @@ class SubtaskInputs:
     """A swarm's subtasks' messages and inputs; one compressor per input, shared by every
     dependent that needs it."""
 
-    def __init__(self, handle: SwarmHandle, call: Call) -> None:
+    def __init__(self, handle: SwarmHandle) -> None:
         self.handle = handle
-        self._call = call
         self._compressions: dict[str, asyncio.Task[str | None]] = {}
 
     def messages(self, sub: Subtask, inputs: list[Input]) -> list[dict[str, str]]:
@@ -93,7 +93,7 @@ class SubtaskInputs:
         return room_tokens(self.handle.ctx.prices[sub.model].context_window, sub.max_tokens,
                            self.system(sub), self.prompt(sub), CONTEXT_MARGIN_TOKENS)
 
-    async def gather(self, sub: Subtask) -> list[Input]:
+    async def gather(self, sub: Subtask, call: Call) -> list[Input]:
         """Dependency outputs (or, for the synthesizer, every result) fitted to the window:
         oversized ones compressed by a compressor subtask unless `compress` is `never`."""
         if sub.kind == SubtaskKind.synthesizer:
@@ -110,7 +110,8 @@ class SubtaskInputs:
         shares = fair_shares(sizes, room)
         targets = [k for k in range(len(given)) if mode == "always" or sizes[k] > shares[k]]
         outputs = await asyncio.gather(*(
-            self._compressed(given[k].name, given[k].text, max(min(shares[k], sizes[k]), 16))
+            self._compressed(given[k].name, given[k].text, max(min(shares[k], sizes[k]), 16),
+                             call)
             for k in targets))
         for k, out in zip(targets, outputs, strict=True):
             if out is not None:
@@ -125,15 +126,16 @@ class SubtaskInputs:
         sizes = sum(approx_tokens(i.text) for i in given)
         return mode == "auto" and sizes <= self.room_tokens(sub)
 
-    def _compressed(self, name: str, text: str, target: int) -> asyncio.Task[str | None]:
+    def _compressed(self, name: str, text: str, target: int,
+                    call: Call) -> asyncio.Task[str | None]:
         """One compressor per input, shared by every dependent that needs it."""
         task = self._compressions.get(name)
         if task is None:
-            task = asyncio.ensure_future(self._compress(name, text, target))
+            task = asyncio.ensure_future(self._compress(name, text, target, call))
             self._compressions[name] = task
         return task
 
-    async def _compress(self, name: str, text: str, target: int) -> str | None:
+    async def _compress(self, name: str, text: str, target: int, call: Call) -> str | None:
         cname = f"{COMPRESSOR_PREFIX}{name}"
         sub = self.handle.subs.get(cname)
         if sub is None:
@@ -151,6 +153,6 @@ class SubtaskInputs:
             await self.handle.commit(new=[sub])
         if sub.status == SubtaskStatus.pending:
             sub.ready_at = utcnow()
-            await self._call(sub, [{"role": "system", "content": self.system(sub)},
-                                   {"role": "user", "content": self.prompt(sub)}])
+            await call(sub, [{"role": "system", "content": self.system(sub)},
+                             {"role": "user", "content": self.prompt(sub)}])
         return sub.output if sub.status == SubtaskStatus.succeeded else None
