@@ -8,7 +8,7 @@
 # With no SWARM_DATABASE_URL it uses SQLite at /app/swarm.db and, with no SWARM_GATEWAY_URL, the
 # built-in simulator in-process: a self-contained demo. Production: see docs/OPERATIONS.md.
 #
-# tests/test_image.py emulates this build without a container engine: it installs exactly the
+# tests/ops/test_image.py emulates this build without a container engine: it installs exactly the
 # paths the COPY lines below take into a fresh virtualenv and runs the commands from outside the
 # checkout. A path the distribution needs must be COPY'd here, or that test fails.
 

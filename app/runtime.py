@@ -93,9 +93,9 @@ async def _settle_stale_passthrough(sessions: SessionFactory) -> None:
 # CPython collects generation 0 after 700 net allocations of container objects; a subtask
 # allocates thousands (request and response dicts, ORM rows, events), so with hundreds in
 # flight the collector ran many times per subtask, and every older-generation pass walked every
-# row of every running swarm. At 10,000 the engine's CPU per subtask fell by about a quarter
-# (bench/RESULTS.md, "Garbage collection"); the older generations keep CPython's ratios (10,
-# 10), so cyclic garbage of a long-running process is still collected as often, relatively.
+# row of every running swarm (docs/decisions/0012-garbage-collector.md); the older generations
+# keep CPython's ratios (10, 10), so cyclic garbage of a long-running process is still
+# collected as often, relatively.
 GC_THRESHOLDS = (10_000, 10, 10)
 
 
@@ -105,9 +105,9 @@ def tune_gc() -> None:
 
 def freeze_startup_objects() -> None:
     """Move what is alive once a process has started (modules, classes, the app, its pools:
-    ~180,000 objects) to the collector's permanent generation. They live as long as the
-    process, yet every full collection walked them: ~180 ms per pass, the event loop standing
-    still, one or two per few 1,000-agent swarms (bench/RESULTS.md, session 13). For `serve`
+    a few hundred thousand objects) to the collector's permanent generation. They live as long
+    as the process, yet every full collection walked them with the event loop standing still
+    (docs/decisions/0012-garbage-collector.md). For `serve`
     and `worker` processes only: freezing is process-wide, and a test process that starts
     hundreds of apps would keep each one's garbage forever."""
     gc.collect()

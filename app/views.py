@@ -66,7 +66,7 @@ def subtask_fields(s: SubtaskView, with_output: bool) -> dict[str, Any]:
     """A subtask's view as the fields of SubtaskRead."""
     return {
         # the statuses as plain str: pydantic-core writes a str subclass (StrEnum) by a
-        # fallback path, ~3.5x the time of the whole row (2.3 vs 0.7 ms for 1,000)
+        # fallback path, slower than the whole row otherwise
         "name": s.name, "kind": str(s.kind), "status": str(s.status), "model": s.model,
         "depends_on": s.depends_on, "attempts": s.attempts,
         "output": s.output if with_output else None, "truncated": s.truncated,
@@ -96,9 +96,9 @@ def swarm_json(swarm: Swarm, subtasks: Sequence[SubtaskView], *, with_outputs: b
 
 def to_json(fields: dict[str, Any]) -> bytes:
     """Fields as SwarmRead (or a list of them) would serialize them, without building the
-    models: validating a 1,000-agent swarm into SwarmRead and dumping it cost ~36 ms, this
-    ~4 ms (bench/RESULTS.md, session 8). The fields are built here from typed rows, and the
-    tests check the bytes against the models' own serialization (tests/test_api_routes.py)."""
+    models, a fraction of the time (docs/decisions/0013-views-without-models.md). The fields
+    are built here from typed rows, and the tests check the bytes against the models' own
+    serialization (tests/api/test_api_routes.py)."""
     return pydantic_core.to_json(fields, inf_nan_mode="null")  # as SwarmRead serializes them
 
 

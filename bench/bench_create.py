@@ -92,7 +92,7 @@ async def post_load(api: str, clients: int, each: int,
     """`clients` concurrent callers (one connection each), each POSTing `each` swarms in a
     row: creations/s, p50/p99 latency, and the errors by kind. `client="aiohttp"`: the
     callers on aiohttp, a load generator that takes less of this machine's two cores from
-    the `serve` it measures (httpx ~1.5 ms of CPU per request here, bench/RESULTS.md)."""
+    the `serve` it measures (httpx takes several times aiohttp's CPU per request)."""
     lat: list[float] = []
     errors: Counter[str] = Counter()
     body = body or BODY

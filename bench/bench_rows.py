@@ -109,8 +109,8 @@ async def anatomy(api: str, db: str, pid: int) -> None:
 async def fanout_anatomy(api: str, db: str, sim: str) -> None:
     """The fan-out row's timeline, in ms from the client's POST: the answer to the POST, the
     swarm's start, the workers' starts, when the simulator's handler got their calls (and how
-    long after its start a worker's call took to get there: 12-17 ms for the median call
-    before the eager request writer, bench/RESULTS.md session 25), the workers' ends, their
+    long after its start a worker's call took to get there; see
+    docs/decisions/0007-request-bytes-leave-in-their-step.md), the workers' ends, their
     gateway latency, the synthesizer, the end as stored and as the client's `?wait=` saw it."""
     body = swarm_body(100, 500, "synthesize", 100)
     async with httpx.AsyncClient(base_url=api, timeout=120) as c:

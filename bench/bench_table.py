@@ -204,7 +204,7 @@ async def measure(api: str, sim: str, serve_pid: int, runs: int, quick: bool) ->
         n = 300 if quick else 1000
         body = swarm_body(n, 0, "none", 64)
         # the same script on aiohttp as a second peer, in the same alternation: the httpx one
-        # (the issue's) moved ~15 % between two tables minutes apart (session 19)
+        # (the issue's) moves more between two tables minutes apart
         trios = [(n / await run_swarm(c, body), n / await bare_gather(sim, n, 64, 0, False),
                   n / await bare_gather(sim, n, 64, 0, False, on_aiohttp=True))
                  for _ in range(runs)]

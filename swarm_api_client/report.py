@@ -88,7 +88,11 @@ def swarm_report(swarm: SwarmRead, *, summary: bool = False, every_row: bool = F
     rows: list[tuple[str, ...]] | None = None
     hidden = None
     if not summary and (every_row or len(swarm.subtasks) <= SUBTASK_ROWS):
-        rows = [(s.name, s.status + (" (reused)" if s.reused else ""), s.model,
+        rows = [(s.name, s.status + (" (reused)" if s.reused else "")
+                 + (f" ({s.output_status} output)" if s.output_status not in (None, "valid")
+                    else ""),
+                 s.model + (f" (after {s.fallbacks} fallback{'s' if s.fallbacks > 1 else ''})"
+                            if s.fallbacks else ""),
                  str(s.attempts),
                  f"{s.latency_ms / 1000:.2f}s" if s.latency_ms is not None else "-",
                  usd(s.usage.cost_usd), reason(s.error) or "-")

@@ -1,5 +1,5 @@
 """Helpers shared by test modules (a test module never imports another one, see
-tests/test_architecture.py): waiting on a condition, agent specs and request bodies, the SPEC
+tests/ops/test_architecture.py): waiting on a condition, agent specs and request bodies, the SPEC
 error shape, the ledger, SSE, and the swarms the budget properties draw. Processes and
 databases are in tests/support.py and tests/procs.py."""
 

@@ -1,6 +1,6 @@
 """Bodies `POST /swarms` must refuse, each with its status, error code and the field named
-(tests/test_api_validation.py checks them; tests/test_hand_parsed.py sends them to FastAPI's
-parsing too)."""
+(tests/api/test_api_validation.py checks them; tests/perf/test_hand_parsed.py sends them to
+FastAPI's parsing too)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ DEFAULT_TENANT = "default"
 
 # Every dependency is `async def`, even those that only read app.state: FastAPI runs a plain
 # `def` dependency in its thread pool, a thread hop (and a wait for a free thread under load)
-# per dependency per request (bench/RESULTS.md, "Creation")
+# per dependency per request
 
 
 async def get_settings(request: Request) -> Settings:

@@ -1,11 +1,11 @@
 """A route FastAPI documents but does not parse: for `POST /swarms`, where FastAPI's
-dependency solver was 13.5 % of `serve`'s CPU under a creation load (bench/RESULTS.md,
-"Session 13").
+dependency solver was a large share of `serve`'s CPU under a creation load
+(docs/decisions/0008-post-swarms-parsed-by-hand.md).
 
 The endpoint keeps its annotated signature, so the OpenAPI document is generated from it as
 for any route; its requests go through `parse` (request → the endpoint's keyword arguments)
 instead. `json_body` and `header` answer what FastAPI answers for the same input, errors
-included (tests/test_hand_parsed.py sends every case to both).
+included (tests/perf/test_hand_parsed.py sends every case to both).
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ SWARM_LINKS = _links(("GetSwarm", "get", ""), ("CancelSwarm", "post", "~1cancel"
 
 
 # Routed below with `_create_arguments` as its parser: this signature documents the request
-# (OpenAPI) and says what FastAPI would pass; tests/test_hand_parsed.py holds the two to it.
+# (OpenAPI) and says what FastAPI would pass; tests/perf/test_hand_parsed.py holds the two to it.
 async def create_swarm(body: SwarmCreate, request: Request, response: Response,
                        tenant: TenantDep, admission: AdmissionInInsertDep,
                        idempotency_key: IdempotencyKey = None,
@@ -172,8 +172,8 @@ async def _inserted(insert: Coroutine[Any, Any, int | None], new: NewSwarm
                    ) -> tuple[int | None, dict[str, Any] | None]:
     """The creation's statement awaited (its queue position); for a wide swarm (`_WIDE`) its
     answer's fields, all but that position, built while the statement runs (`aio.alongside`:
-    its task's first step builds and sends it) instead of after it: ~0.25 ms of a 100-agent
-    `POST`, ~2.5 ms of a 1,000-agent one."""
+    its task's first step builds and sends it) instead of after it, off the answer's
+    latency."""
     if len(new.subtasks) < _WIDE:
         return await insert, None
     return await alongside(insert, lambda: swarm_fields(new.swarm,

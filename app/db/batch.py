@@ -1,13 +1,13 @@
 """executemany for the group commit's hot statements, without SQLAlchemy's per-row assembly.
 
 `conn.execute(stmt, rows)` rebuilds every row's parameters generically (a dict of every bind,
-defaults, then processors, then positional order): ~30-40 µs of CPU per row, measured, where
-the driver's own encoding is ~11 µs. At ~7 rows per subtask that was a tenth of the engine's
-CPU. Here each statement is compiled once per dialect and key set; a row becomes one tuple
-through the same bind processors SQLAlchemy would apply (JSON, Money, enums, UTC times), and
-goes to the driver through `exec_driver_sql` (same connection, transaction and error
-wrapping). A statement this cannot reproduce exactly (Python-side defaults, a bind no row
-names) goes through `conn.execute` unchanged.
+defaults, then processors, then positional order), several times the CPU of the driver's own
+encoding; at ~7 rows per subtask that shows in the engine's CPU. Here each statement is
+compiled once per dialect and key set; a row becomes one tuple through the same bind processors
+SQLAlchemy would apply (JSON, Money, enums, UTC times), and goes to the driver through
+`exec_driver_sql` (same connection, transaction and error wrapping). A statement this cannot
+reproduce exactly (Python-side defaults, a bind no row names) goes through `conn.execute`
+unchanged.
 """
 
 from __future__ import annotations

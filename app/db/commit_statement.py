@@ -161,8 +161,8 @@ def _dml(name: str, table: Table, keys: Sequence[str], source: str) -> str:
         sets = ", ".join(f"{quote(k)} = v.{quote(k)}" for k in keys if not k.endswith("_"))
         # position too, though (swarm_id, name) is unique: with some statistics and without
         # any (a new database) the planner took the (swarm_id, position) index for a lookup
-        # by name, reading half a swarm's rows per row updated (tests/test_group_commit_plan.py);
-        # with the position given, either index finds it
+        # by name, reading half a swarm's rows per row updated; with the position given, either
+        # index finds it (tests/perf/test_group_commit_plan.py)
         return (f"UPDATE {t} AS t SET {sets} FROM {source} WHERE t.swarm_id = v.swarm_id_ "
                 "AND t.position = v.position_ AND t.name = v.name_ "
                 "AND v.swarm_id_ IN (SELECT id FROM sw)")

@@ -57,8 +57,8 @@ class Ahead:
 
 
 def insert_row(sub: Subtask) -> dict[str, Any]:
-    """Every column of a new subtask, for Core executemany inserts (instrumented getattrs
-    were 15 % of creating a 1,000-agent swarm)."""
+    """Every column of a new subtask, for Core executemany inserts (not through instrumented
+    getattrs: docs/decisions/0011-live-rows.md)."""
     return column_values(sub, SUBTASK_INSERT_COLUMNS)
 
 
@@ -127,8 +127,8 @@ async def insert_swarm_alone(engine: AsyncEngine, swarm: Swarm, subtasks: Sequen
     """`insert_swarm` on PostgreSQL as a transaction of its own: its one statement in
     autocommit, sent by the pooled connection's driver (no BEGIN, no COMMIT, none of
     SQLAlchemy's execution around it). For a creation nothing else is written with (no
-    Idempotency-Key, no quota to check in its transaction): one round trip where the
-    transaction took four, a third of one client's `POST` (bench/RESULTS.md, session 11).
+    Idempotency-Key, no quota to check in its transaction): one round trip where a
+    transaction takes four (docs/decisions/0002-group-commit-one-statement.md).
     With `admit`, the tenant's quotas are checked in that statement: `Refused` when one is
     reached (nothing stored). With `key_ttl_s` (the swarm carries an Idempotency-Key), an
     expired holder of its key lets go of it in that statement too: `KeyTaken` when a live one
@@ -157,8 +157,8 @@ def _creation(swarm: Swarm, subtasks: Sequence[Subtask], claim_for: str | None,
     if claim_for is not None:
         swarm.lease_owner, swarm.lease_epoch = claim_for, 1
     return creation_statement.creation(
-        # a new subtask's instance dict holds its columns: read as it is (a copy of each row
-        # was ~3 % of creating a 1,000-agent swarm); a loaded row's is copied
+        # a new subtask's instance dict holds its columns: read as it is (no copy per row); a
+        # loaded row's is copied
         _swarm_values(swarm), [s.__dict__ if isinstance(s, LiveSubtask) else insert_row(s)
                                for s in subtasks], SUBTASK_INSERT_COLUMNS,
         claim_s=lease_s if claim_for is not None else None,

@@ -49,7 +49,7 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
     daily cap is asked first (`tenant_cap_apply`, after the swarm's row: every creation takes
     the tenant's bucket, then its day row), a row whose reservation does not fit is not
     written, and the answer row carries the cap's (day, ids, left, live) after the lease's
-    expiry (`quotas.tenant_checks`). With `audit` (key id, action, request id, client), the
+    expiry (`tenant_cap.tenant_checks`). With `audit` (key id, action, request id, client), the
     creation's audit row is written by the statement too (app/db/audit.py)."""
     sql, sw_cols, st_cols, alike_cols, ledger_cols, ledger_alike = _creation(
         tuple(swarm), _split(subtasks, subtask_keys) if subtasks else None,

@@ -4,9 +4,9 @@ group commit's own, and a statement alone on a pooled connection's driver.
 A group commit is one statement (`commit_statement.py`) that needs nothing of the engine: no
 session, no transaction, no result objects. Through the pool it still cost a checkout, the
 autocommit switch and its reset, the greenlet hand-offs and a checkin, each waiting its turn
-on a busy loop: ~28 ms p50 per commit for a statement the server ran in 0.7 ms, and every
-subtask waits for one before its call is sent. Used by one caller at a time (the writer's
-loop); reconnected on the next use after the connection was lost.
+on a busy loop, many times what the server spends on the statement, and every subtask waits
+for one before its call is sent (docs/decisions/0002-group-commit-one-statement.md). Used by
+one caller at a time (the writer's loop); reconnected on the next use after the connection was lost.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ CONNECT_TIMEOUT_S = 5.0
 APPLICATION_NAME = "swarm-api group commit"  # how pg_stat_activity names it
 # The group commit's statements are planned once per shape and that plan kept from the first
 # run (`commit_statement`: written so the plan made for any arguments, at any table size, probes
-# each row by its key; tests/test_group_commit_plan.py). Left to choose, PostgreSQL plans the
+# each row by its key; tests/perf/test_group_commit_plan.py). Left to choose, PostgreSQL plans the
 # first five runs for their arguments and then compares: where the generic plan's estimate
-# came out above the custom ones' it planned every commit anew, ~0.55 ms of its CPU each for
-# this statement of five CTEs (bench/RESULTS.md, session 30).
+# came out above the custom ones' it planned every commit anew
+# (docs/decisions/0009-plans-postgresql-keeps.md).
 SETTINGS = {"application_name": APPLICATION_NAME, "plan_cache_mode": "force_generic_plan"}
 
 

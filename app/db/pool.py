@@ -55,8 +55,8 @@ class FairQueuePool(AsyncAdaptedQueuePool):
 
     The async pool waits on an `asyncio.Queue`, which lets a newcomer take the connection just
     handed to a woken waiter; that waiter queues again at the back. With more requests than
-    connections, a few of them lose that race over and over: 200 clients creating swarms saw
-    p99 1.4 to 2.2 s at p50 0.3 s (bench/RESULTS.md, "A fair pool"). Every checkout here first
+    connections, a few of them lose that race over and over, and the tail grows to several
+    times the median (docs/decisions/0005-fair-connection-pool.md). Every checkout here first
     takes a turn, sized to the pool's whole capacity, so the queue underneath never makes
     anyone wait, and a connection goes to whoever asked first.
     """

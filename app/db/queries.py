@@ -31,9 +31,9 @@ TERMINAL_VALUES = tuple(s.value for s in TERMINAL_SWARM)
 # PostgreSQL plans a prepared statement once and keeps that plan until the tables' statistics
 # change (never, without autovacuum), and `id = $1 AND tenant = $2` planned on a new database
 # read the tenant's (tenant, status, created_at) index and filtered it by id, every swarm of
-# the tenant per lookup as they accumulated (bench/RESULTS.md, session 30). By id alone the
-# plan is the primary key's at any size. (A row of another tenant locked `for_update` is
-# released with the caller's transaction, which answers 404.)
+# the tenant per lookup as they accumulated (docs/decisions/0009-plans-postgresql-keeps.md).
+# By id alone the plan is the primary key's at any size. (A row of another tenant locked
+# `for_update` is released with the caller's transaction, which answers 404.)
 
 
 async def get_swarm(session: AsyncSession, swarm_id: str, tenant: str | None, *,
@@ -131,9 +131,8 @@ _ROW_OF = operator.itemgetter(*SubtaskRow._fields)
 
 
 def rows_of(subs: Sequence[Subtask]) -> list[SubtaskRow]:
-    """Subtask objects as the rows a view reads: one lookup in each one's instance dict (the
-    view of a new 1,000-agent swarm took 11.9 ms through ~20 instrumented reads per subtask,
-    5.6 ms from these rows); through getattr for one not fully loaded."""
+    """Subtask objects as the rows a view reads: one lookup in each one's instance dict, not
+    ~20 instrumented reads per subtask; through getattr for one not fully loaded."""
     out: list[SubtaskRow] = []
     for sub in subs:
         try:
@@ -146,8 +145,8 @@ def rows_of(subs: Sequence[Subtask]) -> list[SubtaskRow]:
 async def subtask_views(session: AsyncSession, swarm_ids: Sequence[str], *,
                         outputs: bool = True) -> dict[str, list[SubtaskRow]]:
     """What the views of swarms show of their subtasks, in creation order, read with Core: a
-    view only reads them, and loading ORM objects (identity map, instrumented state) cost
-    as much again as the query for a 1,000-agent swarm (49 vs 26 ms, bench/RESULTS.md)."""
+    view only reads them, and loading ORM objects (identity map, instrumented state) costs
+    about as much again as the query (docs/decisions/0013-views-without-models.md)."""
     out: dict[str, list[SubtaskRow]] = {i: [] for i in swarm_ids}
     if not swarm_ids:
         return out

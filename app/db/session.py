@@ -75,8 +75,7 @@ def make_db_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
     # parameters — prompts, outputs and task texts
     # JSON read back by pydantic-core's parser: the same values as json.loads (big integers,
     # infinities, duplicate keys: the last), a tenth of its time on the small documents a
-    # view reads per subtask (depends_on, tools, error): ~2 of the ~23 ms of reading a
-    # finished 1,000-agent swarm
+    # view reads per subtask (depends_on, tools, error)
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True,
                                      json_deserializer=pydantic_core.from_json)
@@ -89,8 +88,8 @@ def make_db_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
     # a lone client the pool's stalest one, pinged on every request.
     # No overflow: an overflow connection is closed when it comes back to a full pool and
     # opened again at the next burst — under 200 clients creating swarms, a connect (and a
-    # PostgreSQL backend started) every few requests, ~6 % of serve's CPU (bench/RESULTS.md,
-    # session 12). The connections a burst needs stay open instead.
+    # PostgreSQL backend started) every few requests. The connections a burst needs stay open
+    # instead.
     engine = create_async_engine(
         url, poolclass=FairQueuePool, pool_size=pool_size, max_overflow=0,
         pool_recycle=1800, pool_use_lifo=True, hide_parameters=True,

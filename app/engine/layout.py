@@ -26,9 +26,9 @@ def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind,
     workers' one (built from the task): resolved when the call is made, so the task is never
     copied into a subtask. `model` may list models to fall back on: the first runs first."""
     chain = model_chain(model)
-    # not through the declarative constructor's attribute events (~50 ms of CPU per 1,000
-    # subtasks where this takes ~4: wide swarms' creation); nothing is lost: a new subtask
-    # never joins a session
+    # not through the declarative constructor's attribute events, which cost wide swarms'
+    # creation an order of magnitude more (docs/decisions/0011-live-rows.md); nothing is
+    # lost: a new subtask never joins a session
     return new_live_subtask(
         swarm_id=swarm_id, name=name, position=position, kind=kind, model=chain[0],
         models=chain if len(chain) > 1 else None, fallbacks=0,

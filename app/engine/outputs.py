@@ -14,10 +14,12 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from jsonschema.protocols import Validator
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
 from app.engine.layout import SYNTHESIZER
+from app.engine.schema_regex import META_FORMATS, LinearValidator, PatternRefused
 from app.gateway.errors import GatewayRejected
 
 SCHEMA_MAX_BYTES = 64 * 1024
@@ -61,17 +63,20 @@ def _text_of(schema: dict[str, Any]) -> str:
 @functools.lru_cache(maxsize=256)
 def _against_metaschema(text: str) -> str | None:
     try:
-        Draft202012Validator.check_schema(json.loads(text))
+        # `format: regex` (pattern, patternProperties' names) asserted by RE2
+        Draft202012Validator.check_schema(json.loads(text), format_checker=META_FORMATS)
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
-        return (f"is not a valid JSON Schema: {exc.message[:ERROR_CHARS]}"
-                + (f" (at {where})" if where else ""))
+        at = f" (at {where})" if where else ""
+        if isinstance(exc.cause, PatternRefused):
+            return f"{exc.cause}{at}"
+        return f"is not a valid JSON Schema: {exc.message[:ERROR_CHARS]}{at}"
     return None
 
 
 @functools.lru_cache(maxsize=256)
-def _validator(text: str) -> Draft202012Validator:
-    return Draft202012Validator(json.loads(text), registry=_REGISTRY)
+def _validator(text: str) -> Validator:
+    return LinearValidator(json.loads(text), registry=_REGISTRY)
 
 
 def _walk(value: Any, depth: int) -> None:
@@ -87,52 +92,18 @@ def _walk(value: Any, depth: int) -> None:
     elif isinstance(value, dict):
         for key, item in value.items():
             _walk(key, depth)
-            _check_keyword(key, item)
+            _check_reference(key, item)
             _walk(item, depth + 1)
     elif isinstance(value, list):
         for item in value:
             _walk(item, depth + 1)
 
 
-def _check_keyword(key: str, item: Any) -> None:
-    """References stay inside the schema; regexes are ones the validator can run."""
+def _check_reference(key: str, item: Any) -> None:
+    """References stay inside the schema: none is fetched."""
     if key in ("$ref", "$dynamicRef") and not str(item).startswith("#"):
         raise SchemaInvalid(f"{key} {item!r} points outside the schema (only '#...' "
                             "references are resolved)")
-    if key == "pattern" and isinstance(item, str):
-        _check_pattern(item)
-    elif key == "patternProperties" and isinstance(item, dict):
-        for regex in item:
-            _check_pattern(str(regex))
-
-
-_ESCAPE = re.compile(r"\\.")
-_CLASS = re.compile(r"\[\^?\]?[^\]]*\]")
-
-
-def _check_pattern(pattern: str) -> None:
-    """A regex the validator can run on any answer: it compiles, and no repeated group holds
-    a repetition or an alternation (`(a+)+`, `(a|ab)*`): Python's backtracking takes time
-    exponential in the answer's length on those, with the engine's loop held."""
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise SchemaInvalid(f"pattern {pattern[:100]!r} is not a regular expression: "
-                            f"{exc}") from None
-    flat = _CLASS.sub("x", _ESCAPE.sub("x", pattern))
-    groups: list[bool] = []  # per open group: whether it repeats or branches inside
-    for i, ch in enumerate(flat):
-        if ch == "(":
-            groups.append(False)
-        elif ch == ")" and groups:
-            inner = groups.pop()
-            if inner and flat[i + 1:i + 2] in ("+", "*", "{"):
-                raise SchemaInvalid(f"pattern {pattern[:100]!r} repeats a group that repeats "
-                                    "or branches inside: its matching time can explode")
-            if groups and inner:
-                groups[-1] = True
-        elif ch in "+*{|" and groups:
-            groups[-1] = True
 
 
 def schemas_of(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -193,7 +164,8 @@ def validation_errors(schema: dict[str, Any], value: Any) -> list[str]:
     validator = _validator(_text_of(schema))
     try:
         found = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
-    except Unresolvable as exc:  # a '#...' reference to nothing: no value can be valid
+    except (Unresolvable, PatternRefused) as exc:
+        # a '#...' reference to nothing, or a pattern refused since: no value can be valid
         return [f"the schema cannot be applied: {exc}"[:ERROR_CHARS]]
     except RecursionError:  # a value (or a recursive schema) deeper than Python's stack
         return ["the answer is nested too deeply to validate"]

@@ -92,7 +92,7 @@ class SwarmRunner(SwarmPhases):
         # the executor refers to this runner, so it is the run's, never the runner's: a
         # reference back would make a cycle of the whole swarm (its rows, outputs, events),
         # freed only by the collector's rare full passes (a 1,000-agent swarm's ~2 MB would
-        # stay for up to ~20 swarms; tests/test_runner_freed.py); the one `first_wave` made is
+        # stay for up to ~20 swarms; tests/perf/test_runner_freed.py); the one `first_wave` made is
         # held only until here (a new swarm's, which has no rescue to settle before)
         executor, self._early = self._early or SubtaskExecutor(self), None
         executor.first_wave_opened(self._ahead)

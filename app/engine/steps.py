@@ -96,8 +96,8 @@ class SubtaskSteps:
         and a process-wide one: the swarm's first, so a swarm at its limit holds none of the
         shared ones. With `ahead`, that call's first attempt is written ahead before them
         (`CallMeter.prepare`), by at most `ahead_slots` of the swarm's calls at a time: the
-        write-ahead commit then overlaps the calls in flight instead of idling a slot (it was
-        ~90 ms of a 1,000-agent swarm's ~340 ms per subtask at 200 ms a call)."""
+        write-ahead commit then overlaps the calls in flight instead of idling a slot
+        (docs/decisions/0003-attempts-written-ahead.md)."""
         ctx = self.handle.ctx
         # the tenant's slot before the process's: a tenant at its limit holds none
         sems = [self.handle.call_slots, ctx.model_slots.get(sub.model),

@@ -92,9 +92,9 @@ class SwarmNotifier:
 
     def render(self, swarm_id: str, swarm: Swarm, subtasks: Iterable[Subtask]) -> bytes | None:
         """The swarm's answer from its rows, when a reader waits on it (None: nobody does, or
-        the API set no renderer). Its runner asks while its end commits: the answer's CPU (a
-        100-agent swarm's ~1 ms, a 1,000-agent's ~10) is spent while the database works,
-        not after it answered, and the reader is answered at the commit."""
+        the API set no renderer). Its runner asks while its end commits: the answer's CPU is
+        spent while the database works, not after it answered, and the reader is answered at
+        the commit."""
         if self.renderer is None or not self._waiters.get(swarm_id):
             return None
         return self.renderer(swarm, subtasks)
@@ -104,9 +104,9 @@ class SwarmNotifier:
         """The runner that ended the swarm, once its end is committed, offers its rows (its
         in-memory state, which the commit wrote) and their `answer` when it built one
         (`render`): a reader waiting for the end answers from them instead of reading the
-        swarm back (a finished 1,000-agent swarm's read was about a third of its ~23 ms
-        answer). Nothing is kept when nobody waits. It wakes them too: the writer's notify
-        of the same commit may have woken a waiter a turn before."""
+        swarm back (the read is a large part of a wide swarm's answer). Nothing is kept when
+        nobody waits. It wakes them too: the writer's notify of the same commit may have woken
+        a waiter a turn before."""
         ended = SwarmStatus(swarm.status)
         for ev in self._waiters.get(swarm_id, ()):
             ev.rows = (swarm, subtasks)

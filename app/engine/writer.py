@@ -36,8 +36,8 @@ T = TypeVar("T")
 LINGER_S = 0.05
 # A lingering write younger than this stays out of a commit that other swarms' writes start:
 # the next write of its own swarm is likely near (a fast call's answer), and with it the
-# move is one commit, not two (a 1-agent swarm on a 0 ms gateway was 1.66 commits, its start
-# taken by the previous swarm's end). Older, it goes with any commit, as before.
+# move is one commit, not two (docs/decisions/0014-commits-that-wait-for-company.md). Older,
+# it goes with any commit.
 HOLD_S = 0.01
 
 

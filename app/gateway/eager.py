@@ -4,11 +4,11 @@ aiohttp buffers a request's headers to send them with its body, and writes that 
 of its own: started eagerly (`eager_start=True`) on Python 3.12+, but on 3.11 scheduled behind
 every callback already ready. When a wave of calls starts at once (the first wave of a
 fan-out, released by one commit), no byte leaves until every call's own step has run, so the
-gateway receives the wave in one burst at its end and works through it serially: the median
-call reached the simulator 12-17 ms after it was sent (bench/RESULTS.md, session 25). This
-task factory starts that one coroutine eagerly, as 3.12's `Task(eager_start=True)` does: its
-first step runs now, in the task's context, and a writer that finishes at once (a body under
-the transport's buffer limit, the common case) never becomes a task. (Unlike 3.12's, that
+gateway receives the wave in one burst at its end and works through it serially
+(docs/decisions/0007-request-bytes-leave-in-their-step.md). This task factory starts that one
+coroutine eagerly, as 3.12's `Task(eager_start=True)` does: its first step runs now, in the
+task's context, and a writer that finishes at once (a body under the transport's buffer limit,
+the common case) never becomes a task. (Unlike 3.12's, that
 first step sees the caller as `current_task()`; aiohttp's writer never asks.) Every other
 coroutine is left to the factory that was there.
 """

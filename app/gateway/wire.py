@@ -1,9 +1,8 @@
 """How a buffered gateway call travels: aiohttp on the network, or an httpx transport handed in.
 
 aiohttp is the network path because of what one call costs: its C parser and plain asyncio
-streams spend ~0.2 ms of CPU per call where httpx over httpcore (an anyio backend, a pool that
-scans its connections) spends ~1 ms even sharded into small pools (bench/RESULTS.md, "The
-gateway client on aiohttp"). On 2 cores that is most of the engine's CPU per subtask.
+streams spend a fraction of the CPU httpx over httpcore does, sharded pools or not, and that
+CPU bounds the engine (docs/decisions/0006-gateway-client-on-aiohttp.md).
 The httpx path serves the in-process simulator (ASGITransport) and tests' MockTransports.
 """
 

@@ -161,8 +161,9 @@ def chat_completion(req: ChatRequest, d: Directives, key: str, attempt: int, len
                                      sim_tools.turns_done(req.messages) + 1, d.extra_tool)
         content = ""
         tokens = min(limit, max(1, len(json.dumps(calls)) // 4))
-    elif req.schema is not None:
-        content = structured.answer(req.schema, d.output, req.messages)
+    elif req.schema is not None:  # `answer` given: that text, valid for the schema or not
+        content = (d.answer if d.answer is not None
+                   else structured.answer(req.schema, d.output, req.messages))
     elif req.tools:
         content = sim_tools.final_answer(req.messages)
     elif d.answer_bytes is not None:  # a gateway answering far past max_tokens (a loop)

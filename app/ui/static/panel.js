@@ -52,7 +52,11 @@ export function renderPanel({ swarm, selected, detail, critical, onSelect, live 
     el("div", { class: "panel-head" },
       el("h2", { class: "mono", text: d.name }), badge(d.status),
       el("button", { type: "button", class: "link close", text: "× close", onclick: () => select(null) })),
-    kv([["kind", d.kind], ["model", d.model], ["attempts", String(d.attempts)],
+    kv([["kind", d.kind], ["model", d.model],
+      ["fallbacks", d.fallbacks ? `${d.fallbacks} model${d.fallbacks > 1 ? "s" : ""} passed over` : null],
+      ["output", d.output_status ? el("span", { class: `mono output-${d.output_status}`, title: OUTPUT_STATUS[d.output_status],
+        text: `${d.output_status} JSON` }) : null],
+      ["attempts", String(d.attempts)],
       ["latency", d.latency_ms !== null && d.latency_ms !== undefined ? seconds(d.latency_ms / 1000) : "–"],
       ["tokens", reserved ? `≤ ${d.usage.prompt_tokens} in · ≤ ${d.usage.completion_tokens} out (reserved)`
         : `${d.usage.prompt_tokens} in · ${d.usage.completion_tokens} out`],
@@ -69,9 +73,17 @@ export function renderPanel({ swarm, selected, detail, critical, onSelect, live 
     d.error ? section("Error", pre(JSON.stringify(d.error, null, 2), "error")) : null,
     toolCalls(d),
     section(d.truncated ? "Output (truncated)" : "Output",
-      d.output ? pre(d.output) : live ? pre(live, "live")
+      d.output_json !== null && d.output_json !== undefined ? pre(JSON.stringify(d.output_json, null, 2))
+        : d.output ? pre(d.output) : live ? pre(live, "live")
         : el("p", { class: "muted", text: d.status === "running" ? "Running…" : "No output." })));
 }
+
+// what each structured-output status means (SPEC §15), said where the status is shown
+const OUTPUT_STATUS = {
+  valid: "the answer matched its output_schema as it came",
+  repaired: "taken from a code fence or prose, or after one repair turn",
+  invalid: "no valid JSON after the repair turn: the subtask failed output_invalid",
+};
 
 function retryOf(swarm) {
   if (!swarm.retry_of) return "the swarm this one retries";
