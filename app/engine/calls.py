@@ -99,7 +99,7 @@ class CallMeter:
         queued before the caller's next write, and the future resolves once it is durable.
         None: nothing was done (call `prepare`)."""
         row = self.reserve_ahead()
-        return None if row is None else self.handle.submit(ledger=[row])
+        return None if row is None else self.handle.journal.submit(ledger=[row])
 
     async def before(self, attempt: int) -> None:
         if self._ahead:  # prepared: durable already
@@ -123,7 +123,7 @@ class CallMeter:
                 raise
         row = self._open_attempt(reservation)
         try:
-            await self.handle.commit(ledger=[row])  # durable before a byte is sent
+            await self.handle.journal.commit(ledger=[row])  # durable before a byte is sent
         except BaseException:
             # not sent: if the row was (or will be) written anyway, it settles as cancelled
             self._cancel_ahead()
@@ -145,7 +145,7 @@ class CallMeter:
             except BaseException:
                 # cancelled while the (shielded) settlement runs on: the answer was billed, so
                 # its row is written anyway, or the daily table would hold money no row has
-                self.handle.commit_soon([self.sub], ledger=[
+                self.handle.journal.commit_soon([self.sub], ledger=[
                     self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s, at_bound)])
                 raise
         row = self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s, at_bound)
@@ -153,7 +153,7 @@ class CallMeter:
         if rec.outcome == "ok":
             self.ok_rows.append(row)
         else:
-            self.handle.commit_soon([self.sub], ledger=[row])
+            self.handle.journal.commit_soon([self.sub], ledger=[row])
 
     async def release(self) -> None:
         """Free what an abandoned call still holds; an attempt cut off after it was sent may
@@ -172,7 +172,7 @@ class CallMeter:
                                              self.worst if cut_off else Decimal(0)))
         finally:
             if cut_off:
-                self.handle.commit_soon([self.sub], ledger=[self._bill(
+                self.handle.journal.commit_soon([self.sub], ledger=[self._bill(
                     UNKNOWN, None, Usage(self.prompt_bound, self.sub.max_tokens), self.worst,
                     0.0, at_bound=True)])
             for r in self._held:
@@ -184,7 +184,8 @@ class CallMeter:
         no gateway call in any count — nor in the subtask's `attempts` (no attempt follows
         in this process: the call is abandoned; a takeover numbers from the ledger, where
         the row keeps its number)."""
-        self.handle.commit_soon(ledger=[self._row(CANCELLED, None, Usage(), Decimal(0), 0.0)])
+        self.handle.journal.commit_soon(
+            ledger=[self._row(CANCELLED, None, Usage(), Decimal(0), 0.0)])
         self.sub.attempts -= 1
 
     def _open_attempt(self, reservation: Reservation) -> LedgerRow:

@@ -34,14 +34,14 @@ class SwarmEnds(FailureTolerance):
                 answer.append(view)
 
         try:
-            await self.commit(changed, held_ledger, events, webhook=end.webhook,
+            await self.journal.commit(changed, held_ledger, events, webhook=end.webhook,
                               meanwhile=render)
         except WriteRejected as exc:  # the result, say: end failed without it, not in a loop
             answer.clear()  # it showed the end refused
             status, err = self._refused_end(status, held, held_events, exc)
             completed = end.events[-1]
             completed["data"] = {**completed["data"], "status": status.value, "error": err}
-            await self.commit(changed, held_ledger, events, webhook=end.webhook,
+            await self.journal.commit(changed, held_ledger, events, webhook=end.webhook,
                               meanwhile=render)
         for sub in held:
             crash_point("after_commit", sub.name)

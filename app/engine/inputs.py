@@ -150,7 +150,7 @@ class SubtaskInputs:
                 cheapest.name, target, depends_on=[name], system_prompt=COMPRESSOR_SYSTEM,
                 prompt=head + truncate_marked(text, fit_chars(room)))
             self.handle.add_subtasks([sub])
-            await self.handle.commit(new=[sub])
+            await self.handle.journal.commit(new=[sub])
         if sub.status == SubtaskStatus.pending:
             sub.ready_at = utcnow()
             await call(sub, [{"role": "system", "content": self.system(sub)},

@@ -41,7 +41,7 @@ class SwarmPhases(SwarmEnds):
             await self._run_phase(executor, [PLANNER])
         if planner.status == SubtaskStatus.succeeded:
             if self.swarm.status == SwarmStatus.planning and not self._approval_pending():
-                self.commit_soon(events=[self._set_status(SwarmStatus.running)])
+                self.journal.commit_soon(events=[self._set_status(SwarmStatus.running)])
         elif not self._stop.is_set():
             self.stop_with(SwarmStatus.failed, planner.error)
 
@@ -57,7 +57,7 @@ class SwarmPhases(SwarmEnds):
         subs = list(self.subs.values())
         estimate = approval.worst_case(subs, self.swarm.task, self.ctx.prices)
         if approval.needed(self.limits, estimate):
-            await self.commit()  # what came before is durable before the lease goes
+            await self.journal.commit()  # what came before is durable before the lease goes
             if self._stop.is_set():  # cancelled meanwhile: it ends, never held
                 return
             if await gate.park(self.ctx.writer, self.swarm, subs, estimate, self.ctx.owner,
@@ -67,7 +67,7 @@ class SwarmPhases(SwarmEnds):
         self.swarm.approval = {"state": "auto", "estimate": estimate}
         metrics.approvals.labels("auto").inc()
         if self.swarm.status in (SwarmStatus.queued, SwarmStatus.planning):
-            self.commit_soon(events=[self._set_status(SwarmStatus.running)])
+            self.journal.commit_soon(events=[self._set_status(SwarmStatus.running)])
 
     async def _run_workers(self, executor: SubtaskExecutor) -> None:
         for name in self.worker_names():
@@ -98,7 +98,7 @@ class SwarmPhases(SwarmEnds):
                 return
             if synth.status != SubtaskStatus.succeeded:
                 if self.swarm.status != SwarmStatus.synthesizing:  # not after a takeover
-                    self.commit_soon(events=[self._set_status(SwarmStatus.synthesizing)])
+                    self.journal.commit_soon(events=[self._set_status(SwarmStatus.synthesizing)])
                 await self._run_phase(executor, [synth.name])
             if synth.status == SubtaskStatus.succeeded:
                 self.swarm.result = synth.output
@@ -119,13 +119,14 @@ class SwarmPhases(SwarmEnds):
             return None
         copied = self._synthesizer()  # a retry's copy of the one an earlier run added
         if copied is not None:
-            await self.commit()  # the count, before the synthesis it decided
+            await self.journal.commit()  # the count, before the synthesis it decided
             return copied
         position = max(s.position for s in self.subs.values()) + 1
         synth = synthesizer(self.swarm.id, self.spec, position, [r.name for r in results])
         self.add_subtasks([synth])
         added = self.subs[synth.name]
-        await self.commit(new=[added])  # its row (and the count), before its start is written
+        # its row (and the count), before its start is written
+        await self.journal.commit(new=[added])
         return added
 
     async def _run_phase(self, executor: SubtaskExecutor, names: list[str]) -> None:

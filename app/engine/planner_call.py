@@ -37,7 +37,8 @@ class PlannerCall:
                 plan = plans.parse_plan(result.content, result.finish_reason,
                                         limits["max_subtasks"], limits["max_depth"], offered)
             except plans.PlanInvalid as bad:
-                self.handle.commit_soon([sub], ledger=rows)  # the first call is billed either way
+                # the first call is billed either way
+                self.handle.journal.commit_soon([sub], ledger=rows)
                 rows = []
                 repair = plans.repair_messages(first, result.content, bad)
                 result, ok = await self.steps.gateway(sub, repair, 2, plans.JSON_OBJECT)
@@ -50,7 +51,7 @@ class PlannerCall:
             return await self.steps.fail(sub, t0, err, rows)
         except CALL_FAILURES as exc:
             if rows:
-                self.handle.commit_soon([sub], ledger=rows)
+                self.handle.journal.commit_soon([sub], ledger=rows)
             return await self.steps.call_failed(sub, t0, exc)
         sub.sanitized = result.sanitized
         new = self.lay_out(plan)

@@ -20,9 +20,6 @@ from app.engine.execute import SubtaskExecutor
 from app.engine.handle import (
     EngineContext,
     EventRow,
-    LedgerRow,
-    ToolRows,
-    WebhookRow,
     failure,
 )
 from app.engine.journal import SwarmJournal
@@ -109,35 +106,10 @@ class RunnerState:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    # ---- writes (journal.py) -------------------------------------------------------------
+    # ---- writes (journal.py: `self.journal`) ---------------------------------------------
 
     def event(self, event: Event) -> EventRow:
         return self.journal.event(event)
-
-    async def commit(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
-                     events: Sequence[EventRow] = (), new: Sequence[Subtask] = (),
-                     webhook: WebhookRow | None = None, tools: ToolRows | None = None,
-                     meanwhile: Callable[[], None] | None = None) -> None:
-        """Write and wait until durable (`SwarmJournal.commit`)."""
-        await self.journal.commit(subs, ledger, events, new, webhook, tools, meanwhile)
-
-    def submit(self, ledger: Sequence[LedgerRow]) -> asyncio.Future[None]:
-        """Queue ledger rows now (`SwarmJournal.submit`)."""
-        return self.journal.submit(ledger)
-
-    def commit_soon(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
-                    events: Sequence[EventRow] = (), tools: ToolRows | None = None) -> None:
-        """Queue a write nobody waits for (`SwarmJournal.commit_soon`)."""
-        self.journal.commit_soon(subs, ledger, events, tools)
-
-    def started(self, sub: Subtask, event: EventRow) -> None:
-        """A subtask's start, written with the swarm's next write (`SwarmJournal.started`)."""
-        self.journal.started(sub, event)
-
-    def write_with_end(self, subs: Sequence[Subtask], ledger: Sequence[LedgerRow],
-                       events: Sequence[EventRow]) -> None:
-        """Hold a write for the swarm's end commit (`SwarmJournal.write_with_end`)."""
-        self.journal.write_with_end(subs, ledger, events)
 
     def _set_status(self, new: SwarmStatus) -> EventRow:
         return self.event(move_swarm(self.swarm, new, utcnow()))

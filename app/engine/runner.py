@@ -174,8 +174,8 @@ class SwarmRunner(SwarmPhases):
             # its first calls were written with its creation, whose lease may have lapsed
             # since (this process stalled): they are sent only once a fenced write proves the
             # swarm still ours, as a write-ahead commit proves it for any other call
-            await self.commit(back, events=events)
+            await self.journal.commit(back, events=events)
             return
         # not awaited: every later write of this swarm commits after it, and a crash before it
         # leaves the swarm claimable as it was
-        self.commit_soon(back, events=events)
+        self.journal.commit_soon(back, events=events)

@@ -87,4 +87,4 @@ class FailureTolerance(RunnerState):
                 if s.kind is SubtaskKind.worker:
                     self._one_less_unanswered()
         if changed:
-            self.commit_soon(changed, events=events)
+            self.journal.commit_soon(changed, events=events)
