@@ -1,27 +1,22 @@
 """Drives one swarm while this process holds its lease: its lifecycle (claim, takeover, start,
 the phases in turn, the end). The parts it builds on: run_state (what they share), journal (its
-writes), tolerance, ends, phases."""
+writes), tolerance, ends, phases, takeover."""
 
 from __future__ import annotations
 
 import logging
 import time
-from decimal import Decimal
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from app import logs, metrics, tracing
-from app.db import spend
 from app.db.create import Ahead
-from app.db.leases import LeaseLost, record_takeover
 from app.db.types import utcnow
 from app.engine import approval
 from app.engine.execute import SubtaskExecutor
 from app.engine.handle import EventRow, failure
 from app.engine.layout import PLANNER
 from app.engine.phases import Drained, Parked, SwarmPhases
-from app.pricing import metric_model_label
+from app.engine.takeover import settle_lost
 from app.states import SubtaskStatus, SwarmStatus, move_subtask
 
 log = logging.getLogger(__name__)
@@ -78,7 +73,7 @@ class SwarmRunner(SwarmPhases):
     async def _run(self) -> None:
         takeovers: list[dict[str, Any]] = []
         if self._taken_over or self.rescues:
-            takeovers = await self._settle_lost()
+            takeovers = await settle_lost(self)
         if self.rescues >= self.ctx.settings.max_rescues:
             # the last SWARM_MAX_RESCUES takeovers were all fruitless: the swarm itself
             # (a poison prompt) takes its workers down, not churn from outside
@@ -109,47 +104,6 @@ class SwarmRunner(SwarmPhases):
             await self._finish(self._stop_status, self._stop_error)
         else:
             await self._finish(SwarmStatus.succeeded, None)
-
-    async def _settle_lost(self) -> list[dict[str, Any]]:
-        """A takeover: the dead owner's attempts in flight become `unknown`, billed at their
-        reservations, and the takeover is recorded when fruitless (one transaction, lease
-        checked); this runner's totals follow. The fruitless takeovers counted so far."""
-        s = self.swarm
-
-        async def settle(session: AsyncSession) -> tuple[spend.Takeover, list[dict[str, Any]]
-                                                         ] | None:
-            took = await spend.settle_lost_attempts(
-                session, s.id, self.epoch, self.ctx.owner, self.ctx.settings.lease_seconds)
-            if took is None:
-                return None
-            return took, await record_takeover(
-                session, s.id, self.epoch, [a.subtask_name for a in took.lost])
-
-        settled = await self.ctx.writer.transact(settle)
-        if settled is None:
-            raise LeaseLost(s.id)
-        took, takeovers = settled
-        for a in took.lost:
-            s.spent_usd += a.cost_usd
-            s.unresolved_usd += a.cost_usd
-            s.prompt_tokens += a.prompt_tokens
-            s.completion_tokens += a.completion_tokens
-            s.gateway_calls += 1
-            self.budget.record(a.cost_usd)
-            sub = self.subs.get(a.subtask_name)
-            if sub is not None:
-                sub.cost_usd += a.cost_usd
-                sub.prompt_tokens += a.prompt_tokens
-                sub.completion_tokens += a.completion_tokens
-            metrics.count_unknown(metric_model_label(a.model, self.ctx.prices),
-                                  float(a.cost_usd), a.prompt_tokens, a.completion_tokens)
-        for name, n in took.attempts.items():
-            if name in self.subs:
-                self.subs[name].attempts = max(self.subs[name].attempts, n)
-        if took.lost:
-            log.warning("swarm %s: %d attempts of a dead owner settled as unknown (%s USD)",
-                        s.id, len(took.lost), sum((a.cost_usd for a in took.lost), Decimal(0)))
-        return takeovers
 
     async def _start(self) -> None:
         now = utcnow()
