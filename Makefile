@@ -7,7 +7,7 @@ PORT   ?= 8000
 # pytest workers: half the suite's time is processes, leases and restarts waited on, not CPU
 TEST_WORKERS ?= 2
 
-.PHONY: run test lint install bench clean interop
+.PHONY: run test test-plain lint install bench clean interop
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ lint: $(VENV)/.installed-test
 
 test: lint
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
+
+# the suite with the latency devices off (SWARM_LATENCY_DEVICES, docs/OPERATIONS.md): they
+# change how often a swarm writes, never what it answers (CI runs it after `make test`)
+test-plain: $(VENV)/.installed-test
+	SWARM_LATENCY_DEVICES=off $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
 
 # the LangGraph peer of bench_table runs in its own virtualenv: never a dependency of the service
 .venv-bench/bin/python:

@@ -107,12 +107,14 @@ def _serve_workers(settings: Settings, host: str, port: int, engine: bool,
     import uvicorn
 
     from app import logs
+    from app.db.dialect import dialect_of, migrates_on_start
 
-    if settings.is_sqlite:
+    if not dialect_of(settings.database_url).shared:
         logs.say("swarm-api: serve --workers needs PostgreSQL (SWARM_DATABASE_URL): SQLite "
                  "is the one-process embedded default")
         return 2
-    if settings.migrate_on_start and not migrate(settings):  # once, here: N at once race
+    # once, here: N processes migrating at once race
+    if migrates_on_start(settings.database_url, settings.auto_migrate) and not migrate(settings):
         return 1
     # what the spawned processes read when they build their Settings and import metrics
     os.environ["SWARM_AUTO_MIGRATE"] = "0"

@@ -115,6 +115,12 @@ class Settings(LogSettings):
     max_inflight: int = Field(default=256, ge=1, le=10_000)
     lease_seconds: float = Field(default=15.0, gt=0)
     auto_migrate: bool = False
+    # The latency devices, measured wins that write less often on a swarm's critical path, all
+    # on or all off (`on`/`off`): the first wave written with the creation
+    # (SubtaskExecutor.first_wave), the synthesizer prepared on the workers' answers
+    # (SubtaskExecutor.prepare), a wave's starts in one write (SwarmRunner.started). Off, each
+    # call is written ahead and each start queued on its own: slower, the same answers.
+    latency_devices: bool = True
     engine: bool = True
     max_agents: int = Field(default=1000, ge=1)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
@@ -149,6 +155,8 @@ class Settings(LogSettings):
     simulator_exit_allowed: bool = False
     # tools (SPEC §9): the mcpServers JSON file, and the cut of each tool result
     mcp_config: str | None = None
+    # calls to a streamable-HTTP tool server spread over this many sessions (1: one session)
+    mcp_http_sessions: int = Field(default=8, ge=1, le=64)
     tool_result_max_bytes: int = Field(default=16384, ge=256, le=10_000_000)
     # a model's tool-call arguments longer than this are the call's error, never sent (§9)
     tool_args_max_bytes: int = Field(default=262144, ge=256, le=100_000_000)
@@ -211,14 +219,6 @@ class Settings(LogSettings):
         if self.mcp_config:  # read again when the servers start; a typo stops no running swarm
             load_config(self.mcp_config)
         return self
-
-    @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")
-
-    @property
-    def migrate_on_start(self) -> bool:
-        return self.auto_migrate or self.is_sqlite
 
     @cached_property
     def keys(self) -> KeyRing:

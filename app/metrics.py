@@ -32,7 +32,15 @@ from prometheus_client import (
 )
 
 from app.pricing import BUILTIN_MODELS, PriceTable
-from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
+from app.states import (
+    ANSWERED,
+    FAILED_ATTEMPT,
+    AttemptOutcome,
+    SubtaskKind,
+    SubtaskStatus,
+    SwarmStatus,
+    ToolCallStatus,
+)
 
 # LLM work: 5 ms up to 10 minutes
 LATENCY_BUCKETS = (
@@ -45,10 +53,9 @@ COST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 SWARM_TERMINAL = tuple(s.value for s in SwarmStatus if s.terminal)
 SUBTASK_KINDS = tuple(k.value for k in SubtaskKind)
 SUBTASK_TERMINAL = tuple(s.value for s in SubtaskStatus if s.terminal)
-OUTCOMES = ("ok", "rate_limited", "server_error", "timeout", "invalid_response", "client_error",
-            "connection_error", "unknown")  # unknown: the answer was lost (a crash, a cancel)
-RETRY_REASONS = ("rate_limited", "server_error", "timeout", "invalid_response", "client_error",
-                 "connection_error")
+# unknown: the answer was lost (a crash, a cancel)
+OUTCOMES = tuple(o.value for o in (*ANSWERED, AttemptOutcome.unknown))
+RETRY_REASONS = tuple(o.value for o in FAILED_ATTEMPT)
 FINISH_REASONS = ("stop", "length", "content_filter", "other")
 MODEL_LABELS = (*BUILTIN_MODELS, "other")
 
@@ -220,7 +227,7 @@ def child(metric: M, *values: str) -> M:
 def count_unknown(label: str, cost: float, prompt_tokens: int, completion_tokens: int) -> None:
     """An attempt whose answer was lost, billed `unknown` at its reservation: a request, its
     spend (all of it unresolved) and its worst-case tokens."""
-    child(gateway_requests, label, "unknown").inc()
+    child(gateway_requests, label, AttemptOutcome.unknown).inc()
     child(spend_total, label).inc(cost)
     child(spend_unresolved, label).inc(cost)
     child(tokens_total, label, "prompt").inc(prompt_tokens)
@@ -265,7 +272,7 @@ def serve_http(port: int, host: str) -> tuple[WSGIServer, threading.Thread]:
 
 # ---- tools (SPEC §9); series appear per configured server and listed tool ----------------
 
-TOOL_OUTCOMES = ("ok", "error", "timeout")
+TOOL_OUTCOMES = tuple(o.value for o in ToolCallStatus)
 tool_calls_total = Counter("swarm_tool_calls_total", "Tool calls of sub-agents",
                            ["server", "tool", "outcome"])
 tool_call_duration = Histogram("swarm_tool_call_duration_seconds",

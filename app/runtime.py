@@ -13,15 +13,15 @@ import httpx
 from app import metrics, tracing
 from app.aio import cancel_and_wait
 from app.config import Settings
+from app.db.dialect import change_listener, dialect_of, migrates_on_start, notify_sender
 from app.db.migrate import upgrade_head_async
 from app.db.notify import CHANGED
 from app.db.retry import log_db_failure
-from app.db.session import SessionFactory, asyncpg_dsn, make_db_engine, make_session_factory
+from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.engine import faults
 from app.engine.approval_sweep import ApprovalSweep
 from app.engine.budget import DailyCap
 from app.engine.deltas import CHANNEL as DELTAS
-from app.engine.listener import PgListener
 from app.engine.passthrough import settle_stale
 from app.engine.retention import RetentionSweep
 from app.engine.scheduler import Scheduler, process_owner
@@ -58,7 +58,8 @@ async def start_tools(settings: Settings) -> ToolRegistry | None:
         return None
     tools = ToolRegistry.from_file(settings.mcp_config,
                                    result_max_bytes=settings.tool_result_max_bytes,
-                                   args_max_bytes=settings.tool_args_max_bytes)
+                                   args_max_bytes=settings.tool_args_max_bytes,
+                                   http_sessions=settings.mcp_http_sessions)
     await tools.start()
     return tools
 
@@ -128,7 +129,7 @@ class Runtime:
         self.settings = settings
         self._freeze_gc = freeze_gc
         self._run_engine = run_engine
-        self._listen = listen_changes and not settings.is_sqlite
+        self._listen = listen_changes and dialect_of(settings.database_url).listens_for_changes
         self._given_gateway = gateway
         self._webhook_transport = webhook_transport
         self._stack = AsyncExitStack()
@@ -150,7 +151,7 @@ class Runtime:
             metrics.set_daily_budget(settings.daily_budget_usd)
             if tracing.configure():  # only when OTEL_* asks for traces
                 stack.callback(tracing.shutdown)
-            if settings.migrate_on_start:
+            if migrates_on_start(settings.database_url, settings.auto_migrate):
                 await upgrade_head_async(settings.database_url, settings.migrations_dir)
             self.db = make_db_engine(settings.database_url)
             stack.push_async_callback(self.db.dispose)
@@ -180,14 +181,14 @@ class Runtime:
                 self.tenants = TenantGates(settings.tenants, self.sessions, process_owner(),
                                            settings.lease_seconds, self.daily)
                 stack.push_async_callback(self.tenants.close)
-            if not settings.is_sqlite:  # the readers of this process's swarms' tokens
-                self.notifier.deltas.send_to(asyncpg_dsn(settings.database_url))
+            # the readers of this process's swarms' tokens in the other processes
+            if (sender := notify_sender(settings.database_url, DELTAS)) is not None:
+                self.notifier.deltas.send_to(sender)
                 stack.push_async_callback(self.notifier.deltas.close)
-            if self._listen:
-                listener = PgListener(settings.database_url,
-                                      {CHANGED: self.notifier.notified,
-                                       DELTAS: self.notifier.deltas.received},
-                                      on_connect=self.notifier.notify_all)
+            if self._listen and (listener := change_listener(
+                    settings.database_url, {CHANGED: self.notifier.notified,
+                                            DELTAS: self.notifier.deltas.received},
+                    on_connect=self.notifier.notify_all)) is not None:
                 listener.start()
                 stack.push_async_callback(listener.stop)
             if self._freeze_gc:
@@ -202,7 +203,7 @@ class Runtime:
         PostgreSQL beside the start, as the database may not answer yet (only attempts older
         than the horizon, so none of this process's own); SQLite, a local file, answers, and
         aiosqlite's thread must not outlive the loop of a cancelled query."""
-        if self.settings.is_sqlite:
+        if not dialect_of(self.settings.database_url).shared:
             await _settle_stale_passthrough(self.sessions)
         elif self._listen:
             task = asyncio.create_task(_settle_stale_passthrough(self.sessions),

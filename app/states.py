@@ -1,9 +1,12 @@
-"""The one state machine: swarm, subtask and webhook-delivery statuses, their allowed
-transitions, and the moves that apply one to a row (stamping its timestamps) and return the
-event it writes. Every status write in the service goes through a move here."""
+"""The one state machine: swarm, subtask and webhook-delivery statuses, gateway attempts'
+ledger outcomes, their allowed transitions, and the moves that apply one to a row (stamping
+its timestamps) and return the event it writes. Every status write in the service goes
+through a move here; no other module spells a status or outcome as a string (SQL status
+lists are rendered from these enums with `sql_in`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, NamedTuple, Protocol
@@ -48,6 +51,8 @@ class SubtaskKind(StrEnum):
 ACTIVE_SWARM = (SwarmStatus.planning, SwarmStatus.running, SwarmStatus.synthesizing)
 # what a tenant's max_active_swarms counts: the active, the queued and the parked
 COUNTED_SWARM = (SwarmStatus.queued, SwarmStatus.awaiting_approval, *ACTIVE_SWARM)
+# what an engine may claim: a queued swarm, or an active one whose lease lapsed
+CLAIMABLE_SWARM = (SwarmStatus.queued, *ACTIVE_SWARM)
 TERMINAL_SWARM = frozenset({SwarmStatus.succeeded, SwarmStatus.failed, SwarmStatus.cancelled})
 TERMINAL_SUBTASK = frozenset(
     {SubtaskStatus.succeeded, SubtaskStatus.failed, SubtaskStatus.skipped, SubtaskStatus.cancelled}
@@ -98,6 +103,53 @@ WEBHOOK_TRANSITIONS: dict[WebhookState, frozenset[WebhookState]] = {
 }
 
 
+class AttemptOutcome(StrEnum):
+    """A gateway attempt's ledger outcome (SPEC §4): written ahead `in_flight`, then settled
+    once. The seven answers are the gateway client's classification of an attempt."""
+
+    in_flight = "in_flight"  # written ahead: sent (or about to be), no answer settled yet
+    ok = "ok"
+    rate_limited = "rate_limited"
+    server_error = "server_error"
+    timeout = "timeout"
+    invalid_response = "invalid_response"
+    client_error = "client_error"
+    connection_error = "connection_error"
+    unknown = "unknown"  # the answer was lost (crash, cancel mid-call): billed at its reservation
+    cancelled = "cancelled"  # written ahead but never sent: costs nothing
+
+    @property
+    def settled(self) -> bool:
+        return self is not AttemptOutcome.in_flight
+
+
+_A = AttemptOutcome
+# what the gateway client classifies an attempt as: its answer, or the lack of one
+ANSWERED = (_A.ok, _A.rate_limited, _A.server_error, _A.timeout, _A.invalid_response,
+            _A.client_error, _A.connection_error)
+FAILED_ATTEMPT = ANSWERED[1:]  # the failures, each one a retry's reason
+# rows that hold no answer: a swarm whose calls end only so made no progress
+UNANSWERED = frozenset({_A.in_flight, _A.unknown, _A.cancelled})
+NOT_BILLED = (_A.in_flight, _A.cancelled)  # no cost (yet): left out of spend reports
+ATTEMPT_TRANSITIONS: dict[AttemptOutcome, frozenset[AttemptOutcome]] = {
+    _A.in_flight: frozenset({*ANSWERED, _A.unknown, _A.cancelled}),
+    **{o: frozenset() for o in _A if o is not _A.in_flight},
+}
+
+
+class ToolCallStatus(StrEnum):
+    """How one MCP tool call ended: its tool ledger row's status and metric label (SPEC §9)."""
+
+    ok = "ok"
+    error = "error"
+    timeout = "timeout"
+
+
+def sql_in(values: Iterable[StrEnum]) -> str:
+    """A status list as SQL renders it, for statements written as text: `'a', 'b'`."""
+    return ", ".join(f"'{v.value}'" for v in values)
+
+
 class InvalidTransition(Exception):
     """A status change the state machine does not allow (a bug, never client input)."""
 
@@ -113,6 +165,14 @@ def subtask_transition(current: SubtaskStatus, new: SubtaskStatus) -> SubtaskSta
     """Return `new` when the subtask may move there from `current`, else raise."""
     if new not in SUBTASK_TRANSITIONS[current]:
         raise InvalidTransition(f"subtask {current} -> {new}")
+    return new
+
+
+def attempt_transition(current: AttemptOutcome, new: AttemptOutcome) -> AttemptOutcome:
+    """Return `new` when an attempt's ledger row may be settled so from `current`, else
+    raise (a row is settled once, from `in_flight`)."""
+    if new not in ATTEMPT_TRANSITIONS[current]:
+        raise InvalidTransition(f"attempt {current} -> {new}")
     return new
 
 
@@ -162,6 +222,14 @@ def move_swarm(swarm: SwarmState, new: SwarmStatus, now: datetime, **data: Any) 
     return Event("swarm.status", {"status": new.value})
 
 
+def amend_end(swarm: SwarmState, new: SwarmStatus) -> None:
+    """Replace a swarm's end whose write the database refused (so never committed) by
+    another end; its timestamps stand."""
+    if not (swarm.status.terminal and new.terminal):
+        raise InvalidTransition(f"swarm end {swarm.status} -> {new}")
+    swarm.status = new
+
+
 _SUBTASK_EVENTS = {SubtaskStatus.running: "subtask.started",
                    SubtaskStatus.succeeded: "subtask.succeeded",
                    SubtaskStatus.failed: "subtask.failed",
@@ -180,3 +248,11 @@ def move_subtask(sub: SubtaskState, new: SubtaskStatus, now: datetime, **data: A
         sub.finished_at = now
     kind = _SUBTASK_EVENTS.get(new)
     return None if kind is None else Event(kind, {"name": sub.name, **data})
+
+
+def retract_subtask(sub: SubtaskState, back: SubtaskStatus) -> None:
+    """Forget a subtask's move from `back` whose write the database refused (it never
+    happened): the subtask is at `back` again, its end unstamped."""
+    if sub.status not in SUBTASK_TRANSITIONS[back]:
+        raise InvalidTransition(f"subtask {back} -> {sub.status} is no move to retract")
+    sub.status, sub.finished_at = back, None

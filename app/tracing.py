@@ -211,10 +211,11 @@ def inject(headers: dict[str, str] | None) -> dict[str, str] | None:
     return out
 
 
-def record_chat(*, outcome: str, status_code: int | None, input_tokens: int,
+def record_chat(*, error: str | None, status_code: int | None, input_tokens: int,
                 output_tokens: int, finish_reason: str | None = None,
                 output: str | None = None) -> None:
-    """Attributes of the current `chat` span once its attempt is known."""
+    """Attributes of the current `chat` span once its attempt is known (`error`: a failed
+    attempt's outcome)."""
     if _State.tracer is None:
         return
     span = trace.get_current_span()
@@ -224,9 +225,9 @@ def record_chat(*, outcome: str, status_code: int | None, input_tokens: int,
         span.set_attribute("http.response.status_code", status_code)
     if finish_reason:
         span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
-    if outcome != "ok":
-        span.set_attribute("error.type", outcome)
-        span.set_status(Status(StatusCode.ERROR, outcome))
+    if error is not None:
+        span.set_attribute("error.type", error)
+        span.set_status(Status(StatusCode.ERROR, error))
     elif output is not None and _State.capture:
         span.set_attribute("gen_ai.output.messages", json.dumps(
             [{"role": "assistant", "content": output, "finish_reason": finish_reason}],

@@ -1,9 +1,11 @@
 """`POST /swarms/estimate` of a 1,000-agent swarm against a tenant with 100,000 ledger rows of
-history, on PostgreSQL: the answer's p50 over HTTP (a real `swarm-api serve`), and the plan
+history, on PostgreSQL: the answer's p50 over HTTP (a real `swarm-api serve` of each build
+given, in turn, on one seeded database a round), and the plan
 PostgreSQL takes for the history statement (an index scan that stops at the window, never a
 scan of the ledger).
 
-    .venv/bin/python -m bench.bench_estimate [--rows 100000] [--requests 40]
+    .venv/bin/python -m bench.bench_estimate [--rows 100000] [--requests 40] [--rounds 3]
+        [--cli before=path/to/swarm-api --cli after=.venv/bin/swarm-api]
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from sqlalchemy import insert, inspect
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from app.db.history import history_statement
+from app.db.history import HISTORY, window
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.engine.layout import new_subtask
 from app.engine.specs import new_swarm_row
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
+from bench.bench_create import cpu_s, serve_db
 from bench.bench_rows import serving
 
 TENANT = "default"  # the tenant of a service without SWARM_API_KEYS
@@ -78,7 +81,7 @@ async def seed(db: str, rows: int) -> None:
 
 async def explain(db: str, runs: int = 20) -> tuple[str, float]:
     """The history statement's plan, and its p50 in ms (alone, over one connection)."""
-    sql = str(history_statement(TENANT).compile(dialect=postgresql.dialect(),
+    sql = str(HISTORY.params(window(TENANT)).compile(dialect=postgresql.dialect(),
                                                 compile_kwargs={"literal_binds": True}))
     conn = await asyncpg.connect(db.replace("+asyncpg", ""))
     try:
@@ -100,19 +103,51 @@ def body(agents: int) -> dict[str, Any]:
                        for i in range(agents)]}
 
 
-async def measure(api: str, agents: int, requests: int) -> tuple[list[float], dict[str, Any]]:
+async def measure(api: str, agents: int, requests: int, warm: int = 3
+                  ) -> tuple[list[float], dict[str, Any]]:
     times: list[float] = []
     async with httpx.AsyncClient(base_url=api, timeout=60) as c:
         answer: dict[str, Any] = {}
-        for i in range(requests + 3):
+        for i in range(requests + warm):
             t0 = time.perf_counter()
             r = await c.post("/swarms/estimate", json=body(agents))
             elapsed = time.perf_counter() - t0
             r.raise_for_status()
             answer = r.json()
-            if i >= 3:  # warm-up: the first statements' plans, the app's first answers
+            if i >= warm:  # warm-up: the first statements' plans, the app's first answers
                 times.append(elapsed * 1000)
     return times, answer
+
+
+def one_round(builds: dict[str, str], rows: int, agents: int, requests: int, plan: bool,
+              cpus: dict[str, list[float]]) -> dict[str, list[float]]:
+    """One database seeded once (migrated by the first build's `serve`), then each build's
+    `serve` on it in turn: each build's estimate times."""
+    got: dict[str, list[float]] = {}
+    with serve_db("swarm_estimate") as database:
+        for i, (name, cli) in enumerate(builds.items()):
+            with serving(cli, Path(tempfile.mkdtemp()), database=database) as (api, db, pid, _):
+                if i == 0:
+                    t0 = time.perf_counter()
+                    asyncio.run(seed(db, rows))
+                    print(f"  seeded {rows} ledger rows in {time.perf_counter() - t0:.1f} s")
+                asyncio.run(measure(api, agents, 0))
+                # the serve's own CPU per estimate: what a loaded machine's queueing leaves out
+                cpu0 = cpu_s(pid)
+                times, answer = asyncio.run(measure(api, agents, requests, warm=0))
+                cpu = (cpu_s(pid) - cpu0) / requests * 1000
+                q = statistics.quantiles(times, n=10)
+                print(f"  {name}: POST /swarms/estimate, {agents} agents, {rows} rows of "
+                      f"history: p50 {statistics.median(times):.1f} ms, p90 {q[8]:.1f} ms, "
+                      f"min {min(times):.1f} ms ({len(times)} requests), serve CPU "
+                      f"{cpu:.1f} ms a request; basis {answer['basis']}")
+                cpus.setdefault(name, []).append(cpu)
+                got[name] = times
+                if plan and i == 0:
+                    shown, alone = asyncio.run(explain(db))
+                    print(f"  the history statement alone: p50 {alone:.1f} ms")
+                    print(shown)
+    return got
 
 
 def main() -> None:
@@ -120,21 +155,29 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--agents", type=int, default=1000)
     ap.add_argument("--requests", type=int, default=40)
-    ap.add_argument("--cli", default=str(Path(".venv/bin/swarm-api").resolve()))
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of every build, taken in turn (a shared machine's load "
+                         "then weighs on each alike)")
+    ap.add_argument("--cli", action="append",
+                    help="name=path/to/swarm-api (repeatable); default this checkout's")
     args = ap.parse_args()
-    with serving(args.cli, Path(tempfile.mkdtemp())) as (api, db, _pid, _sim):
-        t0 = time.perf_counter()
-        asyncio.run(seed(db, args.rows))
-        print(f"seeded {args.rows} ledger rows in {time.perf_counter() - t0:.1f} s")
-        times, answer = asyncio.run(measure(api, args.agents, args.requests))
-        plan, alone = asyncio.run(explain(db))
-    q = statistics.quantiles(times, n=10)
-    print(f"POST /swarms/estimate, {args.agents} agents, {args.rows} rows of history: "
-          f"p50 {statistics.median(times):.1f} ms, p90 {q[8]:.1f} ms, "
-          f"min {min(times):.1f} ms ({len(times)} requests)")
-    print(f"basis {answer['basis']}, cost_usd {answer['cost_usd']}")
-    print(f"the history statement alone: p50 {alone:.1f} ms")
-    print(plan)
+    builds = dict(c.split("=", 1) for c in args.cli or [
+        f"this={Path('.venv/bin/swarm-api').resolve()}"])
+    p50s: dict[str, list[float]] = {name: [] for name in builds}
+    cpus: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        print(f"round {r + 1}:")
+        # the builds in turn, the first one alternating: a shared machine's load weighs alike
+        order = list(builds.items())[r % len(builds):] + list(builds.items())[:r % len(builds)]
+        for name, times in one_round({n: str(Path(c).absolute()) for n, c in order},
+                                     args.rows, args.agents, args.requests, r == 0,
+                                     cpus).items():
+            p50s[name].append(statistics.median(times))
+    for name, got in p50s.items():
+        print(f"{name}: median of {len(got)} rounds' p50 {statistics.median(got):.1f} ms "
+              f"(each: {', '.join(f'{x:.1f}' for x in got)}); serve CPU a request, median "
+              f"{statistics.median(cpus[name]):.1f} ms "
+              f"(each: {', '.join(f'{x:.1f}' for x in cpus[name])})")
 
 
 if __name__ == "__main__":

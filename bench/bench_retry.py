@@ -24,7 +24,7 @@ import httpx
 from sqlalchemy import Table, insert, select, update
 
 from app.config import Settings
-from app.db.create import SUBTASK_INSERT_COLUMNS
+from app.db.columns import SUBTASK_INSERT_COLUMNS
 from app.db.migrate import upgrade_head
 from app.db.retry_copy import copy_swarm
 from app.db.tables import Subtask, Swarm

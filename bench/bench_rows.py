@@ -163,13 +163,15 @@ async def fanout_anatomy(api: str, db: str, sim: str) -> None:
 
 
 @contextlib.contextmanager
-def serving(cli: str, work: Path, tenants: str = BENCH_TENANTS
-            ) -> Iterator[tuple[str, str, int, str]]:
-    """A simulator at 0 ms and a build's `serve` on a throwaway database: (api, db, pid,
-    the simulator's base URL)."""
+def serving(cli: str, work: Path, tenants: str = BENCH_TENANTS,
+            database: dict[str, str] | None = None) -> Iterator[tuple[str, str, int, str]]:
+    """A simulator at 0 ms and a build's `serve` on a throwaway database (or on `database`,
+    `serve_db`'s environment of one kept by the caller): (api, db, pid, the simulator's base
+    URL)."""
     sim_port, api_port = free_port(), free_port()
     sim, api = f"http://127.0.0.1:{sim_port}/v1", f"http://127.0.0.1:{api_port}"
-    with serve_db("swarm_rows") as db:
+    with (contextlib.nullcontext(database) if database is not None
+          else serve_db("swarm_rows")) as db:
         env = {**db, "SWARM_GATEWAY_URL": sim, "SWARM_MAX_INFLIGHT": "256",
                "SWARM_MAX_RUNNING_SWARMS": "64",
                "SWARM_TENANTS_FILE": str(tenants_file(work, tenants))}

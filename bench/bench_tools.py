@@ -31,10 +31,12 @@ RESULTS = Path(__file__).with_name("RESULTS.md")
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
-def run_swarm(api: str, agents: int, turns: int) -> tuple[float, dict[str, Any]]:
+def run_swarm(api: str, agents: int, turns: int,
+              tools: tuple[str, ...] = ("docs.lookup", "web.lookup")
+              ) -> tuple[float, dict[str, Any]]:
     body = {"task": "benchmark tools", "synthesis": {"strategy": "none"}, "max_tokens": 200,
             "limits": {"concurrency": agents, "max_tool_calls": 100_000},
-            "agents": [{"name": f"agent_{i}", "tools": ["docs.lookup", "web.lookup"],
+            "agents": [{"name": f"agent_{i}", "tools": list(tools),
                         "max_turns": turns + 1, "prompt": f"bench {i} [[sim turns={turns}]]"}
                        for i in range(agents)]}
     with httpx.Client(timeout=60) as c:
@@ -50,7 +52,7 @@ def run_swarm(api: str, agents: int, turns: int) -> tuple[float, dict[str, Any]]
                 break
         wall = time.perf_counter() - t0
     assert data["status"] == "succeeded", data["error"]
-    assert all(s["tool_calls"] == 2 * turns for s in data["subtasks"])
+    assert all(s["tool_calls"] == len(tools) * turns for s in data["subtasks"])
     with httpx.Client(timeout=60) as c:  # every call answered, none an `error: …`
         for s in data["subtasks"]:
             detail = c.get(f"{api}/swarms/{swarm_id}/subtasks/{s['name']}").json()

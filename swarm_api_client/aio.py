@@ -16,6 +16,7 @@ from httpx_sse import EventSource
 from pydantic import BaseModel
 from tenacity import AsyncRetrying
 
+import swarm_api_client._base as b
 from app.estimate_schemas import SwarmEstimate
 from app.schemas import (
     AuditPage,
@@ -27,7 +28,6 @@ from app.schemas import (
     ToolList,
     UsageReport,
 )
-from swarm_api_client import _base as b
 from swarm_api_client.errors import SwarmApiError, WaitTimeout
 
 M = TypeVar("M", bound=BaseModel)

@@ -31,6 +31,15 @@ SKIP_PG = os.environ.get("SWARM_TEST_SKIP_POSTGRES") == "1"
 BACKENDS = ["sqlite"] if SKIP_PG else ["sqlite", "postgres"]
 
 
+@pytest.fixture(autouse=True)
+def _latency_devices_pinned(request: pytest.FixtureRequest,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test of a latency device's mechanism (`@pytest.mark.latency_devices`) runs with the
+    devices on, whatever SWARM_LATENCY_DEVICES says (`make test-plain` turns them off)."""
+    if request.node.get_closest_marker("latency_devices") is not None:
+        monkeypatch.setenv("SWARM_LATENCY_DEVICES", "on")
+
+
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str]:
     """A migrated throwaway Postgres database for the session (dropped at the end)."""

@@ -21,8 +21,8 @@ from sqlalchemy import func, select
 
 from app.db import changes
 from app.db.session import make_db_engine
-from app.db.spend import NOT_BILLED
 from app.db.tables import GatewayCall, Swarm
+from app.states import NOT_BILLED
 from tests.conftest import Harness
 
 T = TypeVar("T")

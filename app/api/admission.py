@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import metrics
 from app.api.deps import SessionDep, SettingsDep, TenantDep
 from app.db import quotas, tenant_cap
-from app.db.session import bound_engine, is_postgres
+from app.db.dialect import dialect_of, engine_of
 from app.errors import RequestInvalid, TooManyRequests
 from app.schemas import SwarmCreate
 from app.tenants import TenantLimits
@@ -228,9 +228,9 @@ async def _admit(session: AsyncSession, tenant: str, limits: TenantLimits,
                  count_swarms: bool) -> None:
     if _nothing_to_check(limits, count_swarms):
         return  # nothing to check: no transaction either
-    if is_postgres(session):  # tenant_admit alone, in autocommit: one round trip, no ORM
+    if dialect_of(session).admits_in_the_insert:  # tenant_admit alone: one round trip, no ORM
         try:
-            await quotas.admit_alone(bound_engine(session),
+            await quotas.admit_alone(engine_of(session),
                                      _admit_of(tenant, limits, count_swarms))
         except quotas.Refused as refused:
             raise _refusal(refused, limits) from None

@@ -67,8 +67,8 @@ async def approve_swarm(swarm_id: str, request: Request, session: SessionDep,
         url = swarm.spec.get("webhook_url")
         if edited is not None and isinstance(url, str):  # today's webhook policy holds
             await check_webhook_url(url, request.app.state.settings, tenant)
-        await gate.approve(session, swarm, edited, request.app.state.settings.prices,
-                           await db_now(session))
+        await gate.approve(session, swarm, edited, request.app.state.settings,
+                           request.app.state.tools, await db_now(session))
         audit.record(session, "approve", swarm_id)
     log.info("swarm %s approved%s", swarm_id, " with an edited plan" if edits else "",
              extra={"swarm_id": swarm_id})

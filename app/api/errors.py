@@ -23,6 +23,7 @@ from app.errors import (
 )
 from app.middleware import CatchAll, head_served
 from app.schemas import ErrorResponse
+from app.states import SwarmStatus
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,8 @@ _EXAMPLES: dict[int, tuple[str, str, Any]] = {
           "SWARM_API_KEYS, or SWARM_ALLOW_OPEN=1)", None),
     404: ("not_found", "no swarm 0b6f1c2e-8d1a-4a57-9c3e-2f7d9e6b1a44",
           {"id": "0b6f1c2e-8d1a-4a57-9c3e-2f7d9e6b1a44"}),
-    409: ("already_terminal", "swarm is already succeeded", {"status": "succeeded"}),
+    409: ("already_terminal", "swarm is already succeeded",
+          {"status": SwarmStatus.succeeded.value}),
     413: ("payload_too_large", "request body over 10485760 bytes", {"limit": 10485760}),
     415: ("unsupported_media_type", "request bodies must be JSON: send Content-Type: "
           "application/json (got 'application/x-www-form-urlencoded')",

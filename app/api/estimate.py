@@ -13,13 +13,12 @@ from app.api.deps import KeyFirstRoute, SessionDep, TenantDep
 from app.api.errors import error_responses
 from app.api.shared import swarm_answer
 from app.config import Settings
-from app.db import history, tenant_cap
+from app.db import tenant_cap
 from app.engine.budget import BudgetExceeded, SharedCap
-from app.engine.call_plan import named_agents, plan_of, planned_agents
-from app.engine.estimate import Estimate, estimate
+from app.engine.call_plan import named_agents, planned_agents
+from app.engine.forecast import forecast
 from app.engine.planning import PlanFailed, Planning
 from app.engine.specs import build_swarm
-from app.engine.turns import openai_tools
 from app.errors import ApiError, RequestInvalid, TooManyRequests
 from app.estimate_schemas import SwarmEstimate
 from app.gateway.errors import GatewayError, GatewayRejected
@@ -64,29 +63,11 @@ async def estimate_swarm(body: SwarmCreate, request: Request, session: SessionDe
         new = build_swarm(body, settings, tenant, tools=tools)
         shown = agents[0]
     else:
-        shown = named_agents(body, new.swarm.spec)
-    result = await _estimate(request, session, tenant, body, new.swarm.spec, new.subtasks,
-                             shown, planning_cost)
-    return swarm_answer(to_json(result.view()))
-
-
-async def _estimate(request: Request, session: SessionDep, tenant: str, body: SwarmCreate,
-                    spec: dict[str, Any], subtasks: list[Any], shown: list[dict[str, Any]],
-                    planning_cost: Decimal | None) -> Estimate:
-    settings: Settings = request.app.state.settings
-    tools: ToolRegistry | None = request.app.state.tools
-
-    def definitions(selectors: Any) -> list[dict[str, Any]]:
-        return [] if tools is None else openai_tools(tools.expand(selectors))
-
-    plan = plan_of(body.task, spec, subtasks, shown, settings.prices, definitions,
-                   settings.tool_result_max_bytes)
+        shown = named_agents(new.swarm.spec)
     async with session.begin():
-        seen = await history.recent_calls(session, tenant)
-        caps = await history.caps_left(session, tenant, body.limits.budget_usd,
-                                       settings.tenant_limits(tenant).daily_budget_usd,
-                                       settings.daily_budget_usd)
-    return estimate(plan, settings.prices, seen, caps, planning_cost)
+        result = await forecast(session, tenant, body.task, new.swarm.spec, new.subtasks, shown,
+                                body.limits.budget_usd, settings, tools, planning_cost)
+    return swarm_answer(to_json(result.view()))
 
 
 async def _plan(request: Request, body: SwarmCreate, spec: dict[str, Any],

@@ -25,6 +25,7 @@ from app.gateway.client import GatewayClient
 from app.gateway.errors import GatewayError, GatewayRejected
 from app.gateway.eventstream import DONE
 from app.openai_schemas import ChatCompletionCreate
+from app.states import AttemptOutcome
 
 MAX_ATTEMPTS = 3
 MAX_CHOICES = 128  # OpenAI's bound on `n`
@@ -70,7 +71,7 @@ def gateway_failed(exc: GatewayError) -> JSONResponse:
                                 "gateway_rejected")
         return openai_error(status if status in (400, 404, 413, 422) else 400, str(exc),
                             "gateway_rejected")
-    if exc.outcome == "rate_limited":
+    if exc.outcome == AttemptOutcome.rate_limited:
         last = exc.attempts[-1] if exc.attempts else None
         hint = last.retry_after_s if last is not None else None
         wait = max(math.ceil(hint), 1) if hint is not None else 1

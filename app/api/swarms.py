@@ -44,6 +44,7 @@ from app.api.sse import (
 )
 from app.config import Settings
 from app.db import audit, create, erase, queries, quotas, retry_copy
+from app.db.dialect import dialect_of
 from app.db.session import SessionFactory, db_now
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
@@ -92,7 +93,7 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
         await check_webhook_url(body.webhook_url, settings, tenant)
     now = utcnow()
     # named agents whose estimate needs approval: stored awaiting it, for no engine to claim
-    held = gate.hold_at_creation(new, settings.prices, now)
+    held = await gate.hold_at_creation(state.sessions, new, settings, tools, now)
     local = _claimer(engine) if held is None else None
     # claimed as it is created: its runner now, its first calls written ahead with it
     runner = local.adoption(new.swarm, new.subtasks) if local is not None else None
@@ -114,7 +115,8 @@ async def create_swarm(body: SwarmCreate, request: Request, response: Response,
         await gate.write_held(s, new.swarm, held, now)  # a held swarm's event and webhook
         audit.record(s, action, new.swarm.id)
 
-    if admission.in_statement and not settings.is_sqlite and held is None:
+    if (admission.in_statement and held is None
+            and dialect_of(settings.database_url).admits_in_the_insert):
         # PostgreSQL: the insert is one statement, a transaction of its own, that checks the
         # tenant's quotas and frees an expired holder of the Idempotency-Key first (the typed
         # client sends a key with every creation: it was eleven round trips). A live holder is

@@ -1,5 +1,5 @@
-"""What a runner wants durable, handed to the group commit: one SwarmWrite per commit, and
-the columns its rows carry."""
+"""What a runner wants durable, handed to the group commit: one SwarmWrite per commit (the
+columns its rows carry: app/db/columns.py)."""
 
 from __future__ import annotations
 
@@ -21,20 +21,3 @@ class SwarmWrite:
     webhook: dict[str, Any] | None = None  # the terminal state's delivery, when one is asked
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # the tool ledger
     transcript: list[dict[str, Any]] = field(default_factory=list)  # appended messages
-
-
-SWARM_TOTAL_COLUMNS = ("spent_usd", "reserved_usd", "unresolved_usd", "prompt_tokens",
-                       "completion_tokens", "gateway_calls")
-SWARM_STATE_COLUMNS = (
-    *SWARM_TOTAL_COLUMNS, "status", "result", "error", "started_at", "finished_at",
-    "event_seq", "vote", "settled_epoch",
-)
-SUBTASK_STATE_COLUMNS = (
-    "status", "attempts", "output", "error", "truncated", "sanitized", "prompt_tokens",
-    "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at", "finished_at",
-    "turns", "tool_calls", "model", "fallbacks", "output_json", "output_status",
-    "output_format",
-)
-# what an answer settles of an attempt written ahead (its model too: the one it was sent to)
-LEDGER_SETTLED = ("model", "http_status", "outcome", "prompt_tokens", "completion_tokens",
-                   "cached_tokens", "cost_usd", "at_bound", "latency_ms")

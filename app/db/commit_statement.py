@@ -27,7 +27,8 @@ from typing import Any
 from sqlalchemy import Table
 
 from app.db.base import table_of
-from app.db.changes import LEDGER_SETTLED, SwarmWrite
+from app.db.changes import SwarmWrite
+from app.db.columns import LEDGER_SETTLED
 from app.db.notify import CHANGED
 from app.db.recordsets import Columns, document, quote, recordset
 from app.db.tables import (
@@ -41,6 +42,7 @@ from app.db.tables import (
     Webhook,
 )
 from app.db.tenant_tables import TenantQueue
+from app.states import AttemptOutcome
 
 # each table's part of the statement, by the name of its CTE
 _SWARMS, _SUBTASKS, _LEDGER = table_of(Swarm), table_of(Subtask), table_of(GatewayCall)
@@ -174,4 +176,4 @@ def _dml(name: str, table: Table, keys: Sequence[str], source: str) -> str:
     # a row written ahead as in_flight is settled by its answer, a settled one never again
     sets = ", ".join(f"{quote(k)} = EXCLUDED.{quote(k)}" for k in LEDGER_SETTLED)
     return (insert + f"ON CONFLICT (idempotency_key, attempt) DO UPDATE SET {sets} "
-            f"WHERE {t}.outcome = 'in_flight'")
+            f"WHERE {t}.outcome = '{AttemptOutcome.in_flight}'")

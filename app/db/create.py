@@ -17,24 +17,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from app.db import creation_statement
 from app.db.base import column_values
 from app.db.batch import executemany
+from app.db.columns import SUBTASK_INSERT_COLUMNS
+from app.db.dialect import engine_of
 from app.db.direct import fetchrow_pooled
 from app.db.live_rows import LiveSubtask
 from app.db.queries import queued_swarms
 from app.db.quotas import Admit, Refused
-from app.db.session import bound_engine, db_now
+from app.db.session import db_now
 from app.db.session import is_postgres as _is_pg
 from app.db.spend import DailyCheck
 from app.db.tables import GatewayCall, Subtask, Swarm
 from app.db.tenant_cap import CapAsk, tenant_checks
 from app.db.types import utcnow
-
-SUBTASK_INSERT_COLUMNS = (
-    "swarm_id", "name", "position", "kind", "model", "depends_on", "system_prompt", "prompt",
-    "max_tokens", "temperature", "weight", "status", "attempts", "output", "error", "truncated",
-    "prompt_tokens", "completion_tokens", "cost_usd", "latency_ms", "ready_at", "started_at",
-    "finished_at", "reused", "tools", "max_turns", "turns", "tool_calls",
-    "sanitized", "models", "fallbacks", "output_json", "output_status", "output_format",
-)
 
 
 @dataclass
@@ -201,7 +195,7 @@ async def key_holder(session: AsyncSession, tenant: str, key: str, ttl_s: float
     or None (the key is free). PostgreSQL: one statement alone, the database's clock in it
     (in the session's transaction it was BEGIN, `SELECT now()`, the select, COMMIT)."""
     if _is_pg(session):
-        row = await fetchrow_pooled(bound_engine(session), _KEY_HOLDER,
+        row = await fetchrow_pooled(engine_of(session), _KEY_HOLDER,
                                     (tenant, key, float(ttl_s)))
         return None if row is None else (row[0], row[1])
     async with session.begin():

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.db.base import table_of
 from app.db.session import db_now, is_postgres
 from app.db.tables import Event, GatewayCall, Subtask, Swarm, TranscriptMessage, Webhook
-from app.states import TERMINAL_SWARM
+from app.states import TERMINAL_SWARM, AttemptOutcome
 
 _SUBTASKS = table_of(Subtask)
 # what an erased swarm's events carry instead of their payloads
@@ -137,7 +137,7 @@ async def prune_ledger(session: AsyncSession, before: datetime, tenant: str | No
     """Ledger rows (gateway attempts) recorded before `before`: all counted (`dry_run`), or
     up to `limit` removed (one batch). Only settled ones: an attempt in flight is money not
     yet known."""
-    cond = (GatewayCall.created_at < before) & (GatewayCall.outcome != "in_flight")
+    cond = (GatewayCall.created_at < before) & (GatewayCall.outcome != AttemptOutcome.in_flight)
     if tenant is not None:
         cond &= GatewayCall.tenant == tenant
     if dry_run:

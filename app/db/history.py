@@ -11,14 +11,14 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Integer, Select, and_, cast, func, select
+from sqlalchemy import Integer, Select, and_, bindparam, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import spend
 from app.db.tables import GatewayCall, Subtask
 from app.db.tenant_cap import tenant_left as tenant_cap_left
 from app.db.types import utcnow
-from app.states import SubtaskKind
+from app.states import AttemptOutcome, SubtaskKind
 
 # fewer calls than this of a model and kind are no history: the estimate falls back
 MIN_SAMPLES = 3
@@ -59,17 +59,16 @@ class Caps:
     daily: Decimal | None = None
 
 
-def history_statement(tenant: str, calls: int = WINDOW_CALLS,
-                      days: int = WINDOW_DAYS) -> Select[Any]:
+def _statement() -> Select[Any]:
     """`recent_calls`' one statement: per (model, kind, tools) the calls, subtasks and sums
-    of tokens and squares."""
-    since = utcnow() - timedelta(days=days)
+    of tokens and squares over the window (`tenant`, `since`, `calls` bound when it runs)."""
     g = GatewayCall
     window = (select(g.swarm_id, g.subtask_name, g.model, g.prompt_tokens,
                      g.completion_tokens, g.created_at)
-              .where(g.tenant == tenant, g.created_at >= since, g.outcome == "ok",
-                     g.swarm_id.is_not(None), g.at_bound.is_(False))
-              .order_by(g.created_at.desc()).limit(calls).subquery("w"))
+              .where(g.tenant == bindparam("tenant"), g.created_at >= bindparam("since"),
+                     g.outcome == AttemptOutcome.ok, g.swarm_id.is_not(None), g.at_bound.is_(False))
+              .order_by(g.created_at.desc()).limit(bindparam("calls", type_=Integer))
+              .subquery("w"))
     per_sub = (select(window.c.swarm_id, window.c.subtask_name, window.c.model,
                       func.count().label("n"),
                       func.sum(window.c.prompt_tokens).label("p"),
@@ -89,13 +88,23 @@ def history_statement(tenant: str, calls: int = WINDOW_CALLS,
         .group_by(per_sub.c.model, Subtask.kind, tools))
 
 
+# built once, its values bound when it runs: building it anew is a good share of an
+# estimate's CPU
+HISTORY = _statement()
+
+
+def window(tenant: str, calls: int = WINDOW_CALLS, days: int = WINDOW_DAYS) -> dict[str, Any]:
+    """`HISTORY`'s parameters: the tenant's last `calls` successful calls of `days` days."""
+    return {"tenant": tenant, "since": utcnow() - timedelta(days=days), "calls": calls}
+
+
 async def recent_calls(session: AsyncSession, tenant: str, *, calls: int = WINDOW_CALLS,
                        days: int = WINDOW_DAYS) -> History:
     """Tokens per call by model, subtask kind and whether the subtask used tools, over the
     tenant's last `calls` successful calls of the last `days` days: read newest first along
     `ix_gateway_calls_tenant_created` and stopped at `calls` (never the whole ledger), then
     summed per subtask (a tool agent's calls are its turns) and per bucket."""
-    rows = (await session.execute(history_statement(tenant, calls, days))).all()
+    rows = (await session.execute(HISTORY, window(tenant, calls, days))).all()
     buckets: dict[tuple[str, str, bool], Bucket] = {}
     first = None
     for model, kind, with_tools, subs, n, nn, p, c, cc, oldest in rows:

@@ -27,8 +27,7 @@ from app.db.session import db_now
 from app.db.session import is_postgres as _is_pg
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
-from app.states import ACTIVE_SWARM as ACTIVE
-from app.states import SwarmStatus
+from app.states import CLAIMABLE_SWARM, sql_in
 
 
 class LeaseLost(Exception):
@@ -71,18 +70,19 @@ def idle_limit(seconds: float) -> ColumnElement[str]:
 
 def _claimable(now: Any) -> ColumnElement[bool]:
     # a just-claimed swarm is still `queued` until its runner commits: the lease guards it too
-    return Swarm.status.in_((SwarmStatus.queued, *ACTIVE)) & or_(
+    return Swarm.status.in_(CLAIMABLE_SWARM) & or_(
         Swarm.lease_expires_at.is_(None), Swarm.lease_expires_at < now)
 
 
+_CLAIMABLE = sql_in(CLAIMABLE_SWARM)
 # Fair claims (SPEC §8): round-robin across tenants. A claimable swarm's priority is its
 # tenant's swarms held now (live leases) + its rank in its tenant's queue (oldest = 1): the
 # oldest swarm of the tenant with the fewest running goes first, and one tenant's backlog
 # delays another's swarm by at most one claim per free slot. Ties: oldest first.
-_PG_CLAIM = text("""
+_PG_CLAIM = text(f"""
 WITH held AS (
     SELECT tenant, count(*) AS n FROM swarms
-    WHERE status IN ('queued', 'planning', 'running', 'synthesizing')
+    WHERE status IN ({_CLAIMABLE})
       AND lease_expires_at >= now()
     GROUP BY tenant
 ),
@@ -91,14 +91,14 @@ ranked AS (
            COALESCE(h.n, 0)
              + row_number() OVER (PARTITION BY c.tenant ORDER BY c.created_at, c.id) AS prio
     FROM swarms c LEFT JOIN held h ON h.tenant = c.tenant
-    WHERE c.status IN ('queued', 'planning', 'running', 'synthesizing')
+    WHERE c.status IN ({_CLAIMABLE})
       AND (c.lease_expires_at IS NULL OR c.lease_expires_at < now())
       AND c.id <> ALL(CAST(:exclude AS text[]))
 ),
 picked AS MATERIALIZED (
     SELECT s.id, s.lease_owner IS NOT NULL AS had_owner, s.lease_epoch AS previous_epoch
     FROM swarms s JOIN ranked r ON r.id = s.id
-    WHERE s.status IN ('queued', 'planning', 'running', 'synthesizing')
+    WHERE s.status IN ({_CLAIMABLE})
       AND (s.lease_expires_at IS NULL OR s.lease_expires_at < now())
     ORDER BY r.prio, r.created_at, r.id
     LIMIT :limit
@@ -167,7 +167,7 @@ def _fair_order(now: datetime, exclude: Sequence[str], limit: int
                 ) -> Select[str, bool, int]:
     """_PG_CLAIM's order in Core (SQLite: one process, so no row locks to skip)."""
     held = (select(Swarm.tenant, func.count().label("n"))
-            .where(Swarm.status.in_((SwarmStatus.queued, *ACTIVE)),
+            .where(Swarm.status.in_(CLAIMABLE_SWARM),
                    Swarm.lease_expires_at >= now)
             .group_by(Swarm.tenant).subquery())
     rank = func.row_number().over(partition_by=Swarm.tenant,

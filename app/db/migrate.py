@@ -42,9 +42,11 @@ def head_revision(migrations_dir: str | None = None) -> str | None:
 
 async def current_revision(engine: AsyncEngine) -> str | None:
     """The database's revision (None before its first migration; several heads, joined, are
-    never the head). Read from alembic's table here: alembic's MigrationContext logs two INFO
-    lines each time it is made, which was two lines a readiness probe."""
+    never the head), after a `SELECT 1` that raises when it does not answer (the readiness
+    probe's two questions). Read from alembic's table here: alembic's MigrationContext logs
+    two INFO lines each time it is made, which was two lines a readiness probe."""
     async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
         return await conn.run_sync(_revision)
 
 

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.tables import GatewayCall
 from app.db.writes import settling_insert
+from app.states import AttemptOutcome
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,12 @@ async def settle_stale(session: AsyncSession, before: datetime) -> list[StaleAtt
     """Passthrough attempts written ahead before `before` whose answer never came (their
     process died): `unknown`, billed at their reservation (which the daily caps still hold:
     a reservation outlives its dead owner). Returns them."""
-    stale = (GatewayCall.swarm_id.is_(None), GatewayCall.outcome == "in_flight",
+    stale = (GatewayCall.swarm_id.is_(None), GatewayCall.outcome == AttemptOutcome.in_flight,
              GatewayCall.created_at < before)
     rows = [StaleAttempt(*r) for r in (await session.execute(
         select(GatewayCall.model, GatewayCall.reserved_usd, GatewayCall.prompt_tokens,
                GatewayCall.completion_tokens).where(*stale).with_for_update())).all()]
     if rows:
         await session.execute(update(GatewayCall).where(*stale).values(
-            outcome="unknown", cost_usd=GatewayCall.reserved_usd, at_bound=True))
+            outcome=AttemptOutcome.unknown, cost_usd=GatewayCall.reserved_usd, at_bound=True))
     return rows

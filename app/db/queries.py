@@ -90,11 +90,6 @@ async def get_subtasks(session: AsyncSession, swarm_ids: Sequence[str], *,
 
 _SUBTASKS = table_of(Subtask)
 # what a view reads of a subtask (SubtaskView), after the swarm to group by
-_VIEWED = ("swarm_id", "name", "kind", "status", "model", "depends_on", "attempts", "truncated",
-           "reused", "sanitized", "error", "prompt_tokens", "completion_tokens", "cost_usd",
-           "latency_ms", "started_at", "finished_at", "turns", "tool_calls", "fallbacks",
-           "output_status", "output_format", "output", "output_json")
-_OUTPUTS = 2  # the last two: left out of lists
 
 
 class SubtaskRow(NamedTuple):
@@ -127,6 +122,7 @@ class SubtaskRow(NamedTuple):
     output_json: Any = None
 
 
+_OUTPUTS = 2  # the last two fields: left out of lists
 _ROW_OF = operator.itemgetter(*SubtaskRow._fields)
 
 
@@ -150,7 +146,8 @@ async def subtask_views(session: AsyncSession, swarm_ids: Sequence[str], *,
     out: dict[str, list[SubtaskRow]] = {i: [] for i in swarm_ids}
     if not swarm_ids:
         return out
-    columns = [_SUBTASKS.c[name] for name in (_VIEWED if outputs else _VIEWED[:-_OUTPUTS])]
+    viewed = SubtaskRow._fields if outputs else SubtaskRow._fields[:-_OUTPUTS]
+    columns = [_SUBTASKS.c[name] for name in viewed]
     stmt = (select(*columns).where(_SUBTASKS.c.swarm_id.in_(swarm_ids))
             .order_by(_SUBTASKS.c.swarm_id, _SUBTASKS.c.position))
     conn = await session.connection()

@@ -10,11 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 from typing import Any, cast
 
 from sqlalchemy import (
-    Boolean,
     ColumnElement,
     String,
     Table,
@@ -29,9 +27,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.db.columns import SUBTASK_DEFINITION, SUBTASK_KEPT, SUBTASK_RUN, default_of
 from app.db.create import insert_swarm
 from app.db.tables import Event, Subtask, Swarm
-from app.db.types import Money, UTCDateTime
+from app.db.types import UTCDateTime
 from app.states import SubtaskKind, SubtaskStatus
 
 _SUBTASKS = cast(Table, Subtask.__table__)
@@ -56,11 +55,6 @@ def _copied(t: Table) -> ColumnElement[bool]:
     return (t.c.kind != SubtaskKind.compressor) | (t.c.status == SubtaskStatus.succeeded)
 
 
-# what a subtask is: the same in the retry; every other column is what it did in one swarm
-DEFINITION = ("name", "position", "kind", "model", "depends_on", "system_prompt", "prompt",
-              "max_tokens", "temperature", "weight", "tools", "max_turns", "models")
-
-
 def copy_columns(new_id: str, now: datetime) -> dict[str, ColumnElement[Any]]:
     """Every column of the new swarm's subtask rows (but the key) as an expression over the
     old row: the definition copied, the outcome kept only for a reused subtask."""
@@ -72,25 +66,16 @@ def copy_columns(new_id: str, now: datetime) -> dict[str, ColumnElement[Any]]:
 
     return {
         "swarm_id": literal(new_id, String(36)),
-        **{c: t.c[c] for c in DEFINITION},
-        "status": if_kept(literal(SubtaskStatus.succeeded.value, String(16)),
-                          literal(SubtaskStatus.pending.value, String(16))),
-        "reused": if_kept(true(), false()),
-        "output": if_kept(t.c.output, null()),
-        "output_json": if_kept(t.c.output_json, null()),
-        "output_status": if_kept(t.c.output_status, null()),
-        "output_format": if_kept(t.c.output_format, null()),
-        "truncated": if_kept(t.c.truncated, literal(False, Boolean())),
-        "sanitized": if_kept(t.c.sanitized, literal(False, Boolean())),
-        "finished_at": if_kept(literal(now, UTCDateTime()), null()),
-        # no call in this swarm: no attempts, tokens, cost, latency or tool use of its own
-        "attempts": literal(0), "error": null(), "prompt_tokens": literal(0),
-        "completion_tokens": literal(0), "cost_usd": literal(Decimal(0), Money()),
-        "latency_ms": null(), "ready_at": null(), "started_at": null(),
-        "turns": literal(0), "tool_calls": literal(0),
         # a kept subtask shows the model that answered; one run again starts at its first
         # (`_first_models`)
-        "fallbacks": if_kept(t.c.fallbacks, literal(0)),
+        **{c: t.c[c] for c in SUBTASK_DEFINITION},
+        **{c: if_kept(t.c[c], default_of(c)) for c in SUBTASK_KEPT},
+        "status": if_kept(literal(SubtaskStatus.succeeded.value, String(16)),
+                          literal(SubtaskStatus.pending.value, String(16))),
+        "finished_at": if_kept(literal(now, UTCDateTime()), null()),
+        "reused": if_kept(true(), false()),
+        # no call in this swarm: no attempts, tokens, cost, latency or tool use of its own
+        **{c: default_of(c) for c in SUBTASK_RUN},
     }
 
 

@@ -28,21 +28,6 @@ def is_postgres(session: AsyncSession) -> bool:
     return session.get_bind().dialect.name == "postgresql"
 
 
-def bound_engine(session: AsyncSession) -> AsyncEngine:
-    """The engine a session of the app's factory is bound to."""
-    engine = session.bind
-    assert isinstance(engine, AsyncEngine)  # make_session_factory binds every session
-    return engine
-
-
-def postgres_engine(sessions: SessionFactory) -> AsyncEngine | None:
-    """The engine a factory of `make_session_factory` binds its sessions to, on PostgreSQL
-    (for statements outside a session); None on SQLite."""
-    engine = sessions.kw["bind"]
-    assert isinstance(engine, AsyncEngine)
-    return engine if engine.dialect.name == "postgresql" else None
-
-
 def asyncpg_dsn(database_url: str) -> str:
     """The plain asyncpg DSN of a `postgresql+asyncpg://` SQLAlchemy URL."""
     return database_url.replace("postgresql+asyncpg://", "postgresql://", 1)

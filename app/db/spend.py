@@ -35,6 +35,7 @@ from app.db.tenant_tables import TenantDailyReservation
 from app.db.types import Money
 from app.db.writes import lock_leases
 from app.schemas import GroupBy
+from app.states import NOT_BILLED, AttemptOutcome
 
 # ---- the daily cap --------------------------------------------------------------------------
 
@@ -176,6 +177,9 @@ async def settle_lost_attempts(session: AsyncSession, swarm_id: str, epoch: int,
     return await settle_in_flight(session, swarm_id)
 
 
+_IN_FLIGHT = GatewayCall.outcome == AttemptOutcome.in_flight
+
+
 async def settle_in_flight(session: AsyncSession, swarm_id: str) -> Takeover:
     """`settle_lost_attempts` without the lease: for the caller that ends a swarm whose owner
     lapsed (a cancel of a queued swarm, which may hold the calls its creation wrote ahead:
@@ -183,7 +187,7 @@ async def settle_in_flight(session: AsyncSession, swarm_id: str) -> Takeover:
     rows = (await session.execute(
         select(GatewayCall.subtask_name, GatewayCall.model, GatewayCall.prompt_tokens,
                GatewayCall.completion_tokens, GatewayCall.reserved_usd)
-        .where(GatewayCall.swarm_id == swarm_id, GatewayCall.outcome == "in_flight"))).all()
+        .where(GatewayCall.swarm_id == swarm_id, _IN_FLIGHT))).all()
     attempts = {str(name): int(n) for name, n in (await session.execute(
         select(GatewayCall.subtask_name, func.max(GatewayCall.attempt))
         .where(GatewayCall.swarm_id == swarm_id).group_by(GatewayCall.subtask_name))).all()}
@@ -192,8 +196,9 @@ async def settle_in_flight(session: AsyncSession, swarm_id: str) -> Takeover:
     if lost:
         await session.execute(
             update(GatewayCall)
-            .where(GatewayCall.swarm_id == swarm_id, GatewayCall.outcome == "in_flight")
-            .values(outcome="unknown", cost_usd=GatewayCall.reserved_usd, at_bound=True))
+            .where(GatewayCall.swarm_id == swarm_id, _IN_FLIGHT)
+            .values(outcome=AttemptOutcome.unknown, cost_usd=GatewayCall.reserved_usd,
+                    at_bound=True))
         total = sum((a.cost_usd for a in lost), Decimal(0))
         await session.execute(update(Swarm).where(Swarm.id == swarm_id).values(
             spent_usd=Swarm.spent_usd + total, unresolved_usd=Swarm.unresolved_usd + total,
@@ -237,7 +242,6 @@ class UsageRow:
 
 
 # rows that are no gateway call (yet): written ahead and not settled, or never sent
-NOT_BILLED = ("in_flight", "cancelled")
 
 
 def _group_key(session: AsyncSession, group_by: GroupBy) -> ColumnElement[Any]:

@@ -250,8 +250,8 @@ class Webhook(Base):
 
     # the claim's lookups: each tenant's pending deliveries, the earliest due first
     __table_args__ = (Index("ix_webhooks_pending_tenant", "tenant", "next_attempt_at",
-                            postgresql_where=text("state = 'pending'"),
-                            sqlite_where=text("state = 'pending'")),)
+                            postgresql_where=text(f"state = '{WebhookState.pending}'"),
+                            sqlite_where=text(f"state = '{WebhookState.pending}'")),)
 
 
 class WebhookAttempt(Base):

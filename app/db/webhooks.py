@@ -29,13 +29,14 @@ def new_delivery(swarm_id: str, tenant: str, url: str, now: datetime) -> dict[st
 # found by a skip scan of ix_webhooks_pending_tenant (a lookup per tenant) and each gives at
 # most `per_tenant` of its earliest due (an index range each): the statement reads
 # tenants x per_tenant rows, never a tenant's whole backlog.
+_DUE = WebhookState.pending
 _COLUMNS = table_of(Webhook).columns  # named: a migration added `tenant` at the end
 _PG_CLAIM = text(f"""
 WITH RECURSIVE tenants AS (
-    (SELECT tenant FROM webhooks WHERE state = 'pending' ORDER BY tenant LIMIT 1)
+    (SELECT tenant FROM webhooks WHERE state = '{_DUE}' ORDER BY tenant LIMIT 1)
     UNION ALL
     SELECT (SELECT w.tenant FROM webhooks w
-            WHERE w.state = 'pending' AND w.tenant > t.tenant ORDER BY w.tenant LIMIT 1)
+            WHERE w.state = '{_DUE}' AND w.tenant > t.tenant ORDER BY w.tenant LIMIT 1)
     FROM tenants t WHERE t.tenant IS NOT NULL
 ),
 busy AS (
@@ -49,7 +50,7 @@ picked AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT e.*, row_number() OVER (ORDER BY e.next_attempt_at) AS rank
         FROM (SELECT w.swarm_id, w.next_attempt_at FROM webhooks w
-              WHERE w.tenant = t.tenant AND w.state = 'pending' AND w.next_attempt_at <= now()
+              WHERE w.tenant = t.tenant AND w.state = '{_DUE}' AND w.next_attempt_at <= now()
               ORDER BY w.next_attempt_at
               LIMIT GREATEST(:per_tenant - COALESCE(b.n, 0), 0)) e
     ) d
@@ -62,7 +63,7 @@ picked AS MATERIALIZED (
 locked AS MATERIALIZED (
     SELECT w.swarm_id FROM webhooks w
     WHERE w.swarm_id = ANY(ARRAY(SELECT swarm_id FROM picked))
-      AND w.state = 'pending' AND w.next_attempt_at <= now()
+      AND w.state = '{_DUE}' AND w.next_attempt_at <= now()
     FOR UPDATE SKIP LOCKED
 ),
 held AS (

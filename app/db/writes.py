@@ -21,16 +21,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.sql import Executable, Insert
 
 from app.db.batch import executemany
-from app.db.changes import (
+from app.db.changes import SwarmWrite
+from app.db.columns import (
     LEDGER_SETTLED,
     SUBTASK_STATE_COLUMNS,
     SWARM_STATE_COLUMNS,
     SWARM_TOTAL_COLUMNS,
-    SwarmWrite,
 )
 from app.db.leases import idle_limit as _idle_limit
 from app.db.session import is_postgres as _is_pg
 from app.db.tables import Event, GatewayCall, Subtask, Swarm, ToolCall, TranscriptMessage, Webhook
+from app.states import AttemptOutcome
 
 
 async def lock_leases(session: AsyncSession, swarm_ids: Sequence[str],
@@ -144,7 +145,7 @@ def _settling(dialect: str) -> Executable:
     return stmt.on_conflict_do_update(
         index_elements=["idempotency_key", "attempt"],
         set_={c: stmt.excluded[c] for c in LEDGER_SETTLED},
-        where=table.c.outcome == "in_flight",
+        where=table.c.outcome == AttemptOutcome.in_flight,
     )
 
 

@@ -1,8 +1,6 @@
-"""The approval gate's pure part (SPEC §14): a plan's worst case from the price table, whether
-its limits ask for approval, the plan as postable agents, and the block a swarm carries.
-
-`worst_case` is the one estimate the gate asks for; a history-based estimator can take its
-place behind the same call."""
+"""The approval gate's pure part (SPEC §14): whether a swarm's limits ask for approval and
+whether its estimate (`forecast`'s, the figures `POST /swarms/estimate` shows) needs it, the
+plan as postable agents, and the block a swarm carries."""
 
 from __future__ import annotations
 
@@ -12,71 +10,17 @@ from decimal import Decimal
 from typing import Any
 
 from app.db.tables import Subtask, Swarm
-from app.engine import dag
-from app.engine.context import estimate_prompt_tokens, with_dependencies
-from app.engine.estimate import width_of
+from app.engine.estimate import Estimate
 from app.engine.planner import worker_system_prompt
-from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
-from app.pricing import PriceTable, usd_str
-from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
-
-# an answer's bytes per token, for the outputs a dependent or the synthesizer receives: the
-# reservation counts prompt bytes (context.estimate_prompt_tokens), not tokens
-_BYTES_PER_TOKEN = 4
+from app.states import SubtaskKind, SwarmStatus
 
 
-def _own_prompt(sub: Subtask, task: str) -> list[dict[str, str]]:
-    """The messages of a subtask's first call with its dependencies' outputs empty (their
-    names and the wording around them in place)."""
-    if sub.kind is SubtaskKind.synthesizer:
-        system = sub.system_prompt or SYNTHESIZER_SYSTEM
-        user = synthesis_prompt(task, [WorkerResult(d, "", 1.0, False) for d in sub.depends_on],
-                                [])
-    else:
-        system = (sub.system_prompt if sub.system_prompt is not None
-                  else worker_system_prompt(task))
-        user = with_dependencies(task if sub.prompt is None else sub.prompt,
-                                 [(d, "") for d in sub.depends_on])
-    return ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": user}]
-
-
-def worst_case(subtasks: Sequence[Subtask], task: str, prices: PriceTable) -> dict[str, Any]:
-    """What the pending workers and synthesizer of a plan would cost: `max` is the sum of the
-    reservations their calls make (every prompt token at the input price, `max_tokens` of
-    output; a dependent's prompt holds its dependencies' whole outputs; a tool agent makes up
-    to `max_turns` calls), `expected` each subtask's own prompt and `max_tokens` in one call.
-    No history here: p90 is the max."""
-    plan = [s for s in subtasks if s.status is SubtaskStatus.pending
-            and s.kind in (SubtaskKind.worker, SubtaskKind.synthesizer)]
-    by_name = {s.name: s for s in plan}
-    expected_usd = max_usd = Decimal(0)
-    expected_tokens = max_tokens = calls = max_calls = 0
-    for s in plan:
-        price = prices[s.model]
-        own = estimate_prompt_tokens(_own_prompt(s, task))
-        inputs = sum(by_name[d].max_tokens * _BYTES_PER_TOKEN
-                     for d in s.depends_on if d in by_name)
-        turns = s.max_turns if s.tools else 1
-        expected_usd += price.worst_case(own, s.max_tokens)
-        expected_tokens += own + s.max_tokens
-        # each turn's prompt holds the turns before it: the last one bounds them all
-        call_max = price.worst_case(own + inputs + (turns - 1) * s.max_tokens, s.max_tokens)
-        max_usd += call_max * turns
-        max_tokens += (own + inputs + (turns - 1) * s.max_tokens + s.max_tokens) * turns
-        calls += 1
-        max_calls += turns
-    workers = {s.name: [d for d in s.depends_on if d in by_name]
-               for s in plan if s.kind is SubtaskKind.worker}
-    return {
-        "agents": len(workers), "width": width_of(workers), "depth": dag.depth(workers),
-        "calls": {"expected": calls, "max": max_calls},
-        "tokens": {"expected": expected_tokens, "max": max_tokens},
-        "cost_usd": {"expected": usd_str(expected_usd), "p90": usd_str(max_usd),
-                     "max": usd_str(max_usd)},
-        "reservation_usd": usd_str(max_usd),
-        "basis": {"samples": 0, "since": None},
-    }
+def shown(est: Estimate) -> dict[str, Any]:
+    """The estimate a held swarm carries (and its event): `POST /swarms/estimate`'s figures,
+    with the plan's agent count in place of the plan (the swarm shows that beside it)."""
+    figures = est.view()
+    del figures["plan"]
+    return {"agents": len(est.agents), **figures}
 
 
 def asks(limits: Mapping[str, Any]) -> bool:
@@ -89,7 +33,7 @@ def needed(limits: Mapping[str, Any], estimate: Mapping[str, Any]) -> bool:
     rule = limits.get("approval", "never")
     if rule == "always":
         return True
-    if isinstance(rule, Mapping) and "above_usd" in rule:
+    if isinstance(rule, Mapping) and "above_usd" in rule:  # the expected cost, not the max
         return Decimal(estimate["cost_usd"]["expected"]) > Decimal(str(rule["above_usd"]))
     if isinstance(rule, Mapping) and "above_agents" in rule:
         return int(estimate["agents"]) > int(rule["above_agents"])

@@ -16,7 +16,6 @@ from app.engine.outputs import schema_tokens, schemas_of
 from app.engine.planner import PlannedSubtask, worker_system_prompt
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.pricing import PriceTable
-from app.schemas import SwarmCreate
 from app.states import SubtaskKind
 
 # an agent's tool selectors -> their definitions in the OpenAI `tools` format
@@ -92,11 +91,9 @@ def planned_agents(plan: Sequence[PlannedSubtask], task: str, spec: dict[str, An
             for p in plan]
 
 
-def named_agents(body: SwarmCreate, spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The request's agents as it named them, each with the fields SPEC's plan lists (the
-    model resolved)."""
-    given = body.model_dump(mode="json", exclude_unset=True, include={"agents"})["agents"]
+def named_agents(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's agents as the spec holds them (every field, defaults filled), each model
+    resolved: postable as they are. Read from the spec's dump (`normalise` made it), not
+    serialised again."""
     model = spec["model"]  # a name, or the list to fall back on
-    return [{**g, "name": a.name, "prompt": a.prompt, "system_prompt": a.system_prompt,
-             "model": a.model or model, "depends_on": list(a.depends_on), "tools": a.tools}
-            for g, a in zip(given, body.agents or [], strict=True)]
+    return [{**a, "model": a["model"] or model} for a in spec["agents"]]

@@ -15,10 +15,9 @@ from app.db.types import utcnow
 from app.engine.budget import Reservation, SharedCap, billable_usage
 from app.engine.handle import LedgerRow, SwarmHandle
 from app.gateway.chat import AttemptRecord, Usage
+from app.states import AttemptOutcome, InvalidTransition, attempt_transition
 
-IN_FLIGHT = "in_flight"  # written ahead: sent (or about to be), no answer settled yet
-UNKNOWN = "unknown"  # the answer was lost (crash, cancel mid-call): billed at its reservation
-CANCELLED = "cancelled"  # written ahead but never sent: costs nothing
+_A = AttemptOutcome
 
 
 def idempotency_key(swarm_id: str, name: str, call_no: int) -> str:
@@ -37,6 +36,10 @@ class CallMeter:
     at that worst case. `after` settles the same row to the real usage; `release` settles an
     attempt abandoned mid-call as `unknown` and frees whatever else is held. Rows of the
     successful attempt are kept in `ok_rows` so the caller commits them with the result.
+
+    Each attempt's row follows the ledger's state machine (`states.ATTEMPT_TRANSITIONS`):
+    `_attempt` is the outcome of the latest attempt's row, `in_flight` from when it is
+    numbered until it is settled once (by its answer, `unknown` or `cancelled`).
     """
 
     handle: SwarmHandle
@@ -49,9 +52,18 @@ class CallMeter:
     ok_rows: list[LedgerRow] = field(default_factory=list)
     _held: list[Reservation] = field(default_factory=list)
     _held_daily: list[Reservation] = field(default_factory=list)
-    _last_outcome: str | None = None
-    _open: bool = False  # an attempt is on the wire: its row is written ahead, unsettled
-    _ahead: bool = False  # the first attempt's row is written ahead (prepare), not yet sent
+    _attempt: AttemptOutcome | None = None  # the latest attempt's ledger outcome
+    _sent: bool = False  # the attempt `in_flight` is on the wire (else written ahead only)
+
+    @property
+    def _ahead(self) -> bool:
+        """The attempt's row is written ahead (or being written), the attempt not yet sent."""
+        return self._attempt is _A.in_flight and not self._sent
+
+    @property
+    def _open(self) -> bool:
+        """An attempt is on the wire: its row is written ahead, unsettled."""
+        return self._attempt is _A.in_flight and self._sent
 
     @property
     def _daily(self) -> SharedCap | None:
@@ -67,7 +79,6 @@ class CallMeter:
         if self._ahead:
             return
         await self._write_ahead()
-        self._ahead = True
 
     def reserve_ahead(self, cap_asked: bool = False) -> LedgerRow | None:
         """The first attempt opened in the caller's turn, when that needs no wait (no shared
@@ -79,7 +90,6 @@ class CallMeter:
         reservation = self.handle.budget.reserve_now(self.worst)
         if reservation is None:
             return None
-        self._ahead = True
         return self._open_attempt(reservation)
 
     def hold_daily(self, reservation: Reservation) -> None:
@@ -89,7 +99,7 @@ class CallMeter:
     def withdraw_ahead(self) -> None:
         """`reserve_ahead`'s row was never written (the shared cap refused it): its budget
         reservation is given back, and the call is prepared again at its turn."""
-        self._ahead = False
+        self._attempt = None
         for r in self._held:
             self.handle.budget.settle(r, Decimal(0))
         self._held.clear()
@@ -103,12 +113,12 @@ class CallMeter:
 
     async def before(self, attempt: int) -> None:
         if self._ahead:  # prepared: durable already
-            self._ahead, self._open = False, True
+            self._sent = True
             return
-        if attempt > 1 and self._last_outcome is not None:
-            metrics.child(metrics.gateway_retries, self.label, self._last_outcome).inc()
+        if attempt > 1 and self._attempt is not None:
+            metrics.child(metrics.gateway_retries, self.label, self._attempt).inc()
         await self._write_ahead()
-        self._open = True
+        self._sent = True
 
     async def _write_ahead(self) -> None:
         asked = time.monotonic()
@@ -135,7 +145,7 @@ class CallMeter:
         cost = self.handle.ctx.prices[self.model].cost(u.prompt_tokens, u.completion_tokens,
                                                        u.cached_tokens)
         at_bound = not rec.usage_reported  # billed its bounds, not a usage reported
-        self._open = False
+        self._settle(rec.outcome)
         if self._daily is not None and self._held_daily:
             # the awaited write comes first: once the swarm's totals include this cost, no
             # other commit may run before its ledger row is queued, or totals and ledger differ
@@ -149,8 +159,7 @@ class CallMeter:
                     self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s, at_bound)])
                 raise
         row = self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s, at_bound)
-        self._last_outcome = rec.outcome
-        if rec.outcome == "ok":
+        if rec.outcome == _A.ok:
             self.ok_rows.append(row)
         else:
             self.handle.journal.commit_soon([self.sub], ledger=[row])
@@ -159,9 +168,10 @@ class CallMeter:
         """Free what an abandoned call still holds; an attempt cut off after it was sent may
         have been billed, so it is recorded as `unknown` at its reservation."""
         if self._ahead:  # written ahead, never sent
-            self._ahead = False
             self._cancel_ahead()
-        cut_off, self._open = self._open, False
+        cut_off = self._open
+        if cut_off:
+            self._settle(_A.unknown)
         try:
             if self._daily is not None and self._held_daily:
                 # attempts are sequential: at most one daily reservation is held, the open
@@ -173,7 +183,7 @@ class CallMeter:
         finally:
             if cut_off:
                 self.handle.journal.commit_soon([self.sub], ledger=[self._bill(
-                    UNKNOWN, None, Usage(self.prompt_bound, self.sub.max_tokens), self.worst,
+                    _A.unknown, None, Usage(self.prompt_bound, self.sub.max_tokens), self.worst,
                     0.0, at_bound=True)])
             for r in self._held:
                 self.handle.budget.settle(r, Decimal(0))
@@ -184,8 +194,9 @@ class CallMeter:
         no gateway call in any count — nor in the subtask's `attempts` (no attempt follows
         in this process: the call is abandoned; a takeover numbers from the ledger, where
         the row keeps its number)."""
+        self._settle(_A.cancelled)
         self.handle.journal.commit_soon(
-            ledger=[self._row(CANCELLED, None, Usage(), Decimal(0), 0.0)])
+            ledger=[self._row(_A.cancelled, None, Usage(), Decimal(0), 0.0)])
         self.sub.attempts -= 1
 
     def _open_attempt(self, reservation: Reservation) -> LedgerRow:
@@ -193,10 +204,17 @@ class CallMeter:
         flight at its bounds."""
         self._held.append(reservation)
         self.sub.attempts += 1
-        return self._row(IN_FLIGHT, None, Usage(self.prompt_bound, self.sub.max_tokens),
+        self._attempt, self._sent = _A.in_flight, False
+        return self._row(_A.in_flight, None, Usage(self.prompt_bound, self.sub.max_tokens),
                          Decimal(0), 0.0, at_bound=True)
 
-    def _row(self, outcome: str, status: int | None, u: Usage, cost: Decimal,
+    def _settle(self, outcome: AttemptOutcome) -> None:
+        """The open attempt's row settles: once, from `in_flight` (else InvalidTransition)."""
+        if self._attempt is None:
+            raise InvalidTransition(f"attempt none -> {outcome}")
+        self._attempt = attempt_transition(self._attempt, outcome)
+
+    def _row(self, outcome: AttemptOutcome, status: int | None, u: Usage, cost: Decimal,
              latency_s: float, at_bound: bool = False) -> LedgerRow:
         swarm, sub = self.handle.swarm, self.sub
         return {  # attempts of one subtask are sequential: sub.attempts numbers the open one
@@ -209,7 +227,7 @@ class CallMeter:
             "created_at": utcnow(),
         }
 
-    def _bill(self, outcome: str, status: int | None, u: Usage, cost: Decimal,
+    def _bill(self, outcome: AttemptOutcome, status: int | None, u: Usage, cost: Decimal,
               latency_s: float, at_bound: bool) -> LedgerRow:
         """Settle the swarm budget, add to subtask and swarm totals, and make the settled
         ledger row (synchronous: nothing can commit between the totals and the row's
@@ -230,7 +248,7 @@ class CallMeter:
         if at_bound:
             swarm.unresolved_usd += cost
             metrics.child(metrics.spend_unresolved, self.label).inc(float(cost))
-        if outcome != UNKNOWN:  # an unknown attempt has no latency to speak of
+        if outcome != _A.unknown:  # an unknown attempt has no latency to speak of
             metrics.child(metrics.gateway_duration, self.label, outcome).observe(latency_s)
         metrics.child(metrics.gateway_requests, self.label, outcome).inc()
         metrics.child(metrics.tokens_total, self.label, "prompt").inc(u.prompt_tokens)

@@ -16,10 +16,10 @@ import uuid
 from collections.abc import Iterator
 from typing import NamedTuple
 
-import asyncpg
 import pydantic_core
 
 from app.aio import cancel_and_wait
+from app.db.dialect import NotifySender
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,6 @@ CHANNEL = "swarm_delta"
 # a NOTIFY payload holds under 8,000 bytes: a piece of 1,000 characters is at most 6,000 as
 # JSON (every character escaped), with room for the swarm id, the name and the origin
 PIECE_CHARS = 1000
-_SEND = "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p"
 
 
 class Delta(NamedTuple):
@@ -41,18 +40,20 @@ class DeltaHub:
     def __init__(self) -> None:
         self.origin = uuid.uuid4().hex[:12]  # this process: its own NOTIFYs come back to it
         self._readers: dict[str, set[asyncio.Queue[Delta]]] = {}
-        self._dsn: str | None = None
+        self._notify: NotifySender | None = None
         self._outbox: asyncio.Queue[str] | None = None
         self._sender: asyncio.Task[None] | None = None
 
-    def send_to(self, dsn: str) -> None:
-        """Publish this process's deltas to the others through `dsn` (an asyncpg DSN)."""
-        self._dsn = dsn
+    def send_to(self, sender: NotifySender) -> None:
+        """Publish this process's deltas to the others through `sender` (on CHANNEL)."""
+        self._notify = sender
 
     async def close(self) -> None:
         if self._sender is not None:
             await cancel_and_wait(self._sender)
             self._sender = None
+        if self._notify is not None:
+            await self._notify.close()
 
     @contextlib.contextmanager
     def reading(self, swarm_id: str) -> Iterator[asyncio.Queue[Delta]]:
@@ -71,7 +72,7 @@ class DeltaHub:
     def publish(self, swarm_id: str, name: str, text: str) -> None:
         """A worker's new text: to this process's readers now, to the others' soon."""
         self._deliver(swarm_id, Delta(name, text))
-        if self._dsn is None:
+        if self._notify is None:
             return
         if self._outbox is None:
             self._outbox = asyncio.Queue()
@@ -81,7 +82,7 @@ class DeltaHub:
                 [self.origin, swarm_id, name, text[i:i + PIECE_CHARS]]).decode())
 
     def received(self, payload: str) -> None:
-        """A `swarm_delta` notification (the PgListener's handler)."""
+        """A `swarm_delta` notification (the ChangeListener's handler)."""
         try:
             origin, swarm_id, name, text = pydantic_core.from_json(payload)
         except (ValueError, TypeError):
@@ -96,25 +97,14 @@ class DeltaHub:
     async def _send(self) -> None:
         """Drain the outbox: what queued while the last statement ran goes in the next one.
         Deltas lost to a broken connection are lost (the outputs are whole in the events)."""
-        assert self._outbox is not None and self._dsn is not None
-        outbox, conn = self._outbox, None
+        assert self._outbox is not None and self._notify is not None
+        outbox, sender = self._outbox, self._notify
         while True:
             batch = [await outbox.get()]
             while not outbox.empty():
                 batch.append(outbox.get_nowait())
             try:
-                if conn is None or conn.is_closed():
-                    conn = await asyncpg.connect(self._dsn, timeout=5)
-                await conn.execute(_SEND, CHANNEL, batch)
-            except asyncio.CancelledError:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(conn.close(), 2)
-                raise
+                await sender.send(batch)  # a failure closed its connection: a new one next
             except Exception as exc:
                 log.warning("token deltas not sent to other processes (%s)", exc)
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(conn.close(), 2)
-                conn = None
                 await asyncio.sleep(0.5)  # a database away is not asked again at once

@@ -14,7 +14,7 @@ from app.engine.handle import EventRow, failure
 from app.engine.steps import refused_result, unstorable
 from app.engine.tolerance import FailureTolerance
 from app.engine.writer import WriteRejected
-from app.states import SubtaskKind, SwarmStatus
+from app.states import SubtaskKind, SwarmStatus, amend_end
 
 
 class SwarmEnds(FailureTolerance):
@@ -78,5 +78,6 @@ class SwarmEnds(FailureTolerance):
                                  if status is SwarmStatus.succeeded else None)
         else:
             status, self.swarm.result = SwarmStatus.failed, None
-        self.swarm.status, self.swarm.error = status, err  # the first was never committed
+        amend_end(self.swarm, status)  # the first was never committed
+        self.swarm.error = err
         return status, err

@@ -122,7 +122,10 @@ def levels(deps: Mapping[str, Sequence[str]]) -> dict[str, int]:
     if not any(deps.values()):  # a fan-out: one layer
         return dict.fromkeys(deps, 1)
     level: dict[str, int] = {}
-    for root in deps:
+    for root, first in deps.items():
+        if not first:  # most nodes of a wide plan: no walk
+            level[root] = 1
+            continue
         stack = [root]
         while stack:
             node = stack[-1]
@@ -166,6 +169,15 @@ class _Totals:
     tokens_max: int = 0
     cost_max: Decimal = Decimal(0)
     worst: list[Decimal] = field(default_factory=list)  # each call's largest reservation
+    # reservations by (model, prompt bound, max_tokens): a wide plan's calls repeat a few
+    priced: dict[tuple[str, int, int], Decimal] = field(default_factory=dict)
+
+    def worst_case(self, price: ModelPrice, prompt: int, top: int) -> Decimal:
+        key = (price.name, prompt, top)
+        got = self.priced.get(key)
+        if got is None:
+            got = self.priced[key] = price.worst_case(prompt, top)
+        return got
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,20 +232,22 @@ def _add_call(call: PlannedCall, rates: _Rates, price: ModelPrice,
     if call.tools:  # each further turn carries the last answer and a tool's result
         grows = top * OUTPUT_BYTES_PER_TOKEN + tool_result_bytes + 2 * MESSAGE_OVERHEAD_TOKENS
         bounds = [first + k * grows for k in range(call.max_turns)]
-        worst = [price.worst_case(b, top) for b in bounds]
+        worst = [t.worst_case(price, b, top) for b in bounds]
         t.cost_max += sum(worst, Decimal(0))
         t.worst.append(max(worst))
         t.calls_max += len(bounds)
         t.tokens_max += sum(bounds) + top * len(bounds)
     else:
-        one = price.worst_case(first, top)
+        one = t.worst_case(price, first, top)
         t.cost_max += one
         t.worst.append(one)
         t.calls_max += 1
         t.tokens_max += first + top
     if call.maybe:
         return
-    sums = t.tokens.setdefault(call.model, [0.0, 0.0, 0.0, 0.0])
+    sums = t.tokens.get(call.model)
+    if sums is None:
+        sums = t.tokens[call.model] = [0.0, 0.0, 0.0, 0.0]
     sums[0] += prompt * rates.turns
     sums[1] += rates.comp * rates.turns
     sums[2] += prompt_p90 * rates.turns_p90
@@ -250,12 +264,13 @@ def estimate(plan: Plan, prices: PriceTable, history: History, caps: Caps,
     layer = levels({c.name: c.inputs for c in plan.calls})
     t = _Totals()
     known: dict[tuple[str, SubtaskKind, int, int, bool], _Rates] = {}
+    priced = {c.model: prices[c.model] for c in plan.calls}
     for call in sorted(plan.calls, key=lambda c: layer[c.name]):  # inputs first
         key = (call.model, call.kind, call.max_tokens, call.max_turns, bool(call.tools))
         rates = known.get(key)
         if rates is None:
             rates = known[key] = _Rates.of(call, history)
-        _add_call(call, rates, prices[call.model], done, max_out, plan.tool_result_bytes, t)
+        _add_call(call, rates, priced[call.model], done, max_out, plan.tool_result_bytes, t)
     cost = cost_p90 = Decimal(0)
     tokens = 0.0
     for model, (p, c, pp, cp) in t.tokens.items():

@@ -14,7 +14,7 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import approval, queries, spend
-from app.db.changes import SWARM_TOTAL_COLUMNS
+from app.db.columns import SWARM_TOTAL_COLUMNS
 from app.db.notify import CANCEL, notify
 from app.db.session import db_now
 from app.db.tables import Event as EventTable

@@ -1,6 +1,7 @@
 """The approval gate's decisions (SPEC §14): a new swarm of named agents held at its creation,
 approve (maybe with the reviewer's plan), reject, and the timeout. Each is one transaction of
-the caller's on a swarm row locked by it; a held swarm has no owner, so nothing races them."""
+the caller's on a swarm row locked by it; a held swarm has no owner, so nothing races them.
+Every estimate it decides on or records is `forecast`'s: the estimate route's figures."""
 
 from __future__ import annotations
 
@@ -12,33 +13,57 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
+from app.config import Settings
 from app.db import approval as repo
 from app.db import queries
 from app.db.create import insert_row
+from app.db.session import SessionFactory
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.db.webhooks import new_delivery
 from app.engine import approval
 from app.engine.finish import end_swarm, event_row
-from app.engine.handle import failure
+from app.engine.forecast import forecast
+from app.engine.handle import EngineContext, failure
 from app.engine.layout import PLANNER
 from app.engine.specs import NewSwarm
 from app.engine.writer import StateWriter
 from app.errors import NotAwaitingApproval
-from app.pricing import PriceTable
 from app.states import SwarmStatus, move_swarm
+from app.tools.registry import ToolRegistry
 
 
-def hold_at_creation(new: NewSwarm, prices: PriceTable, now: datetime
-                     ) -> list[dict[str, Any]] | None:
+async def estimate_of(session: AsyncSession, swarm: Swarm, subs: Sequence[Subtask],
+                      settings: Settings, tools: ToolRegistry | None) -> dict[str, Any]:
+    """The estimate a swarm's plan carries (`approval.shown`): the estimate route's figures
+    from the tenant's history, read with `session`; the budget is what the swarm has left."""
+    left = (None if swarm.budget_usd is None
+            else swarm.budget_usd - (swarm.spent_usd or Decimal(0)))
+    return approval.shown(await forecast(
+        session, swarm.tenant, swarm.task, swarm.spec, subs,
+        approval.plan_agents(subs, swarm.task), left, settings, tools))
+
+
+async def estimate_planned(ctx: EngineContext, swarm: Swarm, subs: Sequence[Subtask]
+                           ) -> dict[str, Any]:
+    """`estimate_of` for a runner's swarm once planned, in a transaction of its own."""
+    return await ctx.writer.transact(
+        lambda session: estimate_of(session, swarm, subs, ctx.settings, ctx.tools))
+
+
+async def hold_at_creation(sessions: SessionFactory, new: NewSwarm, settings: Settings,
+                           tools: ToolRegistry | None, now: datetime
+                           ) -> list[dict[str, Any]] | None:
     """A swarm of named agents whose limits ask for approval: held now when its estimate
     needs it (its rows say `awaiting_approval`; returns the event rows to insert with it),
-    else marked `auto` so that no engine asks again. None when it runs at once."""
+    else marked `auto` so that no engine asks again. None when it runs at once. The history
+    is read only for a swarm whose limits name a rule."""
     swarm = new.swarm
     limits = swarm.spec["limits"]
     if not approval.asks(limits) or swarm.spec.get("agents") is None:
         return None
-    estimate = approval.worst_case(new.subtasks, swarm.task, prices)
+    async with sessions() as session, session.begin():
+        estimate = await estimate_of(session, swarm, new.subtasks, settings, tools)
     if not approval.needed(limits, estimate):
         swarm.approval = {"state": "auto", "estimate": estimate}
         metrics.approvals.labels("auto").inc()
@@ -90,7 +115,7 @@ def check_awaiting(swarm: Swarm) -> None:
 
 
 async def approve(session: AsyncSession, swarm: Swarm, edited: NewSwarm | None,
-                  prices: PriceTable, now: datetime) -> None:
+                  settings: Settings, tools: ToolRegistry | None, now: datetime) -> None:
     """Queue a held swarm again for an engine to run. `edited`: the swarm as the reviewer's
     request builds it — its spec and budget replace the swarm's, and with agents its workers
     and synthesizer replace the pending ones (the planner's success stays)."""
@@ -104,7 +129,7 @@ async def approve(session: AsyncSession, swarm: Swarm, edited: NewSwarm | None,
             fresh = _renumbered(edited.subtasks, swarm.id, len(kept))
             await repo.replace_plan(session, swarm.id, kept, [insert_row(s) for s in fresh])
             block = {**(block or {}), "plan": {"agents": approval.plan_agents(fresh, swarm.task)},
-                     "estimate": approval.worst_case(fresh, swarm.task, prices)}
+                     "estimate": await estimate_of(session, swarm, fresh, settings, tools)}
     swarm.approval = approval.decided(block, "approved", now)
     swarm.approval_due_at = swarm.lease_owner = swarm.lease_expires_at = None
     await repo.insert_events(session, [

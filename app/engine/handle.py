@@ -9,7 +9,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, auto
 from typing import Any, Protocol
 
 from app.config import Settings
@@ -51,9 +51,9 @@ def failure_causes(errors: Mapping[str, dict[str, Any] | None]) -> dict[str, Any
 class Outcome(Enum):
     """How running one subtask ended, for the runner's scheduling."""
 
-    succeeded = "succeeded"  # its dependents may start
-    failed = "failed"  # counted against the failure tolerance; its dependents are skipped
-    swarm_stopping = "swarm_stopping"  # it stopped the whole swarm; the swarm's end cancels it
+    succeeded = auto()  # its dependents may start
+    failed = auto()  # counted against the failure tolerance; its dependents are skipped
+    swarm_stopping = auto()  # it stopped the whole swarm; the swarm's end cancels it
 
 
 @dataclass

@@ -9,21 +9,19 @@ import logging
 from collections.abc import Callable, Sequence
 
 from app.db.base import column_values
-from app.db.changes import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS, SwarmWrite
+from app.db.changes import SwarmWrite
+from app.db.columns import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS
 from app.db.create import insert_row
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.engine.budget import SwarmBudget
-from app.engine.calls import CANCELLED, IN_FLIGHT, UNKNOWN
 from app.engine.finish import event_row
 from app.engine.handle import EngineContext, EventRow, LedgerRow, ToolRows, WebhookRow
 from app.engine.writer import WriteRejected, retrieve_exception
-from app.states import Event
+from app.states import UNANSWERED, Event
 
 # the runner's log: a refused held result is a line of the swarm's run
 log = logging.getLogger("app.engine.runner")
-# ledger outcomes that are no answer: a swarm whose calls end only so made no progress
-_UNSETTLED = frozenset({IN_FLIGHT, UNKNOWN, CANCELLED})
 
 
 class SwarmJournal:
@@ -54,7 +52,7 @@ class SwarmJournal:
             events = [*begun, *events]
         s = self.swarm
         s.spent_usd, s.reserved_usd = self.budget.spent, self.budget.reserved
-        if any(row["outcome"] not in _UNSETTLED for row in ledger):
+        if any(row["outcome"] not in UNANSWERED for row in ledger):
             s.settled_epoch = self.epoch  # progress: the next takeover is not fruitless
         return self.ctx.writer.submit(SwarmWrite(
             s.id, self.epoch, column_values(s, SWARM_STATE_COLUMNS),
@@ -88,10 +86,13 @@ class SwarmJournal:
         turn, so their starts make one write after their sends, not a write each before
         them (~50 us of the CPU before each of a 100-agent fan-out's sends)."""
         subs, events = self._starting
-        if not subs:
+        batched = self.ctx.settings.latency_devices
+        if not subs and batched:
             asyncio.get_running_loop().call_soon(self._write_starts)
         subs.append(sub)
         events.append(event)
+        if not batched:  # a write of its own, queued before the send
+            self.commit_soon()
 
     def _write_starts(self) -> None:
         if self._starting[0]:  # not taken by a write meanwhile

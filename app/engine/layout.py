@@ -30,17 +30,20 @@ def new_subtask(swarm_id: str, name: str, position: int, kind: SubtaskKind,
     # creation an order of magnitude more (docs/decisions/0011-live-rows.md); nothing is
     # lost: a new subtask never joins a session
     return new_live_subtask(
-        swarm_id=swarm_id, name=name, position=position, kind=kind, model=chain[0],
-        models=chain if len(chain) > 1 else None, fallbacks=0,
+        **_PENDING, swarm_id=swarm_id, name=name, position=position, kind=kind,
+        model=chain[0], models=chain if len(chain) > 1 else None,
         depends_on=list(depends_on or []), system_prompt=system_prompt, prompt=prompt,
         max_tokens=max_tokens, temperature=temperature, weight=weight,
-        status=SubtaskStatus.pending, attempts=0, output=None, error=None, truncated=False,
-        sanitized=False,
-        prompt_tokens=0, completion_tokens=0, cost_usd=Decimal(0), latency_ms=None,
-        ready_at=None, started_at=None, finished_at=None, reused=False,
-        tools=list(tools or []), max_turns=max_turns, turns=0, tool_calls=0,
-        output_json=None, output_status=None, output_format=None,
-    )
+        tools=list(tools or []), max_turns=max_turns)
+
+
+# the columns every new subtask starts with (immutable values: shared by every row)
+_PENDING: dict[str, Any] = {
+    "fallbacks": 0, "status": SubtaskStatus.pending, "attempts": 0, "output": None,
+    "error": None, "truncated": False, "sanitized": False, "prompt_tokens": 0,
+    "completion_tokens": 0, "cost_usd": Decimal(0), "latency_ms": None, "ready_at": None,
+    "started_at": None, "finished_at": None, "reused": False, "turns": 0, "tool_calls": 0,
+    "output_json": None, "output_status": None, "output_format": None}
 
 
 def synthesizer_for(swarm_id: str, spec: dict[str, Any], position: int,

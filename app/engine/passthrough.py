@@ -20,10 +20,10 @@ from app.db.retry import in_transaction
 from app.db.session import SessionFactory
 from app.db.types import utcnow
 from app.engine.budget import Reservation, SharedCap, billable_usage
-from app.engine.calls import IN_FLIGHT, UNKNOWN
 from app.engine.context import MESSAGE_OVERHEAD_TOKENS, TOOLS_OVERHEAD_TOKENS
 from app.gateway.chat import AttemptRecord, Usage
 from app.pricing import ModelPrice
+from app.states import AttemptOutcome
 
 # the longest a streamed attempt may last, events or not: with SWARM_FACADE_TIMEOUT_S between
 # events alone, a gateway that kept sending would hold its row and reservation for ever
@@ -83,7 +83,7 @@ class PassthroughMeter:
     key: str = field(default_factory=call_key)
     lease_s: float = 15.0
     _held: list[tuple[SharedCap, Reservation]] = field(default_factory=list)
-    _last_outcome: str | None = None
+    _last_outcome: AttemptOutcome | None = None
     _open: int | None = None  # the attempt on the wire: written ahead, not settled
 
     @property
@@ -98,7 +98,7 @@ class PassthroughMeter:
             for cap in self.caps:
                 held.append((cap, await cap.reserve(self.worst)))
             self._held = held
-            await self._write(self._row(attempt, IN_FLIGHT, None, Usage(
+            await self._write(self._row(attempt, AttemptOutcome.in_flight, None, Usage(
                 self.prompt_bound, self.max_tokens), Decimal(0), 0.0,
                 at_bound=True))  # durable, then sent
         except BaseException:
@@ -136,13 +136,13 @@ class PassthroughMeter:
         if self._open is not None:
             attempt, self._open = self._open, None
             lost = self.worst
-            await self._write(self._row(attempt, UNKNOWN, None, Usage(
+            await self._write(self._row(attempt, AttemptOutcome.unknown, None, Usage(
                 self.prompt_bound, self.max_tokens), lost, 0.0, at_bound=True))
             metrics.count_unknown(self.label, float(lost), self.prompt_bound, self.max_tokens)
         await run_to_end(_settle_all(held, lost))
 
-    def _row(self, attempt: int, outcome: str, status: int | None, u: Usage, cost: Decimal,
-             latency_s: float, at_bound: bool = False) -> dict[str, Any]:
+    def _row(self, attempt: int, outcome: AttemptOutcome, status: int | None, u: Usage,
+             cost: Decimal, latency_s: float, at_bound: bool = False) -> dict[str, Any]:
         return {
             "swarm_id": None, "tenant": self.tenant, "subtask_name": None,
             "model": self.price.name, "idempotency_key": self.key, "attempt": attempt,

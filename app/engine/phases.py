@@ -55,7 +55,7 @@ class SwarmPhases(SwarmEnds):
         if not self._approval_pending():
             return
         subs = list(self.subs.values())
-        estimate = approval.worst_case(subs, self.swarm.task, self.ctx.prices)
+        estimate = await gate.estimate_planned(self.ctx, self.swarm, subs)
         if approval.needed(self.limits, estimate):
             await self.journal.commit()  # what came before is durable before the lease goes
             if self._stop.is_set():  # cancelled meanwhile: it ends, never held

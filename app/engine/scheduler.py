@@ -14,6 +14,7 @@ from contextlib import suppress
 from app import metrics
 from app.config import Settings
 from app.db import leases, spend
+from app.db.dialect import ChangeListener, change_listener
 from app.db.notify import CANCEL, QUEUED
 from app.db.retry import log_db_failure
 from app.db.session import SessionFactory
@@ -21,7 +22,6 @@ from app.db.tables import Subtask, Swarm
 from app.engine import approval
 from app.engine.budget import SharedCap
 from app.engine.handle import EngineContext
-from app.engine.listener import PgListener
 from app.engine.runner import SwarmRunner
 from app.engine.tenancy import TenantGates
 from app.engine.waiters import SwarmNotifier
@@ -69,7 +69,7 @@ class Scheduler:
         self._claims_stopped = asyncio.Event()
         self._heartbeat_stopped = asyncio.Event()  # set after the runners: leases stop renewing
         self._side: list[asyncio.Task[None]] = []
-        self._listener: PgListener | None = None
+        self._listener: ChangeListener | None = None
         # set when a side task ends on its own: the process looks alive but claims, keeps
         # leases or commits nothing, so its entry point stops it loudly for a restart
         self.died = asyncio.Event()
@@ -77,10 +77,10 @@ class Scheduler:
 
     async def start(self) -> None:
         self.writer.start()
-        if not self.settings.is_sqlite:
-            self._listener = PgListener(self.settings.database_url,
-                                        {QUEUED: self._on_queued, CANCEL: self._on_cancel},
-                                        on_connect=self.wake)
+        self._listener = change_listener(
+            self.settings.database_url, {QUEUED: self._on_queued, CANCEL: self._on_cancel},
+            on_connect=self.wake)
+        if self._listener is not None:
             self._listener.start()
         self._side = [asyncio.create_task(self._claim_loop(), name="engine-claims"),
                       asyncio.create_task(self._heartbeat_loop(), name="engine-heartbeat")]

@@ -22,7 +22,7 @@ from app.engine.writer import WriteRejected
 from app.gateway.chat import ChatRequest, ChatResult
 from app.gateway.errors import GatewayRejected, GatewayUnavailable
 from app.pricing import metric_model_label
-from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, move_subtask
+from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, move_subtask, retract_subtask
 
 # what a gateway call may raise besides cancellation and a lost lease
 CALL_FAILURES = (BudgetExceeded, GatewayRejected, GatewayUnavailable, WriteRejected)
@@ -37,7 +37,8 @@ def refused_result(sub: Subtask, row: EventRow, err: dict[str, Any]) -> None:
     """A success whose write the database refused never happened: the subtask fails instead,
     and its `subtask.failed` takes the refused event's number (the swarm's events stay
     consecutive)."""
-    sub.status, sub.output, sub.finished_at = SubtaskStatus.running, None, None
+    retract_subtask(sub, SubtaskStatus.running)
+    sub.output = None
     failed = move_subtask(sub, SubtaskStatus.failed, utcnow(), kind=sub.kind, error=err)
     assert failed is not None
     sub.error = err

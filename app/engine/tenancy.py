@@ -15,10 +15,9 @@ from typing import Any
 
 from app import logs
 from app.aio import run_to_end
-from app.db import tenant_cap
-from app.db.direct import fetchrow_pooled
-from app.db.retry import in_transaction, retrying
-from app.db.session import SessionFactory, postgres_engine
+from app.db import batches, tenant_cap
+from app.db.retry import in_transaction
+from app.db.session import SessionFactory
 from app.db.spend import DailyCheck
 from app.engine.budget import BudgetExceeded, Reservation, SharedCap
 from app.tenants import TenantTable
@@ -57,7 +56,6 @@ class TenantDailyCap:
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._engine = postgres_engine(sessions)
 
     async def reserve(self, amount: Decimal) -> Reservation:
         """Hold `amount` for today, waiting while calls in flight may free money."""
@@ -156,23 +154,10 @@ class TenantDailyCap:
 
     async def _apply(self, reserves: list[Decimal], settles: list[tenant_cap.Settle]
                      ) -> list[DailyCheck]:
-        """One batch, retried while the database is unavailable: on PostgreSQL its one
-        statement alone on a pooled connection's driver (autocommit: no BEGIN, no COMMIT, no
-        ORM around it; a retry of a batch whose answer was lost settles nothing twice)."""
-        if self._engine is None:
-            return await in_transaction(self.sessions, functools.partial(
-                tenant_cap.apply_tenant_ops, tenant=self.tenant, cap=self.limit,
-                reserves=reserves, settles=settles, owner=self.owner, lease_s=self.lease_s),
-                retry_for_s=self.lease_s)
-        engine = self._engine
-        sql, args = tenant_cap.tenant_ops_statement(self.tenant, self.limit, reserves, settles,
-                                                self.owner, self.lease_s)
-
-        async def once() -> list[DailyCheck]:
-            row = await fetchrow_pooled(engine, sql, args)
-            assert row is not None  # the function answers one row
-            return tenant_cap.tenant_checks(row)
-        return await retrying(once, self.lease_s)
+        """One batch, retried while the database is unavailable (a retry of a batch whose
+        answer was lost settles nothing twice)."""
+        return await batches.apply_tenant_ops(self.sessions, self.tenant, self.limit, reserves,
+                                              settles, self.owner, self.lease_s)
 
     async def _refresh_loop(self) -> None:
         while True:

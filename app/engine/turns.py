@@ -29,7 +29,7 @@ from app.engine.handle import EventRow, Outcome, SwarmHandle, TranscriptRow, fai
 from app.engine.repair import OutputLadder
 from app.engine.steps import CALL_FAILURES, SubtaskSteps
 from app.gateway.chat import ChatResult, ToolCallRequest, Usage
-from app.states import Event
+from app.states import Event, ToolCallStatus
 from app.tools.arguments import ArgumentsRefused, parse_arguments
 from app.tools.model import ToolInfo, ToolOutcome
 
@@ -199,11 +199,12 @@ class TurnLoop:
             # the MCP SDK sends this span's traceparent in the request's _meta (SEP-414)
             with tracing.tool_span(server[:64], name[:128], key):
                 if tool is None:
-                    outcome = ToolOutcome("error", f"error: unknown tool {call.name!r}", 0.0, 0)
+                    outcome = ToolOutcome(ToolCallStatus.error,
+                                          f"error: unknown tool {call.name!r}", 0.0, 0)
                 else:
                     server, name = tool.server, tool.name
                     outcome = await self._call(tool, call.arguments, priority)
-                if outcome.status != "ok":
+                if outcome.status is not ToolCallStatus.ok:
                     tracing.record_error(outcome.status)
             message = {"role": "tool", "tool_call_id": call.id, "content": outcome.text}
             sub.tool_calls += 1
@@ -223,7 +224,7 @@ class TurnLoop:
         try:  # the model's arguments are outside text: bounded, parsed, cleaned
             args = parse_arguments(arguments, registry.args_max_bytes)
         except ArgumentsRefused as exc:
-            return ToolOutcome("error", f"error: {exc}", 0.0, 0)
+            return ToolOutcome(ToolCallStatus.error, f"error: {exc}", 0.0, 0)
         return await registry.call(tool.server, tool.name, args, priority)
 
     def _row(self, sub: Subtask, seq: int, turn: int, message: Message) -> TranscriptRow:

@@ -13,13 +13,12 @@ from typing import TypeVar
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.aio import alongside
+from app.db.batches import group_commit
 from app.db.changes import SwarmWrite
-from app.db.commit_statement import statement
-from app.db.direct import DirectConnection
 from app.db.leases import LeaseLost
-from app.db.retry import database_unavailable, in_transaction, retrying
-from app.db.session import SessionFactory, postgres_engine
-from app.db.writes import apply_spend_only, apply_writes
+from app.db.retry import database_unavailable, in_transaction
+from app.db.session import SessionFactory
+from app.db.writes import apply_spend_only
 from app.text import storable
 
 log = logging.getLogger(__name__)
@@ -59,9 +58,7 @@ class StateWriter:
                  on_commit: Callable[[str, str | None], None] | None = None,
                  holding: Callable[[str], bool] | None = None) -> None:
         self._sessions = sessions
-        engine = postgres_engine(sessions)
-        self._direct = (None if engine is None else
-                        DirectConnection(engine.url.render_as_string(hide_password=False)))
+        self._commits = group_commit(sessions, owner, retry_for_s)
         self._on_commit = on_commit
         # whether this process still drives a swarm (its runner runs): while it does, a write
         # the database cannot take yet is retried past `retry_for_s` (money is never dropped);
@@ -116,8 +113,7 @@ class StateWriter:
         if self._task is not None:
             await self._task
             self._task = None
-        if self._direct is not None:
-            await self._direct.close()
+        await self._commits.close()
 
     async def _loop(self) -> None:
         while True:
@@ -165,13 +161,7 @@ class StateWriter:
         # anyway; the batch is idempotent (inserts ignore rows already there, the ledger
         # settles only unsettled rows), so a retry after a COMMIT whose outcome was lost
         # duplicates nothing
-        if self._direct is not None:  # one statement, one round trip, on its own connection
-            stmt = statement(self._owner, writes)
-            direct = self._direct
-            return stmt.fenced(await retrying(lambda: direct.fetch(stmt.sql, stmt.args),
-                                              self._retry_for_s))
-        return await self.transact(lambda session: apply_writes(
-            session, self._owner, writes, lease_s=self._retry_for_s))
+        return await self._commits.apply(writes)
 
     async def _commit(self, batch: list[Pending]) -> None:
         try:

@@ -59,10 +59,11 @@ class WrittenAhead:
         would make two). The tenant's daily cap, when it has one, is asked in that statement
         too. Until it is sent, each is released like any row written ahead; if the creation fails,
         nothing was written. None behind the process-wide daily cap (a statement of its
-        own), nor past what the swarm's budget holds now."""
+        own), nor with the latency devices off, nor past what the swarm's budget holds now."""
         handle = self.handle
         cap = handle.ctx.cap_for(handle.swarm.tenant)
-        if (cap is not None and not isinstance(cap, TenantDailyCap)) or PLANNER in handle.subs:
+        if (not handle.ctx.settings.latency_devices or PLANNER in handle.subs
+                or (cap is not None and not isinstance(cap, TenantDailyCap))):
             return Ahead([])
         rows: list[LedgerRow] = []
         ready = sorted((s for s in handle.subs.values() if s.kind == SubtaskKind.worker
@@ -106,7 +107,8 @@ class WrittenAhead:
         still sent only from `SubtaskExecutor.run`, once every worker's result is durable, and
         only if what they stored is what it was built on. (No `ahead_slots` permit: no call is
         waiting for its slots any more.)"""
-        if self._prepared is not None or synth.tools:
+        if (self._prepared is not None or synth.tools
+                or not self.handle.ctx.settings.latency_devices):
             return
         results = self.handle.worker_results()
         inputs = [Input.of(r) for r in results]

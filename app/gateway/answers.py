@@ -12,7 +12,7 @@ from typing import Any
 from app.gateway.chat import Outcome, ToolCallRequest, Usage
 from app.text import storable
 
-_STATUS_OUTCOMES: dict[int, Outcome] = {429: "rate_limited", 408: "timeout"}
+_STATUS_OUTCOMES: dict[int, Outcome] = {429: Outcome.rate_limited, 408: Outcome.timeout}
 # no call is billed a billion tokens: a larger count is not a usage (nor storable in every
 # column and trace attribute that carries it)
 _COUNT_MAX = 10**9
@@ -24,7 +24,8 @@ def _classify(status: int) -> Outcome:
     """The outcome of a non-2xx status; client_error other than 409 is the one not retried."""
     # 409 (a conflicting in-flight request with the same key) may clear, so it is retried; other
     # 4xx, and 1xx/3xx (a misconfigured base URL), would fail the same way again.
-    return _STATUS_OUTCOMES.get(status) or ("server_error" if status >= 500 else "client_error")
+    return _STATUS_OUTCOMES.get(status) or (
+        Outcome.server_error if status >= 500 else Outcome.client_error)
 
 
 def _loads(raw: bytes) -> Any:

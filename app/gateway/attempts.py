@@ -14,7 +14,14 @@ from tenacity import RetryCallState
 
 from app import tracing
 from app.gateway.answers import _Choice, _choice_of, _loads, _storable_calls
-from app.gateway.chat import AfterAttempt, AttemptRecord, BeforeAttempt, ChatRequest, ChatResult
+from app.gateway.chat import (
+    AfterAttempt,
+    AttemptRecord,
+    BeforeAttempt,
+    ChatRequest,
+    ChatResult,
+    Outcome,
+)
 from app.gateway.errors import GatewayRejected, GatewayUnavailable
 from app.gateway.redact import MASK
 from app.gateway.wire import MAX_ANSWER_BYTES
@@ -111,7 +118,8 @@ class _Call:
         calls, calls_changed = _storable_calls(choice[2]) if choice else ((), False)
         if self.secret and self.secret in content:  # the hot path: a search, rarely a copy
             content = content.replace(self.secret, MASK)
-        tracing.record_chat(outcome=record.outcome, status_code=record.status_code,
+        failed = None if record.outcome == Outcome.ok else record.outcome
+        tracing.record_chat(error=failed, status_code=record.status_code,
                             input_tokens=record.usage.prompt_tokens,
                             output_tokens=record.usage.completion_tokens,
                             finish_reason=choice[1] if choice else None,
@@ -121,7 +129,7 @@ class _Call:
         if choice is not None:
             return ChatResult(content, storable(choice[1])[0], record.usage,
                               tuple(self.attempts), body, calls, changed or calls_changed)
-        if record.outcome == "client_error" and record.status_code != 409:
+        if record.outcome == Outcome.client_error and record.status_code != 409:
             self.log_failed(None)  # not retried
             raise GatewayRejected(
                 f"gateway rejected the request: {record.error}", tuple(self.attempts)

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-Outcome = Literal[
-    "ok",
-    "rate_limited",
-    "server_error",
-    "timeout",
-    "invalid_response",
-    "client_error",
-    "connection_error",
-]
+from app.states import AttemptOutcome
+
+Outcome = AttemptOutcome  # the answered ones (states.ANSWERED): the client never writes ahead
 
 
 @dataclass(frozen=True, slots=True)

@@ -243,7 +243,7 @@ class GatewayClient:
                 call.deadline_hit = True
                 error = "deadline passed before sending"
                 return await call.finish(
-                    AttemptRecord(number, None, "timeout", _NO_USAGE, 0.0, error, None)
+                    AttemptRecord(number, None, Outcome.timeout, _NO_USAGE, 0.0, error, None)
                 )
         started = time.perf_counter()
         try:
@@ -251,15 +251,15 @@ class GatewayClient:
             async with asyncio.timeout(timeout):
                 answer = await self._post(call, headers, timeout)
         except TimeoutError:
-            outcome: Outcome = "timeout"
+            outcome = Outcome.timeout
             error = f"no response within {timeout:.3g} s"
         except WireError as exc:
             if exc.undecodable:  # a body whose Content-Encoding does not decode
-                outcome, error = "invalid_response", "undecodable body"
+                outcome, error = Outcome.invalid_response, "undecodable body"
             elif exc.too_large:  # unread: a failure, billed as one (nothing it reports)
-                outcome, error = "invalid_response", str(exc)
+                outcome, error = Outcome.invalid_response, str(exc)
             else:
-                outcome, error = "connection_error", self._scrub(str(exc))
+                outcome, error = Outcome.connection_error, self._scrub(str(exc))
         else:
             return await self._classified(call, number, answer, time.perf_counter() - started)
         latency = time.perf_counter() - started
@@ -290,12 +290,12 @@ class GatewayClient:
             if choice is not None:
                 usage, reported = billed_usage(body, call.body, len(answer.content))
                 return await call.finish(AttemptRecord(
-                    number, status, "ok", usage, latency, None, None, reported), choice, body)
+                    number, status, Outcome.ok, usage, latency, None, None, reported), choice, body)
             # an answer not used is billed as a failure: what it reports (a bound would be
             # spend no ledger row marks unresolved)
             error = "unparseable or truncated body" if body is None else "unexpected body shape"
             return await call.finish(AttemptRecord(
-                number, status, "invalid_response", _usage_of(body) or _NO_USAGE, latency,
+                number, status, Outcome.invalid_response, _usage_of(body) or _NO_USAGE, latency,
                 error, None))
         return await call.finish(
             self.failed_record(number, status, answer.headers, answer.content, latency))

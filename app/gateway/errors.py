@@ -14,7 +14,7 @@ class GatewayError(Exception):
         last = attempts[-1] if attempts else None
         self.status_code: int | None = last.status_code if last else None
         # No attempt at all only happens when the deadline had already passed.
-        self.outcome: Outcome = last.outcome if last else "timeout"
+        self.outcome: Outcome = last.outcome if last else Outcome.timeout
 
 
 class GatewayRejected(GatewayError):

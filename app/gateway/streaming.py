@@ -56,7 +56,7 @@ class GatewayStream:
     finish_reason: str = ""
     content_bytes: int = 0
     size: int = 0  # characters of the events read: bounded as a buffered answer is
-    _outcome: Outcome = "ok"
+    _outcome: Outcome = Outcome.ok
     _error: str | None = None
     _recorded: bool = False
     _done: bool = field(default=False)
@@ -78,7 +78,7 @@ class GatewayStream:
                 return
             event = await self._next()
         self._done = True
-        self._outcome, self._error = "invalid_response", "the stream ended before [DONE]"
+        self._outcome, self._error = Outcome.invalid_response, "the stream ended before [DONE]"
         record = await self._record()
         raise GatewayUnavailable(f"gateway stream broke: {self._error}", (record,),
                                  deadline_hit=False)
@@ -93,11 +93,11 @@ class GatewayStream:
         except StopAsyncIteration:
             return None
         except (httpx.TimeoutException, TimeoutError):
-            self._outcome = "timeout"
+            self._outcome = Outcome.timeout
             self._error = (f"stream longer than {self.max_s:g} s" if left < idle
                            else "stream stalled")
         except (httpx.RequestError, SSEError) as exc:
-            self._outcome = "connection_error"
+            self._outcome = Outcome.connection_error
             self._error = self._gateway.scrub(f"{type(exc).__name__}: {exc}")
         record = await self._record()
         raise GatewayUnavailable(f"gateway stream broke: {self._error}", (record,),
@@ -105,7 +105,7 @@ class GatewayStream:
 
     async def _refuse_oversized(self) -> None:
         # refused, the rest unread: it may go on generating, billed as a stream cut short
-        self._outcome = "invalid_response"
+        self._outcome = Outcome.invalid_response
         self._error = f"answer over its bound of {self._call.answer_limit} bytes"
         record = await self._record()
         raise GatewayUnavailable(f"gateway stream refused: {self._error}", (record,),
@@ -223,16 +223,16 @@ async def _attempt(gateway: GatewayClient, call: _Call) -> _Opened:
                     handed = True
                     return _Opened(number, response, events, first, started)
         except (httpx.TimeoutException, TimeoutError):
-            failed = _failed(number, response, "timeout",
+            failed = _failed(number, response, Outcome.timeout,
                              f"no first event within {timeout:.3g} s", started)
         except StopAsyncIteration:
-            failed = _failed(number, response, "invalid_response",
+            failed = _failed(number, response, Outcome.invalid_response,
                              "the stream ended before its first event", started)
         except SSEError as exc:
-            failed = _failed(number, response, "invalid_response", gateway.scrub(str(exc)),
+            failed = _failed(number, response, Outcome.invalid_response, gateway.scrub(str(exc)),
                              started)
         except httpx.RequestError as exc:
-            failed = _failed(number, response, "connection_error",
+            failed = _failed(number, response, Outcome.connection_error,
                              gateway.scrub(f"{type(exc).__name__}: {exc}"), started)
     finally:
         if not handed and response is not None:

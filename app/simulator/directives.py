@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from app.simulator import tools as sim_tools
+import app.simulator.tools as sim_tools
 from app.simulator.structured import OUTPUT_KINDS, asked_schema
 
 FAIL_KINDS = frozenset({"html502", "timeout", "truncated"})

@@ -13,9 +13,9 @@ from typing import Any
 
 from starlette.responses import Response
 
-from app.simulator import structured
-from app.simulator import tools as sim_tools
+import app.simulator.tools as sim_tools
 from app.simulator.directives import DIRECTIVE, ChatRequest, Directives
+from app.simulator.structured import answer as structured_answer
 
 PLAN_HINTS = ("deepseek-v3.2", "gemini-2.5-flash")
 MAX_CONTENT = 64_000  # characters; a huge max_tokens must not make one answer expensive
@@ -163,7 +163,7 @@ def chat_completion(req: ChatRequest, d: Directives, key: str, attempt: int, len
         tokens = min(limit, max(1, len(json.dumps(calls)) // 4))
     elif req.schema is not None:  # `answer` given: that text, valid for the schema or not
         content = (d.answer if d.answer is not None
-                   else structured.answer(req.schema, d.output, req.messages))
+                   else structured_answer(req.schema, d.output, req.messages))
     elif req.tools:
         content = sim_tools.final_answer(req.messages)
     elif d.answer_bytes is not None:  # a gateway answering far past max_tokens (a loop)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.states import ToolCallStatus
+
 
 @dataclass(frozen=True, slots=True)
 class ToolInfo:
@@ -20,7 +22,7 @@ class ToolOutcome:
     """What a call gave the model: `text` (already cut, `error: …` on failure) and the ledger's
     facts."""
 
-    status: str  # ok | error | timeout
+    status: ToolCallStatus
     text: str
     latency_s: float
     result_bytes: int

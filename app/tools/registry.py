@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from app import metrics
+from app.states import ToolCallStatus
 from app.text import storable
 from app.tools.arguments import ArgumentsRefused, check_sendable, cleaned_arguments
 from app.tools.config import ServerConfig, load_config
@@ -77,10 +78,12 @@ class ToolRegistry:
     """Every configured server of this process, its tools, and the slots that bound them."""
 
     def __init__(self, servers: dict[str, ServerConfig], *, result_max_bytes: int = 16384,
-                 args_max_bytes: int = 262144, start_wait_s: float = 10.0) -> None:
+                 args_max_bytes: int = 262144, start_wait_s: float = 10.0,
+                 http_sessions: int = 1) -> None:
         from app.tools.sessions import ServerConnection
 
-        self.connections = {n: ServerConnection(n, c) for n, c in servers.items()}
+        self.connections = {n: ServerConnection(n, c, http_sessions)
+                            for n, c in servers.items()}
         self.result_max_bytes = result_max_bytes
         self.args_max_bytes = args_max_bytes
         self._start_wait_s = start_wait_s
@@ -90,9 +93,9 @@ class ToolRegistry:
 
     @classmethod
     def from_file(cls, path: str, *, result_max_bytes: int = 16384,
-                  args_max_bytes: int = 262144) -> ToolRegistry:
+                  args_max_bytes: int = 262144, http_sessions: int = 1) -> ToolRegistry:
         return cls(load_config(path), result_max_bytes=result_max_bytes,
-                   args_max_bytes=args_max_bytes)
+                   args_max_bytes=args_max_bytes, http_sessions=http_sessions)
 
     async def start(self) -> None:
         """Start every server and wait (bounded) for each first attempt; a server that does
@@ -158,7 +161,7 @@ class ToolRegistry:
             arguments = cleaned_arguments(arguments)
             check_sendable(tool, arguments)
         except ArgumentsRefused as exc:
-            return self._settled(conn, tool, "error", str(exc), 0.0)
+            return self._settled(conn, tool, ToolCallStatus.error, str(exc), 0.0)
         limit = conn.config.tool_concurrency.get(tool)
         slots = [self._tool_slot(server, tool, limit)] if limit else []
         async with held(*slots, self._server_slots[server], priority=priority):
@@ -179,25 +182,23 @@ class ToolRegistry:
         gauge.inc()
         started = time.monotonic()
         try:
-            async with asyncio.timeout(timeout):
-                session = await conn.session(timeout)
+            async with asyncio.timeout(timeout), conn.lease(timeout) as session:
                 result = await session.call_tool(tool, arguments)
             text = result_text(result)
-            status = "error" if result.is_error else "ok"
+            status = ToolCallStatus.error if result.is_error else ToolCallStatus.ok
         except TimeoutError:
-            status, text = "timeout", f"tool call timed out after {timeout:g} s"
+            status, text = ToolCallStatus.timeout, f"tool call timed out after {timeout:g} s"
         except ServerUnavailable as exc:
-            status, text = "error", str(exc)
+            status, text = ToolCallStatus.error, str(exc)
         except MCPError as exc:
-            status, text = "error", exc.error.message
-        except Exception as exc:  # a broken connection: the supervisor checks it now
-            conn.suspect()
-            status, text = "error", f"{type(exc).__name__}: {exc}"
+            status, text = ToolCallStatus.error, exc.error.message
+        except Exception as exc:  # a broken connection: the lease had it checked
+            status, text = ToolCallStatus.error, f"{type(exc).__name__}: {exc}"
         finally:
             gauge.dec()
         return self._settled(conn, tool, status, text, time.monotonic() - started)
 
-    def _settled(self, conn: ServerConnection, tool: str, status: str, text: str,
+    def _settled(self, conn: ServerConnection, tool: str, status: ToolCallStatus, text: str,
                  latency: float) -> ToolOutcome:
         """The call's metrics, and its outcome as the model reads it."""
         label = tool if tool in conn.tools else UNKNOWN_TOOL_LABEL
@@ -207,5 +208,5 @@ class ToolRegistry:
         # which UTF-8 cannot even encode) is replaced where it enters, as for gateway content
         text = storable(text)[0]
         size = len(text.encode())
-        shown = text if status == "ok" else f"error: {text}"
+        shown = text if status is ToolCallStatus.ok else f"error: {text}"
         return ToolOutcome(status, cut(shown, self.result_max_bytes), latency, size)

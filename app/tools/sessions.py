@@ -12,25 +12,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from contextlib import AsyncExitStack, suppress
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 
-import httpx2
 import mcp_types as types
-from mcp import ClientSession, StdioServerParameters
+from mcp import ClientSession
 from mcp.client.session import IncomingMessage
-from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from app.tools.config import ServerConfig
 from app.tools.model import ServerUnavailable, ToolInfo
+from app.tools.pool import SessionPool
+from app.tools.transports import describe, open_session
 
 log = logging.getLogger(__name__)
 
 PING_INTERVAL_S = 1.0
 PING_TIMEOUT_S = 10.0  # a dead process fails at once; this bounds a hung one
-# a stdio server may spend many seconds importing before it answers (the Python SDK alone
-# takes seconds of CPU): starting is not bounded by the tool-call timeout
-START_TIMEOUT_S = 120.0
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 5.0
 # a server that was up this recently and is down now is restarting: a swarm naming it is
@@ -41,9 +39,14 @@ RESTARTING_S = 60.0
 class ServerConnection:
     """The session with one server, restarted whenever it dies; `state` is starting|up|down."""
 
-    def __init__(self, name: str, config: ServerConfig) -> None:
+    def __init__(self, name: str, config: ServerConfig, http_sessions: int = 1) -> None:
         self.name = name
         self.config = config
+        # calls to a streamable-HTTP server spread over a pool of sessions beside this one
+        # (which lists tools and watches the server); a stdio server's calls share its one
+        # session, which the SDK pipelines (requests matched to answers by JSON-RPC id)
+        self.pool = (SessionPool(name, config, http_sessions)
+                     if config.url is not None and http_sessions > 1 else None)
         self.state = "starting"
         self.error: str | None = None
         self.restarts = 0
@@ -67,6 +70,8 @@ class ServerConnection:
     async def stop(self) -> None:
         self._stop.set()
         self._poke.set()
+        if self.pool is not None:
+            await self.pool.stop()
         if self._task is not None:
             try:
                 await asyncio.wait_for(self._task, 10)
@@ -84,6 +89,23 @@ class ServerConnection:
         if self._session is None:  # woke for a session that died at once
             raise ServerUnavailable(f"server {self.name} is {self.state}")
         return self._session
+
+    @asynccontextmanager
+    async def lease(self, wait_s: float) -> AsyncIterator[ClientSession]:
+        """A session for one call, once the server is up (waiting up to `wait_s`); a failure
+        below the protocol has the session checked now, not at the next ping."""
+        session = await self.session(wait_s)
+        if self.pool is not None:
+            async with self.pool.lease(session) as pooled:
+                yield pooled
+            return
+        try:
+            yield session
+        except MCPError:  # the server answered: the session works
+            raise
+        except Exception:
+            self.suspect()
+            raise
 
     @property
     def restarting(self) -> bool:
@@ -104,7 +126,7 @@ class ServerConnection:
                 await self._serve()
                 delay = BACKOFF_FIRST_S
             except Exception as exc:  # any failure of the server: logged, retried
-                self.error = _describe(exc)
+                self.error = describe(exc)
                 log.warning("MCP server %s is down: %s", self.name, self.error)
             finally:
                 if self.state == "up":
@@ -121,26 +143,8 @@ class ServerConnection:
             delay = min(delay * 2, BACKOFF_MAX_S)
 
     async def _serve(self) -> None:
-        cfg = self.config
         async with AsyncExitStack() as stack:
-            if cfg.command is not None:
-                params = StdioServerParameters(command=cfg.command, args=cfg.args,
-                                               env=cfg.env or None, cwd=cfg.cwd)
-                read, write = await stack.enter_async_context(stdio_client(params))
-            else:
-                assert cfg.url is not None
-                # one connection per call in flight (+ the server's event stream): the SDK's
-                # default pool of 100 breaks the whole session when more calls wait on it
-                slots = cfg.max_concurrency + 2
-                http = await stack.enter_async_context(httpx2.AsyncClient(
-                    headers=cfg.headers or None, timeout=httpx2.Timeout(30.0, read=300.0),
-                    limits=httpx2.Limits(max_connections=slots,
-                                         max_keepalive_connections=slots)))
-                read, write = await stack.enter_async_context(
-                    streamable_http_client(cfg.url, http_client=http))
-            session = await stack.enter_async_context(
-                ClientSession(read, write, message_handler=self._on_message))
-            await asyncio.wait_for(session.initialize(), max(cfg.timeout_s, START_TIMEOUT_S))
+            session = await open_session(stack, self.config, self._on_message)
             await self._list_tools(session)
             self._session, self.state, self.error = session, "up", None
             self.down_since = None
@@ -182,10 +186,3 @@ class ServerConnection:
             self._relist = True
         self._poke.set()  # a transport exception too: ping now
 
-
-def _describe(exc: BaseException) -> str:
-    """One line for a failure, unwrapping the exception groups of anyio task groups."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:300]

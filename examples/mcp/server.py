@@ -7,7 +7,8 @@ Environment:
   EXAMPLE_MCP_ROOT      the folder served (default: data/ beside this file)
   EXAMPLE_MCP_DELAY_MS  latency added to every call (benchmarks)
   EXAMPLE_MCP_LOG       a file to append one JSON line per call start and end, with the calls
-                        in flight at that moment (the server's own view of concurrency)
+                        in flight at that moment and the HTTP session it came on (the server's
+                        own view of concurrency)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 ROOT = Path(os.environ.get("EXAMPLE_MCP_ROOT") or Path(__file__).with_name("data")).resolve()
@@ -32,72 +33,78 @@ server = MCPServer("example", instructions="Look things up in a local folder of 
 _in_flight: Counter[str] = Counter()
 
 
-def _record(event: str, tool: str, args: dict[str, object]) -> None:
+def _record(event: str, tool: str, args: dict[str, object], session: str | None) -> None:
     if LOG:
         line = json.dumps({"event": event, "tool": tool, "args": args, "pid": os.getpid(),
+                           "session": session,
                            "in_flight": sum(_in_flight.values()),
                            "tool_in_flight": _in_flight[tool], "t": time.time()})
         with open(LOG, "a", encoding="utf-8") as f:  # one append a line: none interleave
             f.write(line + "\n")
 
 
-async def _enter(tool: str, args: dict[str, object]) -> None:
+def _session(ctx: Context) -> str | None:
+    """The streamable-HTTP session the call came on (None over stdio)."""
+    return (ctx.headers or {}).get("mcp-session-id")
+
+
+async def _enter(tool: str, args: dict[str, object], ctx: Context) -> None:
     _in_flight[tool] += 1
-    _record("start", tool, args)
+    _record("start", tool, args, _session(ctx))
     if DELAY_S:
         await asyncio.sleep(DELAY_S)
 
 
-def _leave(tool: str, args: dict[str, object]) -> None:
+def _leave(tool: str, args: dict[str, object], ctx: Context) -> None:
     _in_flight[tool] -= 1
-    _record("end", tool, args)
+    _record("end", tool, args, _session(ctx))
 
 
 @server.tool()
-async def lookup(query: str) -> str:
+async def lookup(query: str, ctx: Context) -> str:
     """Lines of the folder's files that contain `query` (case-insensitive)."""
-    await _enter("lookup", {"query": query})
+    await _enter("lookup", {"query": query}, ctx)
     try:
         needle = query.lower()
         hits = [f"{p.name}: {line}" for p in sorted(ROOT.glob("*.txt"))
                 for line in p.read_text(encoding="utf-8").splitlines() if needle in line.lower()]
         return f"lookup {query!r}: " + ("; ".join(hits) if hits else "no match")
     finally:
-        _leave("lookup", {"query": query})
+        _leave("lookup", {"query": query}, ctx)
 
 
 @server.tool()
-async def read_file(path: str = "README.txt") -> str:
+async def read_file(ctx: Context, path: str = "README.txt") -> str:
     """The text of one file of the folder (a path inside it, e.g. `planets.txt`)."""
-    await _enter("read_file", {"path": path})
+    await _enter("read_file", {"path": path}, ctx)
     try:
         target = (ROOT / path).resolve()
         if not target.is_relative_to(ROOT) or not target.is_file():
             raise ToolError(f"no file {path!r} in the folder")
         return target.read_text(encoding="utf-8")
     finally:
-        _leave("read_file", {"path": path})
+        _leave("read_file", {"path": path}, ctx)
 
 
 @server.tool()
-async def fail(reason: str) -> str:
+async def fail(reason: str, ctx: Context) -> str:
     """Always raises: shows how a failing tool reaches the model."""
-    await _enter("fail", {"reason": reason})
+    await _enter("fail", {"reason": reason}, ctx)
     try:
         raise ToolError(f"fail was asked to fail: {reason}")
     finally:
-        _leave("fail", {"reason": reason})
+        _leave("fail", {"reason": reason}, ctx)
 
 
 @server.tool()
-async def sleep(seconds: float = 5.0) -> str:
+async def sleep(ctx: Context, seconds: float = 5.0) -> str:
     """Sleeps, then answers: shows how a slow tool meets its server's timeout."""
-    await _enter("sleep", {"seconds": seconds})
+    await _enter("sleep", {"seconds": seconds}, ctx)
     try:
         await asyncio.sleep(min(max(seconds, 0.0), 60.0))
         return f"slept {seconds} s"
     finally:
-        _leave("sleep", {"seconds": seconds})
+        _leave("sleep", {"seconds": seconds}, ctx)
 
 
 def main() -> None:

@@ -302,3 +302,73 @@ async def test_event_and_webhook(database_url: str) -> None:
         assert first["cost_usd"] == data["estimate"]["cost_usd"]
     finally:
         await close()
+
+
+def shape(i: int, rule: Any = "never") -> dict[str, Any]:
+    return {"task": f"Assess vendor number {i}", "model": "kimi-k2.5", "max_tokens": 600,
+            "synthesis": {"strategy": "concatenate"}, "limits": {"approval": rule},
+            "agents": [{"name": f"a{j}", "system_prompt": f"You are analyst {j}."}
+                       for j in range(4)]}
+
+
+def figures(estimate: dict[str, Any]) -> dict[str, Any]:
+    """An estimate route's answer as a held swarm carries it (no plan, its agent count)."""
+    return {"agents": len(estimate["plan"]["agents"]),
+            **{k: v for k, v in estimate.items() if k != "plan"}}
+
+
+async def test_thresholds_read_the_estimate_from_history(harness: Harness) -> None:
+    """`above_usd` compares the expected cost of `POST /swarms/estimate` (the tenant's
+    history), not the price table's worst case: a rule between the two runs the swarm."""
+    cold = (await harness.client.post("/swarms/estimate", json=shape(3))).json()
+    for i in range(3):
+        assert (await harness.run(shape(i)))["status"] == "succeeded"
+    warm = (await harness.client.post("/swarms/estimate", json=shape(3))).json()
+    assert warm["basis"]["samples"] == 3 * 4
+    expected, fallback = (Decimal(e["cost_usd"]["expected"]) for e in (warm, cold))
+    assert expected * 2 < fallback  # the simulator answers well under max_tokens
+    # above the expected cost by a millionth of a cent: held, showing the route's figures
+    dear = await harness.post(shape(3, {"above_usd": str(expected - Decimal("1e-8"))}))
+    assert dear.json()["status"] == "awaiting_approval", dear.text
+    assert dear.json()["estimate"] == figures(warm)
+    # at it (not above), and between it and the price table's figure: it runs
+    for limit in (expected, (expected + fallback) / 2):
+        cheap = await harness.post(shape(3, {"above_usd": str(limit)}))
+        assert cheap.json()["status"] != "awaiting_approval", cheap.text
+        assert (await harness.wait(cheap.json()["id"]))["status"] == "succeeded"
+
+
+async def test_a_planned_swarm_is_held_on_the_history_estimate(harness: Harness) -> None:
+    for i in range(3):
+        assert (await harness.run(shape(i)))["status"] == "succeeded"
+    planned = {"task": "Compare three queues", "model": "kimi-k2.5", "max_tokens": 600,
+               "orchestrator": {"max_subtasks": 3, "routing": "pinned"},
+               "synthesis": {"strategy": "concatenate"}}
+    shown = (await harness.client.post("/swarms/estimate", json=planned)).json()
+    expected = Decimal(shown["cost_usd"]["expected"])
+    assert expected * 2 < Decimal(shown["cost_usd"]["max"])  # history, not max_tokens
+    rule = {"above_usd": str(expected - Decimal("1e-8"))}
+    r = await harness.post({**planned, "limits": {"approval": rule}})
+    data = await awaiting(harness, r.json()["id"])
+    assert [a["name"] for a in data["plan"]["agents"]] == [
+        a["name"] for a in shown["plan"]["agents"]]
+    assert data["estimate"]["cost_usd"] == shown["cost_usd"]
+    r = await harness.post({**planned, "limits": {"approval": {"above_usd": str(expected)}}})
+    done = await harness.wait(r.json()["id"])
+    assert done["status"] == "succeeded", done
+
+
+async def test_an_edited_plan_carries_the_history_estimate(harness: Harness) -> None:
+    for i in range(3):
+        assert (await harness.run(shape(i)))["status"] == "succeeded"
+    data = await held(harness, shape(3, "always"))
+    edited = shape(4)["agents"][:2]
+    warm = (await harness.client.post("/swarms/estimate", json={**shape(3),
+                                                                  "agents": edited})).json()
+    r = await harness.client.post(f"/swarms/{data['id']}/approve", json={"agents": edited})
+    assert r.status_code == 202, r.text
+    async with harness.app.state.sessions() as session, session.begin():
+        row = await queries.get_swarm(session, data["id"], None)
+    assert row is not None and row.approval is not None
+    assert row.approval["estimate"] == figures(warm)
+    assert (await harness.wait(data["id"]))["status"] == "succeeded"

@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import select
 
-from app.db.retry_copy import DEFINITION, copy_columns
+from app.db.columns import SUBTASK_DEFINITION as DEFINITION
+from app.db.retry_copy import copy_columns
 from app.db.tables import Subtask
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import agent, by_name, error_of, ledger, read_events

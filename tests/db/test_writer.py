@@ -12,8 +12,8 @@ import asyncpg
 import pytest
 from sqlalchemy import func, select
 
-from app.db import changes, commit_statement, leases
-from app.db.direct import APPLICATION_NAME
+from app.db import changes, columns, commit_statement, leases
+from app.db.direct import APPLICATION_NAME, DirectConnection
 from app.db.notify import CHANGED
 from app.db.session import asyncpg_dsn
 from app.db.tables import Event, GatewayCall, Subtask, Swarm, Webhook
@@ -90,7 +90,7 @@ async def test_one_swarms_unstorable_write_fails_alone_and_keeps_its_spend(idle:
     good, good_epoch = await _claimed_swarm(idle)
     bad, bad_epoch = await _claimed_swarm(idle)
     sub = new_subtask(bad, "a", 0, SubtaskKind.worker, "kimi-k2.5", 100)
-    state = {c: getattr(sub, c) for c in changes.SUBTASK_STATE_COLUMNS}
+    state = {c: getattr(sub, c) for c in columns.SUBTASK_STATE_COLUMNS}
     poisoned = _write(bad, bad_epoch, subtasks=[{"name_": "a", "position_": 0, **state,
                                                  "status": "succeeded",
                                                  "output": "answer \udfff"}],
@@ -117,7 +117,7 @@ async def test_one_swarms_unstorable_write_fails_alone_and_keeps_its_spend(idle:
 
 def _state(swarm_id: str, name: str, position: int = 0, **moved: Any) -> dict[str, Any]:
     sub = new_subtask(swarm_id, name, position, SubtaskKind.worker, "kimi-k2.5", 100)
-    state = {c: getattr(sub, c) for c in changes.SUBTASK_STATE_COLUMNS}
+    state = {c: getattr(sub, c) for c in columns.SUBTASK_STATE_COLUMNS}
     return {"name_": name, "position_": position, **state, **moved}
 
 
@@ -163,6 +163,31 @@ async def test_an_attempt_written_ahead_and_settled_in_one_batch_is_one_settled_
         rows = list((await s.execute(select(GatewayCall))).scalars())
     assert [(r.outcome, r.http_status, r.cost_usd) for r in rows] == [
         ("ok", 200, Decimal("0.01"))]
+
+
+async def test_an_attempt_written_ahead_is_settled_with_the_model_that_answered(
+        idle: Harness) -> None:
+    """A fallback answers a call whose row was written ahead with the first model: its row
+    shows the model that answered (`model` is among the settled columns), in a later batch
+    as in the same one."""
+    swarm_id, epoch = await _claimed_swarm(idle)
+    settled = _write(swarm_id, epoch).ledger[0]
+    second = {**settled, "attempt": 2, "model": "deepseek-v3.2"}
+    ahead = [{**row, "model": "kimi-k2.5", "outcome": "in_flight", "http_status": None,
+              "cost_usd": Decimal(0)} for row in (settled, second)]
+    assert await _commit(idle, [_write(swarm_id, epoch, ledger=ahead[:1], **_NO_ROWS)]) == [None]
+    assert await _commit(idle, [
+        _write(swarm_id, epoch, ledger=[{**settled, "model": "gpt-4.1"}], **_NO_ROWS),
+        _write(swarm_id, epoch, ledger=ahead[1:], **_NO_ROWS),
+        _write(swarm_id, epoch, ledger=[second], **_NO_ROWS)]) == [None, None, None]
+    async with idle.app.state.sessions() as s:
+        rows = (await s.execute(select(GatewayCall.attempt, GatewayCall.model, GatewayCall.outcome)
+                                .order_by(GatewayCall.attempt))).all()
+    assert [tuple(r) for r in rows] == [(1, "gpt-4.1", "ok"), (2, "deepseek-v3.2", "ok")]
+    assert "model" in columns.LEDGER_SETTLED
+
+
+_NO_ROWS: dict[str, Any] = {"new_subtasks": [], "webhook": None, "events": []}
 
 
 async def test_columns_a_row_leaves_out_get_their_defaults(idle: Harness) -> None:
@@ -427,7 +452,7 @@ async def test_a_heartbeat_and_a_group_commit_of_the_same_swarms_never_deadlock(
         swarms = [await _claimed_swarm(h) for _ in range(4)]  # random ids: an order of
         # their own in the table, the reverse of it in the commit's document below
         epochs = dict(swarms)
-        writer = StateWriter(h.app.state.sessions, OWNER, retry_for_s=10)
+        direct = DirectConnection(database_url)  # the group commit's connection
 
         async def beats() -> None:
             for _ in range(150):
@@ -436,8 +461,6 @@ async def test_a_heartbeat_and_a_group_commit_of_the_same_swarms_never_deadlock(
                     await asyncio.sleep(0)  # its locks held across a turn of the loop
 
         async def commits() -> None:
-            direct = writer._direct
-            assert direct is not None
             for _ in range(150):
                 stmt = commit_statement.statement(
                     OWNER, [_write(i, e, **BARE) for i, e in reversed(swarms)])
@@ -446,6 +469,6 @@ async def test_a_heartbeat_and_a_group_commit_of_the_same_swarms_never_deadlock(
         try:
             await asyncio.gather(beats(), commits())
         finally:
-            await writer.close()
+            await direct.close()
     finally:
         await close()

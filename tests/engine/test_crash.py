@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from app.db import changes, leases, writes
+from app.db import changes, columns, leases, writes
 from app.db.session import asyncpg_dsn, make_db_engine, make_session_factory
 from tests.conftest import make_settings, start_harness
 from tests.helpers import agent, until
@@ -250,7 +250,7 @@ async def test_a_paused_transaction_cannot_keep_a_swarm_locked(db_url: str, step
             assert await leases.extend_leases(paused, "paused", {swarm_id: claim.epoch}, lease)
         else:
             write = changes.SwarmWrite(swarm_id, claim.epoch, {
-                col: getattr(swarm, col) for col in changes.SWARM_STATE_COLUMNS})
+                col: getattr(swarm, col) for col in columns.SWARM_STATE_COLUMNS})
             assert await writes.apply_spend_only(paused, "paused", write, lease_s=lease)
         locked = "SELECT id FROM swarms WHERE id = $1 FOR UPDATE NOWAIT"
         with pytest.raises(asyncpg.LockNotAvailableError):

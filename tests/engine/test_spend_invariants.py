@@ -17,10 +17,10 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import select
 
-from app.db import spend
 from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.db.tables import DailySpend, GatewayCall
 from app.gateway.client import GatewayClient
+from app.states import NOT_BILLED
 from tests.conftest import app_on, make_settings
 from tests.helpers import agent
 
@@ -80,7 +80,7 @@ async def _check(c: httpx.AsyncClient, database_url: str, ids: list[str],
     finally:
         await engine.dispose()
     assert not [r for r in all_rows if r.outcome == "in_flight"]
-    billed = [r for r in all_rows if r.outcome not in spend.NOT_BILLED]
+    billed = [r for r in all_rows if r.outcome not in NOT_BILLED]
     for sid in ids:
         data = (await c.get(f"/swarms/{sid}")).json()
         mine = [r for r in billed if r.swarm_id == sid]

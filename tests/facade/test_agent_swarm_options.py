@@ -42,3 +42,33 @@ async def test_auto_routing_follows_the_planners_hints(facade_sqlite: Facade) ->
     swarm = await _swarm_of(facade_sqlite, {"routing": "auto"})
     workers = [s for s in swarm["subtasks"] if s["kind"] == "worker"]
     assert {s["model"] for s in workers} == set(PLAN_HINTS[:len(workers)]), workers
+
+
+async def test_approval_answers_202_with_the_held_swarms_id(facade: Facade) -> None:
+    """With `agent_swarm.approval` a plan that needs approval answers at once: 202, an empty
+    completion naming the swarm held (docs/OPENAI.md); the SDK reads it like any completion."""
+    r = await facade.http.post("/v1/chat/completions", json={
+        "model": "kimi-k2.5", "messages": TASK,
+        "agent_swarm": {"enabled": True, "max_sub_agents": 3, "approval": "always"}})
+    assert r.status_code == 202, r.text
+    done = r.json()
+    swarm_id = done["swarm_id"]
+    assert done["swarm_status"] == "awaiting_approval"
+    assert r.headers["location"] == f"/swarms/{swarm_id}"
+    assert done["choices"][0]["message"]["content"] == ""
+    assert done["choices"][0]["finish_reason"] == "stop"
+    swarm = await facade.swarm(swarm_id)
+    assert swarm["status"] == "awaiting_approval" and swarm["plan"]["agents"]
+    assert done["usage"]["total_tokens"] > 0  # the planner's call, and only it
+    assert {s["status"] for s in swarm["subtasks"] if s["kind"] == "worker"} == {"pending"}
+    completion = await facade.sdk().chat.completions.create(
+        model="kimi-k2.5", messages=[{"role": "user", "content": "Audit the ledger code"}],
+        extra_body={"agent_swarm": {"enabled": True, "approval": {"above_agents": 0}}})
+    assert getattr(completion, "swarm_status", None) == "awaiting_approval"
+    held = await facade.swarm(getattr(completion, "swarm_id", ""))
+    assert held["status"] == "awaiting_approval"
+    rule = {"above_usd": "1000"}  # a plan under the rule runs and answers as ever
+    r = await facade.http.post("/v1/chat/completions", json={
+        "model": "kimi-k2.5", "messages": TASK,
+        "agent_swarm": {"enabled": True, "max_sub_agents": 2, "approval": rule}})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text

@@ -4,7 +4,8 @@ tools, as many as its concurrency) go out as soon as it starts, without a write-
 their own. Every such row is still in the ledger before its call is sent, is settled by the
 answer as any row written ahead, and one whose call is never sent settles `cancelled` at no
 cost. With the tenant's daily cap (SPEC §8's defaults), each row's reservation is made in that
-statement too. A creation that fails leaves none. SQLite and PostgreSQL."""
+statement too. A creation that fails leaves none; with the latency devices off
+(SWARM_LATENCY_DEVICES) the engine writes every call ahead. SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import agent, by_name, ledger, record_batches, until
 from tests.mcp_servers import stdio_server, write_config
 
+pytestmark = pytest.mark.latency_devices
 SLOW = "[[sim latency_ms=1500]]"
 # SPEC §8's defaults but the daily cap, which every tenant has by default (see the last test)
 NO_DAILY_CAP = """[defaults]
@@ -98,9 +100,12 @@ async def test_the_first_calls_are_written_with_the_creation(
         await close()
 
 
+@pytest.mark.parametrize("devices", [True, False])
 async def test_a_one_agent_swarm_is_written_by_the_engine_without_a_write_ahead(
-        database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    h, close = await start_harness(uncapped(database_url, tmp_path))
+        database_url: str, devices: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With the latency devices off (SWARM_LATENCY_DEVICES), the engine writes its call ahead."""
+    h, close = await start_harness(uncapped(database_url, tmp_path, latency_devices=devices))
     batches = record_batches(h, monkeypatch)
     try:
         data = await h.run({"task": "t", "agents": [agent("a")],
@@ -108,9 +113,10 @@ async def test_a_one_agent_swarm_is_written_by_the_engine_without_a_write_ahead(
     finally:
         await close()
     assert data["status"] == "succeeded", data["error"]
-    assert written_ahead(batches, data["id"]) == []
+    assert written_ahead(batches, data["id"]) == ([] if devices else ["a"])
     mine = [w for batch in batches for w in batch if w.swarm_id == data["id"]]
-    assert [r["outcome"] for w in mine for r in w.ledger] == ["ok"]  # the settlement alone
+    outcomes = [r["outcome"] for w in mine for r in w.ledger]
+    assert outcomes == (["ok"] if devices else ["in_flight", "ok"])  # the settlement alone
 
 
 async def test_a_first_call_never_sent_settles_cancelled(database_url: str, tmp_path: Path

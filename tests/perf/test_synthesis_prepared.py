@@ -17,6 +17,8 @@ from app.db import changes
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import agent, by_name, ledger, record_batches
 
+pytestmark = pytest.mark.latency_devices
+
 # no daily cap (every tenant has one by default): nothing to ask before the row is queued
 UNCAPPED = """[defaults]
 max_agents = 1000

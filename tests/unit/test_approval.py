@@ -1,4 +1,5 @@
-"""The approval gate's pure part: the rules, the worst case of a plan, the plan as agents."""
+"""The approval gate's pure part: the rules, the estimate a held swarm carries, the plan as
+agents."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from app.db.history import Caps, History
 from app.engine.approval import (
     asks,
     awaiting,
@@ -15,16 +17,16 @@ from app.engine.approval import (
     needed,
     plan_agents,
     run_clock_start,
-    worst_case,
+    shown,
 )
-from app.engine.context import estimate_prompt_tokens
-from app.engine.layout import new_subtask, synthesizer
+from app.engine.estimate import Plan, PlannedCall
+from app.engine.estimate import estimate as figures
+from app.engine.layout import new_subtask
 from app.pricing import PriceTable
 from app.schemas import SwarmCreate
 from app.states import SubtaskKind
 
 PRICES = PriceTable.builtin()
-SPEC: dict[str, Any] = {"synthesis": {"model": "kimi-k2.5", "max_tokens": 100}}
 
 
 def worker(name: str, **kw: Any) -> Any:
@@ -59,28 +61,22 @@ def test_the_rule_is_validated_as_a_request() -> None:
             SwarmCreate.model_validate({"task": "t", "limits": {"approval": bad}})
 
 
-def test_a_fan_out_worst_case_is_each_calls_reservation() -> None:
-    subs = [worker("a", prompt="one"), worker("b", prompt="two", model="gpt-4.1",
-                                                   max_tokens=50)]
-    est = worst_case(subs, "task", PRICES)
-    each = [PRICES[s.model].worst_case(
-        estimate_prompt_tokens([{"role": "user", "content": str(s.prompt)}]), s.max_tokens)
-        for s in subs]
-    assert Decimal(est["cost_usd"]["max"]) == sum(each)
-    assert est["cost_usd"]["expected"] == est["cost_usd"]["max"]  # nothing depends on anything
-    assert (est["agents"], est["width"], est["depth"]) == (2, 2, 1)
-    assert est["calls"] == {"expected": 2, "max": 2}
-
-
-def test_dependencies_and_tools_raise_the_max_not_the_expected() -> None:
-    a = worker("a", prompt="one")
-    b = worker("b", prompt="two", depends_on=["a"], tools=["srv"], max_turns=3)
-    synth = synthesizer("s", SPEC, 2, ["a", "b"])
-    est = worst_case([a, b, synth], "task", PRICES)
-    assert Decimal(est["cost_usd"]["max"]) > Decimal(est["cost_usd"]["expected"])
-    assert est["calls"] == {"expected": 3, "max": 1 + 3 + 1}
-    assert (est["agents"], est["width"], est["depth"]) == (2, 1, 2)
-    assert est["tokens"]["max"] > est["tokens"]["expected"]
+def test_the_held_estimate_is_the_routes_figures_with_the_agent_count() -> None:
+    calls = [PlannedCall(n, SubtaskKind.worker, "kimi-k2.5", 100,
+                         [{"role": "user", "content": f"say {n}"}]) for n in ("a", "b")]
+    agents = [{"name": "a"}, {"name": "b"}]
+    est = figures(Plan(calls, agents, {"a": [], "b": []}, 8), PRICES, History({}), Caps())
+    held = shown(est)
+    view = est.view()
+    assert "plan" not in held and held["agents"] == 2
+    assert {k: v for k, v in held.items() if k != "agents"} == {
+        k: v for k, v in view.items() if k != "plan"}
+    # the rule reads what the swarm shows: its expected cost, its agents
+    expected = Decimal(held["cost_usd"]["expected"])
+    assert expected < Decimal(held["cost_usd"]["max"])
+    assert needed({"approval": {"above_usd": str(expected)}}, held) is False
+    assert needed({"approval": {"above_usd": str(expected - Decimal("1e-7"))}}, held) is True
+    assert needed({"approval": {"above_agents": 1}}, held) is True
 
 
 def test_the_plan_is_postable_as_agents() -> None:

@@ -10,7 +10,8 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import inspect as sa_inspect
 
-from app.db.create import SUBTASK_INSERT_COLUMNS, insert_row
+from app.db.columns import SUBTASK_INSERT_COLUMNS
+from app.db.create import insert_row
 from app.db.live_rows import LiveSubtask, LiveSwarm, live_subtask, live_swarm
 from app.db.tables import Subtask, Swarm
 from app.engine.layout import new_subtask

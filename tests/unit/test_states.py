@@ -11,15 +11,24 @@ from typing import Any
 import pytest
 
 from app.states import (
+    ANSWERED,
+    CLAIMABLE_SWARM,
+    FAILED_ATTEMPT,
     SUBTASK_TRANSITIONS,
     SWARM_TRANSITIONS,
+    UNANSWERED,
+    AttemptOutcome,
     Event,
     InvalidTransition,
     SubtaskStatus,
     SwarmStatus,
     WebhookState,
+    amend_end,
+    attempt_transition,
     move_subtask,
     move_swarm,
+    retract_subtask,
+    sql_in,
     subtask_transition,
     swarm_transition,
     webhook_transition,
@@ -142,3 +151,41 @@ def test_takeover_and_cancel_write_no_subtask_event() -> None:
     skipped = _Sub()
     assert move_subtask(skipped, T.skipped, NOW, reason="r") == Event(
         "subtask.skipped", {"name": "a", "reason": "r"})
+
+
+def test_an_attempt_is_written_ahead_then_settled_once() -> None:
+    A = AttemptOutcome
+    # SPEC §4's names, exact
+    assert [o.value for o in A] == [
+        "in_flight", "ok", "rate_limited", "server_error", "timeout", "invalid_response",
+        "client_error", "connection_error", "unknown", "cancelled"]
+    for outcome in A:
+        if outcome is not A.in_flight:
+            assert attempt_transition(A.in_flight, outcome) is outcome
+            assert outcome.settled
+            for again in A:  # a settled row is never settled again
+                with pytest.raises(InvalidTransition):
+                    attempt_transition(outcome, again)
+    with pytest.raises(InvalidTransition):
+        attempt_transition(A.in_flight, A.in_flight)
+    assert set(ANSWERED) | UNANSWERED == set(A)
+    assert A.ok not in FAILED_ATTEMPT and set(FAILED_ATTEMPT) < set(ANSWERED)
+
+
+def test_sql_status_lists_are_rendered_from_the_enums() -> None:
+    assert sql_in(CLAIMABLE_SWARM) == "'queued', 'planning', 'running', 'synthesizing'"
+
+
+def test_a_refused_success_is_retracted_and_a_refused_end_amended() -> None:
+    sub = _Sub(status=T.running, started_at=NOW)
+    move_subtask(sub, T.succeeded, LATER)
+    retract_subtask(sub, T.running)  # its write was refused: it never happened
+    assert (sub.status, sub.finished_at, sub.started_at) == (T.running, None, NOW)
+    with pytest.raises(InvalidTransition):
+        retract_subtask(_Sub(status=T.succeeded), T.pending)  # no such move to retract
+    swarm = _Swarm(status=S.running)
+    move_swarm(swarm, S.succeeded, LATER)
+    amend_end(swarm, S.failed)
+    assert (swarm.status, swarm.finished_at) == (S.failed, LATER)
+    with pytest.raises(InvalidTransition):
+        amend_end(_Swarm(status=S.running), S.failed)  # not ended: a move, not an amendment

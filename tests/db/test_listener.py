@@ -1,4 +1,4 @@
-"""PgListener: LISTEN again after the connection is lost, and say so (`on_connect`) each time,
+"""ChangeListener: LISTEN again after the connection is lost, and say so (`on_connect`) each time,
 since whatever was notified while nobody listened is gone: the scheduler claims and readers
 re-read at once instead of at their next poll."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncpg
 
+from app.db.listener import ChangeListener
 from app.db.session import asyncpg_dsn
-from app.engine.listener import PgListener
 from app.engine.waiters import SwarmNotifier
 from tests.helpers import until
 
@@ -15,8 +15,8 @@ from tests.helpers import until
 async def test_reconnects_relistens_and_says_so(pg_url: str) -> None:
     heard: list[str] = []
     connects: list[int] = []
-    listener = PgListener(pg_url, {"swarm_test": heard.append}, check_every_s=0.05,
-                          on_connect=lambda: connects.append(len(heard)))
+    listener = ChangeListener(pg_url, {"swarm_test": heard.append}, check_every_s=0.05,
+                              on_connect=lambda: connects.append(len(heard)))
     admin = await asyncpg.connect(asyncpg_dsn(pg_url))
     listener.start()
     try:

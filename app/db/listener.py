@@ -1,5 +1,6 @@
-"""Postgres LISTEN: wake-ups by swarm id (channels in app/db/notify.py); polling stays the
-fallback."""
+"""PostgreSQL LISTEN: wake-ups by swarm id (channels in app/db/notify.py), polling staying the
+fallback; and NOTIFY from a connection of its own (`NotifySender`), for what is sent outside
+any transaction (a worker's token deltas)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from app.aio import cancel_and_wait
 from app.db.session import asyncpg_dsn
 
 log = logging.getLogger(__name__)
+_SEND = "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p"
 
 
-class PgListener:
+class ChangeListener:
     """One dedicated connection LISTENing on some channels, health-checked and re-LISTENed
     after a reconnect. Handlers run in the event loop and must not block."""
 
@@ -78,3 +80,30 @@ class PgListener:
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(conn.close(), 2)
+
+
+class NotifySender:
+    """NOTIFYs of one channel from one connection of its own, in the order sent (NOTIFYs of
+    one session arrive in that order); connected at the first send and again after a loss.
+    Used by one task at a time."""
+
+    def __init__(self, database_url: str, channel: str) -> None:
+        self._dsn = asyncpg_dsn(database_url)
+        self._channel = channel
+        self._conn: asyncpg.Connection | None = None
+
+    async def send(self, payloads: list[str]) -> None:
+        """One statement NOTIFYing each payload; a failure closes the connection and raises."""
+        try:
+            if self._conn is None or self._conn.is_closed():
+                self._conn = await asyncpg.connect(self._dsn, timeout=5)
+            await self._conn.execute(_SEND, self._channel, payloads)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 2)
