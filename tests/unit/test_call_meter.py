@@ -38,6 +38,11 @@ class FakeSwarm:
     committed: list[dict[str, Any]] = field(default_factory=list)  # durable, in order
     queued: list[dict[str, Any]] = field(default_factory=list)  # commit_soon / submit
 
+    @property
+    def journal(self) -> FakeSwarm:
+        """Its writes' journal: the fake records them itself."""
+        return self
+
     async def commit(self, subs: Any = (), ledger: Any = (), **_: Any) -> None:
         self.committed += ledger
 
