@@ -7,7 +7,7 @@ PORT   ?= 8000
 # pytest workers: half the suite's time is processes, leases and restarts waited on, not CPU
 TEST_WORKERS ?= 2
 
-.PHONY: run test test-plain lint install bench clean interop
+.PHONY: run test test-plain lint install bench clean interop chaos
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,11 @@ bench: $(VENV)/.installed-test .venv-bench/bin/python
 
 interop: $(VENV)/.installed-test .venv-litellm/bin/litellm .venv-mcp/bin/mcp-server-git .interop-npm/node_modules/.bin/mcp-server-filesystem
 	SWARM_INTEROP=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal tests/interop
+
+# worker churn with real processes on PostgreSQL (kill -9 every half second, a rolling SIGTERM),
+# minutes long: skipped by `make test`, run here one test at a time (each starts its own cluster)
+chaos: $(VENV)/.installed-test
+	SWARM_CHAOS=1 $(BIN)/pytest tests/chaos
 
 clean:
 	rm -rf $(VENV) .venv-bench .venv-litellm .venv-mcp .interop-npm .pytest_cache .mypy_cache .ruff_cache swarm.db swarm.db-*

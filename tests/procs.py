@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -211,12 +212,19 @@ class Db:
         owner: str | None = (await self.swarm(swarm_id))["lease_owner"]
         return owner
 
-    async def listening(self) -> int:
-        """Connections of this database that LISTEN (a worker's or API's wake-up channel);
-        their last statement stays a LISTEN until the first health check, seconds later."""
+    async def listening(self, since: datetime | None = None) -> int:
+        """Connections of this database that LISTEN (a worker's or API's wake-up channel),
+        opened `since` (database time) if given; their last statement stays a LISTEN until
+        the first health check, seconds later."""
         rows = await self.fetch("SELECT count(*) FROM pg_stat_activity "
-                                "WHERE datname = current_database() AND query LIKE 'LISTEN%'")
+                                "WHERE datname = current_database() AND query LIKE 'LISTEN%' "
+                                "AND backend_start >= coalesce($1::timestamptz, '-infinity')",
+                                since)
         return int(rows[0][0])
+
+    async def now(self) -> datetime:
+        now: datetime = (await self.fetch("SELECT now()"))[0][0]
+        return now
 
     async def snapshot(self, swarm_id: str) -> dict[str, Any]:
         """Everything stored about a swarm, comparable with ==."""

@@ -195,3 +195,18 @@ async def kept_plan(conn: asyncpg.Connection, sql: str, args: Sequence[str | lis
         await conn.execute("DEALLOCATE kept")
         await conn.execute("RESET plan_cache_mode")
     return list(plan_nodes(pydantic_core.from_json(raw)[0]["Plan"]))
+
+
+# ---- a process's memory (Linux) -------------------------------------------------------------
+
+
+def memory(pid: int) -> tuple[int, int]:
+    """(resident, peak resident) bytes of a process: VmRSS and VmHWM."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text()
+                  .splitlines() if ":" in line)
+    return (int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024)
+
+
+def reset_peak(pid: int) -> None:
+    """Start a process's peak (VmHWM) again from its resident size now."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")

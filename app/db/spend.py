@@ -130,13 +130,19 @@ async def refresh_daily(session: AsyncSession, reservation_ids: Sequence[str],
                           .values(expires_at=now + timedelta(seconds=lease_s)))
 
 
-async def refresh_owned(session: AsyncSession, owner: str, lease_s: float) -> None:
-    """Push every daily-cap reservation of this process (global and tenants') one lease
-    ahead, with its swarm leases (the heartbeat's transaction): a reservation stays live
-    while its owner holds its leases, a stall of the refreshers notwithstanding."""
+async def refresh_owned(session: AsyncSession, owner: str, reservation_ids: list[str],
+                        lease_s: float) -> None:
+    """Push the daily-cap reservations this process's caps hold (global and tenants') one
+    lease ahead, with its swarm leases (the heartbeat's transaction): a reservation stays live
+    while its owner holds its leases, a stall of the refreshers notwithstanding. Only those
+    held: a row none holds (its reserve cut off) kept live would keep a call that cannot fit
+    beside it waiting for as long as the waiting swarm's own lease is extended."""
+    if not reservation_ids:
+        return
     until = await db_now(session) + timedelta(seconds=lease_s)
     for table in (DailyReservation, TenantDailyReservation):
-        await session.execute(update(table).where(table.owner == owner)
+        await session.execute(update(table).where(table.owner == owner,
+                                                  table.id.in_(reservation_ids))
                               .values(expires_at=until))
 
 

@@ -141,6 +141,10 @@ class SharedCap(Protocol):
         """Replace the reservation by the real cost (0 when the call was never sent)."""
         ...
 
+    def held_ids(self) -> list[str]:
+        """The ids of the reservations this cap holds (reserved, not settled yet)."""
+        ...
+
 
 class DailyCap:
     """SWARM_DAILY_BUDGET_USD across every swarm and process sharing one database.
@@ -217,6 +221,9 @@ class DailyCap:
         self._settled.set()
         self._settled = asyncio.Event()
 
+    def held_ids(self) -> list[str]:
+        return [rid for rid, _ in self._held.values()]
+
     async def close(self) -> None:
         """Stop refreshing (reservations still held then expire after one lease)."""
         if self._refresher is not None:
@@ -233,7 +240,7 @@ class DailyCap:
     async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
-            ids = [rid for rid, _ in self._held.values()]
+            ids = self.held_ids()
             if not ids:
                 continue
             try:

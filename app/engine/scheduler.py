@@ -248,12 +248,16 @@ class Scheduler:
 
     async def _extend_leases(self) -> None:
         epochs = {sid: r.epoch for sid, (r, _) in self.runners.items()}
+        ctx = self.ctx
+        reserved = [*(ctx.daily.held_ids() if ctx.daily is not None else ()),
+                    *(ctx.tenants.held_ids() if ctx.tenants is not None else ())]
         try:
             async with self.sessions() as session, session.begin():
                 held = await leases.extend_leases(
                     session, self.owner, epochs, self.settings.lease_seconds)
                 if held:  # its reservations live as long as its leases
-                    await spend.refresh_owned(session, self.owner, self.settings.lease_seconds)
+                    await spend.refresh_owned(session, self.owner, reserved,
+                                              self.settings.lease_seconds)
         except Exception as exc:
             log_db_failure(log, "heartbeat", exc)
             return

@@ -99,6 +99,9 @@ class TenantDailyCap:
         self._settled.set()
         self._settled = asyncio.Event()
 
+    def held_ids(self) -> list[str]:
+        return [rid for rid, _ in self._held.values()]
+
     async def close(self) -> None:
         """Stop the batcher and the refresher (reservations still held expire after a lease)."""
         for task in self._tasks:
@@ -148,9 +151,19 @@ class TenantDailyCap:
             for op, check in zip(reserves, checks, strict=True):
                 if not op.future.done():
                     op.future.set_result(check)
+                elif check.reservation_id is not None:  # its caller was cancelled meanwhile
+                    self._release(check)
             for op in batch:
                 if not op.future.done():
                     op.future.set_result(None)
+
+    def _release(self, check: DailyCheck) -> None:
+        """Free a reservation granted to nobody (its caller gone): in the next batch."""
+        fut = self._future()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it
+        self._queue.append(_Op(fut, settle=tenant_cap.Settle(check.reservation_id or "",
+                                                             check.day, Decimal(0))))
+        self._wake.set()
 
     async def _apply(self, reserves: list[Decimal], settles: list[tenant_cap.Settle]
                      ) -> list[DailyCheck]:
@@ -162,7 +175,7 @@ class TenantDailyCap:
     async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
-            ids = [rid for rid, _ in self._held.values()]
+            ids = self.held_ids()
             if not ids:
                 continue
             try:
@@ -199,6 +212,9 @@ class BothCaps:
         both = Reservation(amount)
         self._pairs[both] = (a, b)
         return both
+
+    def held_ids(self) -> list[str]:
+        return [*self.first.held_ids(), *self.second.held_ids()]
 
     async def settle(self, reservation: Reservation, actual: Decimal) -> None:
         pair = self._pairs.pop(reservation, None)
@@ -256,6 +272,10 @@ class TenantGates:
         if combined is not None:
             self._combined[tenant] = combined
         return combined
+
+    def held_ids(self) -> list[str]:
+        """The reservations every tenant cap of this process holds."""
+        return [rid for cap in self._caps.values() for rid in cap.held_ids()]
 
     async def close(self) -> None:
         """Stop refreshing every tenant cap's reservations."""

@@ -6,10 +6,14 @@ heartbeat keeps the daily-cap reservations of calls in flight live with the leas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -55,22 +59,50 @@ def _file(url: str) -> str:
     return url.split("///", 1)[1]
 
 
-async def _under_lock(url: str, writer: StateWriter, swarm_id: str, epoch: int,
-                      caplog: pytest.LogCaptureFixture) -> asyncio.Future[None]:
-    """A ledger row's write submitted while another connection holds the write lock, which
-    it lets go only once the writer said it retries past its window (or gave up)."""
-    holder = sqlite3.connect(_file(url), isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
+# another process holding SQLite's write lock until its stdin closes
+_HOLD = ("import sqlite3, sys\n"
+         "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+         "c.execute('BEGIN IMMEDIATE')\n"
+         "print('locked', flush=True)\n"
+         "sys.stdin.read()\n"
+         "c.execute('ROLLBACK')\n")
+
+
+@contextlib.contextmanager
+def _locked(path: str, by: str) -> Iterator[None]:
+    """SQLite's write lock held by another connection of this process, or another process."""
+    if by == "connection":
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        return
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, path], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
     try:
+        assert proc.stdout.readline() == b"locked\n"
+        yield
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+
+
+async def _under_lock(url: str, writer: StateWriter, swarm_id: str, epoch: int,
+                      caplog: pytest.LogCaptureFixture, by: str = "connection"
+                      ) -> asyncio.Future[None]:
+    """A ledger row's write submitted while another connection (`by`) holds the write lock,
+    which it lets go only once the writer said it retries past its window (or gave up)."""
+    with _locked(_file(url), by):
         fut = writer.submit(_write(swarm_id, epoch, **{**BARE, "ledger": _write(
             swarm_id, epoch).ledger}))
         for _ in range(400):
             if fut.done() or "retrying while their leases are held" in caplog.text:
                 break
             await asyncio.sleep(0.05)
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
     await asyncio.wait([fut], timeout=30)
     return fut
 
@@ -81,16 +113,16 @@ async def _ledger_rows(h: Harness, swarm_id: str) -> int:
             GatewayCall.swarm_id == swarm_id))).scalar_one())
 
 
-@pytest.mark.parametrize("holding", [lambda _: True], ids=["lease-held"])
+@pytest.mark.parametrize("by", ["connection", "process"])
 async def test_a_ledger_row_outlasts_a_write_lock_held_past_the_window(
-        idle: Harness, impatient: SessionFactory, sqlite_url: str,
-        holding: Callable[[str], bool], caplog: pytest.LogCaptureFixture) -> None:
+        idle: Harness, impatient: SessionFactory, sqlite_url: str, by: str,
+        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, "app.engine.writer")
     swarm_id, epoch = await _claimed_swarm(idle)
-    writer = StateWriter(impatient, OWNER, retry_for_s=WINDOW_S, holding=holding)
+    writer = StateWriter(impatient, OWNER, retry_for_s=WINDOW_S, holding=lambda _: True)
     writer.start()
     try:
-        fut = await _under_lock(sqlite_url, writer, swarm_id, epoch, caplog)
+        fut = await _under_lock(sqlite_url, writer, swarm_id, epoch, caplog, by)
     finally:
         await writer.close()
     assert "retrying while their leases are held" in caplog.text  # it outlasted the window
@@ -147,3 +179,25 @@ async def test_reservations_live_as_long_as_their_owners_leases(
 async def _past(expiry: Callable[[], Any], bound: datetime) -> datetime | None:
     value = await expiry()
     return value if value is not None and value > bound else None
+
+
+async def test_a_reservation_no_cap_holds_is_not_kept_live(sqlite_url: str) -> None:
+    """A reservation row of this process that none of its caps holds (its reserve was cut
+    off, or retried after a lost answer) is no call in flight: the heartbeat does not keep it
+    live, so a call that cannot fit beside it is refused once it lapses instead of waiting
+    for it as long as the waiting swarm's own lease is held (for ever)."""
+    settings = make_settings(sqlite_url, lease_seconds=1.0, daily_budget_usd="0.001")
+    h, close = await start_harness(settings)
+    try:
+        async with h.app.state.sessions() as s, s.begin():
+            now = await db_now(s)
+            s.add(DailyReservation(id="o" * 32, day=now.date(), owner=h.app.state.engine.owner,
+                                   amount=Decimal("0.0009"), expires_at=now + timedelta(
+                                       seconds=1)))
+        body = {"task": "t", "synthesis": {"strategy": "none"}, "max_tokens": 1000,
+                "agents": [agent("a")]}
+        data = await h.wait((await h.post(body)).json()["id"], 15)
+        assert data["status"] == "failed", data
+        assert data["error"]["code"] == "daily_budget_exceeded", data["error"]
+    finally:
+        await close()

@@ -103,15 +103,20 @@ async def test_sigterm_drains_releases_and_hands_over_at_once(db_url: str,
     """SIGTERM: in-flight calls finish and commit within the grace period, the lease is
     released (not left to expire), and an idle worker is woken and continues at once."""
     db = Db(db_url)
-    grace, lease = 8.0, 10.0
-    slow = "[[sim latency_ms=5000]]"  # still in flight once worker B is up
-    body = {"task": "graceful handover", "max_tokens": 100,
-            "agents": [agent("s1", slow), agent("s2", slow), agent("s3", slow),
-                       agent("after", depends_on=["s1", "s2", "s3"])]}
-    async with cluster(db_url, tmp_path, SWARM_SHUTDOWN_GRACE_S=str(grace),
-                       SWARM_LEASE_SECONDS=str(lease)) as c:
+    lease = 30.0
+    async with cluster(db_url, tmp_path, SWARM_LEASE_SECONDS=str(lease)) as c:
         sim = await c.simulator(latency_ms=20)
-        api, a = await asyncio.gather(c.api(), c.worker("worker_a"))
+        t0 = time.monotonic()
+        api = await c.api()
+        # the calls must outlast worker B's start (as long as the API's took, on a loaded
+        # machine many seconds) and still end within A's grace
+        latency = 5.0 + 2 * (time.monotonic() - t0)
+        grace = latency + 3.0
+        a = await c.worker("worker_a", SWARM_SHUTDOWN_GRACE_S=str(grace))
+        slow = f"[[sim latency_ms={int(latency * 1000)}]]"  # in flight once worker B is up
+        body = {"task": "graceful handover", "max_tokens": 100,
+                "agents": [agent("s1", slow), agent("s2", slow), agent("s3", slow),
+                           agent("after", depends_on=["s1", "s2", "s3"])]}
         swarm_id = (await post_swarm(api, body))["id"]
 
         async def three_in_flight() -> bool:
@@ -119,13 +124,13 @@ async def test_sigterm_drains_releases_and_hands_over_at_once(db_url: str,
 
         await until(three_in_flight, 15, "three calls in flight")
         assert owner_pid(await db.lease_owner(swarm_id)) == a.pid
-        # B starts after the swarm's NOTIFY and polls only every 60 s: the only thing that
+        # B starts after the swarm's NOTIFY and polls only every 600 s: the only thing that
         # can wake it in time is the NOTIFY of the released lease
-        listening = await db.listening()
-        b = await c.worker("worker_b", SWARM_POLL_INTERVAL_S="60")
+        spawned = await db.now()
+        b = await c.worker("worker_b", SWARM_POLL_INTERVAL_S="600")
 
-        async def b_listens() -> bool:
-            return await db.listening() > listening
+        async def b_listens() -> bool:  # A's own LISTEN may turn into its health check now
+            return await db.listening(since=spawned) > 0
 
         await until(b_listens, 10, "worker B to LISTEN")
         b.send(signal.SIGSTOP)  # so that the released lease can be seen before B claims it
@@ -149,12 +154,12 @@ async def test_sigterm_drains_releases_and_hands_over_at_once(db_url: str,
         async def b_owns() -> bool:
             return owner_pid(await db.lease_owner(swarm_id)) == b.pid
 
-        try:
-            await until(b_owns, 3, "worker B to claim the released swarm", every=0.02)
+        try:  # long before the lease would run out
+            await until(b_owns, lease / 2, "worker B to claim the released swarm", every=0.02)
         except AssertionError as exc:  # what B was doing is the only clue
             raise AssertionError(f"{exc}\n--- worker B:\n{b.log()}\n--- worker A:\n"
                                  f"{a.log()}") from None
-        assert time.monotonic() - t_exit < lease / 2  # long before the lease would run out
+        assert time.monotonic() - t_exit < lease / 2
         await wait_terminal(api, swarm_id, timeout=20)
         row = await db.swarm(swarm_id)
         assert (row["lease_epoch"], row["rescues"]) == (2, 0)  # a hand-over, not a rescue

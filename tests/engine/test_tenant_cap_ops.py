@@ -169,3 +169,22 @@ async def test_the_cap_reserves_and_settles_through_its_batches(sessions: Sessio
             await cap.reserve(Decimal("0.01"))
     finally:
         await cap.close()
+
+
+async def test_a_reservation_granted_to_a_cancelled_caller_is_freed(sessions: SessionFactory
+                                                                     ) -> None:
+    """A call cancelled while its reservation was in the batch (its swarm failed or was
+    cancelled) leaves no reservation behind: none would ever settle it, and it would hold
+    its money for the rest of the day."""
+    cap = TenantDailyCap(sessions, "t", CAP, "me")
+    try:
+        asked = asyncio.create_task(cap.reserve(Decimal("0.70")))
+        await asyncio.sleep(0)  # queued for the next batch
+        asked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asked
+        await cap.settle(await cap.reserve(Decimal("0.10")), Decimal(0))  # a batch after it
+        assert await held(sessions) == []
+        assert (await spent(sessions)).get(datetime.now(UTC).date(), Decimal(0)) == 0
+    finally:
+        await cap.close()
