@@ -9,7 +9,8 @@ from typing import Any
 
 import pydantic_core
 
-from app.db.tables import SubtaskView, Swarm
+from app.db.live_rows import SubtaskView
+from app.db.tables import Swarm
 from app.db.types import utcnow
 from app.engine import dag
 from app.engine.layout import COMPRESSOR_PREFIX

@@ -31,7 +31,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.gateway.client import ChatRequest, GatewayClient  # noqa: E402
+from app.gateway.chat import ChatRequest  # noqa: E402
+from app.gateway.client import GatewayClient  # noqa: E402
 
 LEVELS = (16, 64, 256)
 VARIANTS = ("single", "aiohttp", "gateway")

@@ -8,10 +8,10 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from app.db.session import make_db_engine
-from app.db.tables import Base
+from app.db.tables import METADATA
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = METADATA
 
 
 def _url() -> str:

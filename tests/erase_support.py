@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from app.db.tables import Base
+from app.db.tables import METADATA
 from tests.conftest import Harness, make_settings, start_harness
 from tests.mcp_servers import stdio_server, write_config
 
@@ -19,7 +19,7 @@ async def raw_dump(h: Harness) -> str:
     through SQL finds."""
     out: list[str] = []
     async with h.app.state.db_engine.connect() as conn:
-        for table in Base.metadata.sorted_tables:
+        for table in METADATA.sorted_tables:
             rows = await conn.execute(text(f'SELECT * FROM "{table.name}"'))
             out += [json.dumps([str(v) for v in row]) for row in rows]
     return "\n".join(out)

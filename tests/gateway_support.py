@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from app.gateway.client import ChatRequest
+from app.gateway.chat import ChatRequest
 
 BASE_URL = "http://gateway.test/v1"
 API_KEY = "sk-test-SECRET-0123456789"

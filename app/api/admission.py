@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
 from app.api.deps import SessionDep, SettingsDep, TenantDep
-from app.db import quotas
+from app.db import quotas, tenant_cap
 from app.db.dialect import dialect_of, engine_of
 from app.errors import RequestInvalid, TooManyRequests
 from app.schemas import SwarmCreate
@@ -177,7 +177,7 @@ def _refuse_active(active: int, limits: TenantLimits) -> TooManyRequests:
 def _refuse_daily(spent: Decimal, now: datetime, limits: TenantLimits) -> TooManyRequests:
     cap = limits.daily_budget_usd
     return _refuse("daily_budget_usd", f"today's budget of {cap} USD is spent",
-                   quotas.seconds_to_midnight(now), max=str(cap), spent=str(spent))
+                   tenant_cap.seconds_to_midnight(now), max=str(cap), spent=str(spent))
 
 
 def _check_active(active: int, limits: TenantLimits) -> None:

@@ -13,7 +13,7 @@ from app.api.deps import KeyFirstRoute, SessionDep, TenantDep
 from app.api.errors import error_responses
 from app.api.shared import swarm_answer
 from app.config import Settings
-from app.db import quotas
+from app.db import tenant_cap
 from app.engine.budget import BudgetExceeded, SharedCap
 from app.engine.call_plan import named_agents, planned_agents
 from app.engine.forecast import forecast
@@ -21,7 +21,7 @@ from app.engine.planning import PlanFailed, Planning
 from app.engine.specs import build_swarm
 from app.errors import ApiError, RequestInvalid, TooManyRequests
 from app.estimate_schemas import SwarmEstimate
-from app.gateway.client import GatewayError, GatewayRejected
+from app.gateway.errors import GatewayError, GatewayRejected
 from app.pricing import usd_str
 from app.schemas import AgentCreate, SwarmCreate
 from app.tools.registry import ToolRegistry
@@ -92,7 +92,7 @@ async def _plan(request: Request, body: SwarmCreate, spec: dict[str, Any],
             raise RequestInvalid(str(exc), code="budget_exceeded", details={
                 "field": "limits.budget_usd", "needed_usd": usd_str(exc.needed)}) from None
         raise TooManyRequests(str(exc), limit="daily_budget_usd", retry_after_s=float(
-            quotas.seconds_to_midnight(datetime.now(UTC)))) from None
+            tenant_cap.seconds_to_midnight(datetime.now(UTC)))) from None
     except GatewayError as exc:
         code = "gateway_rejected" if isinstance(exc, GatewayRejected) else "gateway_unavailable"
         raise GatewayFailed(f"planning failed: {exc}", code=code) from None

@@ -21,7 +21,8 @@ from app.engine.budget import BudgetExceeded, SharedCap
 from app.engine.passthrough import MAX_STREAM_S, PassthroughMeter, prompt_bound
 from app.errors import RequestInvalid
 from app.gateway import streaming
-from app.gateway.client import GatewayClient, GatewayError, GatewayRejected
+from app.gateway.client import GatewayClient
+from app.gateway.errors import GatewayError, GatewayRejected
 from app.gateway.eventstream import DONE
 from app.openai_schemas import ChatCompletionCreate
 from app.states import AttemptOutcome

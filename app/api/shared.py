@@ -106,7 +106,7 @@ async def insert_once(session: AsyncSession, response: Response, tenant: str, ke
     """Run `admit` (the tenant's quota checks), then `insert` (which stores a swarm carrying
     `key` and `digest`) in one transaction, unless a live `key` already names a swarm: then
     answer with that swarm (same request) or 422 (another request). None when this call
-    inserted. The order is every creation's lock order (`one_statement._creation`): the
+    inserted. The order is every creation's lock order (`creation_statement._creation`): the
     tenant's lock, then the key's old holder, then the new rows."""
     if key is not None and (seen := await replay(session, response, tenant, key, digest, ttl_s)):
         return seen

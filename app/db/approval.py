@@ -11,9 +11,10 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.db.base import table_of
 from app.db.batch import executemany
 from app.db.notify import CHANGED, QUEUED, notify
-from app.db.tables import Event, Subtask, Swarm, Webhook, table_of
+from app.db.tables import Event, Subtask, Swarm, Webhook
 from app.states import SubtaskStatus, SwarmStatus
 
 

@@ -79,7 +79,7 @@ async def record_alone(sessions: SessionFactory, action: Action,
 
 def statement_values(action: Action) -> tuple[str | None, str, str | None, str | None]:
     """(key id, action, request id, client) for a creation's one statement, which writes its
-    audit row itself (app/db/one_statement.py)."""
+    audit row itself (app/db/creation_statement.py)."""
     who = _caller.get()
     if who is None:
         return None, action, None, None

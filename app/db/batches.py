@@ -13,11 +13,11 @@ import functools
 from decimal import Decimal
 from typing import Protocol
 
-from app.db import quotas
+from app.db import tenant_cap
 from app.db.changes import SwarmWrite
+from app.db.commit_statement import statement
 from app.db.dialect import dialect_of, engine_of
 from app.db.direct import DirectConnection, fetchrow_pooled
-from app.db.one_statement import statement
 from app.db.retry import in_transaction, retrying
 from app.db.session import SessionFactory
 from app.db.spend import DailyCheck
@@ -77,20 +77,20 @@ def group_commit(sessions: SessionFactory, owner: str, retry_for_s: float) -> Gr
 
 
 async def apply_tenant_ops(sessions: SessionFactory, tenant: str, cap: Decimal,
-                           reserves: list[Decimal], settles: list[quotas.Settle],
+                           reserves: list[Decimal], settles: list[tenant_cap.Settle],
                            owner: str, lease_s: float) -> list[DailyCheck]:
-    """`quotas.apply_tenant_ops` as a transaction of its own, retried while the database is
+    """`tenant_cap.apply_tenant_ops` as a transaction of its own, retried while the database is
     unavailable for up to `lease_s` (on PostgreSQL its one statement alone on a pooled
     connection's driver, in autocommit)."""
     if not dialect_of(sessions).statements_alone:
         return await in_transaction(sessions, functools.partial(
-            quotas.apply_tenant_ops, tenant=tenant, cap=cap, reserves=reserves,
+            tenant_cap.apply_tenant_ops, tenant=tenant, cap=cap, reserves=reserves,
             settles=settles, owner=owner, lease_s=lease_s), retry_for_s=lease_s)
     engine = engine_of(sessions)
-    sql, args = quotas.tenant_ops_statement(tenant, cap, reserves, settles, owner, lease_s)
+    sql, args = tenant_cap.tenant_ops_statement(tenant, cap, reserves, settles, owner, lease_s)
 
     async def once() -> list[DailyCheck]:
         row = await fetchrow_pooled(engine, sql, args)
         assert row is not None  # the function answers one row
-        return quotas.tenant_checks(row)
+        return tenant_cap.tenant_checks(row)
     return await retrying(once, lease_s)

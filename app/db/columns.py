@@ -11,7 +11,8 @@ from typing import Any
 from sqlalchemy import Column, literal, null
 from sqlalchemy.sql.elements import ColumnElement
 
-from app.db.tables import GatewayCall, Subtask, table_of
+from app.db.base import table_of
+from app.db.tables import GatewayCall, Subtask
 
 # ---- subtasks ------------------------------------------------------------------------------
 

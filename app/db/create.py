@@ -14,17 +14,20 @@ from sqlalchemy import Table, insert, select, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from app.db import one_statement
+from app.db import creation_statement
+from app.db.base import column_values
 from app.db.batch import executemany
 from app.db.columns import SUBTASK_INSERT_COLUMNS
 from app.db.dialect import engine_of
 from app.db.direct import fetchrow_pooled
+from app.db.live_rows import LiveSubtask
 from app.db.queries import queued_swarms
-from app.db.quotas import Admit, CapAsk, Refused, tenant_checks
+from app.db.quotas import Admit, Refused
 from app.db.session import db_now
 from app.db.session import is_postgres as _is_pg
 from app.db.spend import DailyCheck
-from app.db.tables import GatewayCall, LiveSubtask, Subtask, Swarm, column_values
+from app.db.tables import GatewayCall, Subtask, Swarm
+from app.db.tenant_cap import CapAsk, tenant_checks
 from app.db.types import utcnow
 
 
@@ -76,7 +79,7 @@ async def insert_swarm(session: AsyncSession, swarm: Swarm, subtasks: Sequence[S
     caller's engine.
 
     Core statements, no unit of work: on PostgreSQL the swarm's row, its subtasks, its NOTIFY
-    and (with `position`) its queue position are one statement (`one_statement.creation`).
+    and (with `position`) its queue position are one statement (`creation_statement.creation`).
     `claim_for` leases the new swarm to that engine in the same statement (`claim_new`'s epoch
     1, its lease from the database's clock), and its queue position is then 1: it starts now,
     no swarm of its tenant's queue ahead of it. Returns the queue position when asked."""
@@ -147,7 +150,7 @@ def _creation(swarm: Swarm, subtasks: Sequence[Subtask], claim_for: str | None,
               audit: Sequence[str | None] | None = None) -> tuple[str, tuple[Any, ...]]:
     if claim_for is not None:
         swarm.lease_owner, swarm.lease_epoch = claim_for, 1
-    return one_statement.creation(
+    return creation_statement.creation(
         # a new subtask's instance dict holds its columns: read as it is (no copy per row); a
         # loaded row's is copied
         _swarm_values(swarm), [s.__dict__ if isinstance(s, LiveSubtask) else insert_row(s)

@@ -1,7 +1,7 @@
 """Statements outside SQLAlchemy's execution (PostgreSQL only): one asyncpg connection of the
 group commit's own, and a statement alone on a pooled connection's driver.
 
-A group commit is one statement (`one_statement.py`) that needs nothing of the engine: no
+A group commit is one statement (`commit_statement.py`) that needs nothing of the engine: no
 session, no transaction, no result objects. Through the pool it still cost a checkout, the
 autocommit switch and its reset, the greenlet hand-offs and a checkin, each waiting its turn
 on a busy loop, many times what the server spends on the statement, and every subtask waits
@@ -24,7 +24,7 @@ from app.db.session import asyncpg_dsn
 CONNECT_TIMEOUT_S = 5.0
 APPLICATION_NAME = "swarm-api group commit"  # how pg_stat_activity names it
 # The group commit's statements are planned once per shape and that plan kept from the first
-# run (`one_statement`: written so the plan made for any arguments, at any table size, probes
+# run (`commit_statement`: written so the plan made for any arguments, at any table size, probes
 # each row by its key; tests/perf/test_group_commit_plan.py). Left to choose, PostgreSQL plans the
 # first five runs for their arguments and then compares: where the generic plan's estimate
 # came out above the custom ones' it planned every commit anew

@@ -14,16 +14,9 @@ from typing import Any
 from sqlalchemy import ColumnElement, bindparam, delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.db.base import table_of
 from app.db.session import db_now, is_postgres
-from app.db.tables import (
-    Event,
-    GatewayCall,
-    Subtask,
-    Swarm,
-    TranscriptMessage,
-    Webhook,
-    table_of,
-)
+from app.db.tables import Event, GatewayCall, Subtask, Swarm, TranscriptMessage, Webhook
 from app.states import TERMINAL_SWARM, AttemptOutcome
 
 _SUBTASKS = table_of(Subtask)

@@ -14,8 +14,9 @@ from typing import Any
 from sqlalchemy import Integer, Select, and_, bindparam, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db import quotas, spend
+from app.db import spend
 from app.db.tables import GatewayCall, Subtask
+from app.db.tenant_cap import tenant_left as tenant_cap_left
 from app.db.types import utcnow
 from app.states import AttemptOutcome, SubtaskKind
 
@@ -118,7 +119,7 @@ async def caps_left(session: AsyncSession, tenant: str, budget: Decimal | None,
     """What the swarm's budget, the tenant's daily cap and the service's have left now."""
     tenant_left = None
     if tenant_cap is not None:
-        tenant_left = await quotas.tenant_left(session, tenant, tenant_cap)
+        tenant_left = await tenant_cap_left(session, tenant, tenant_cap)
     daily_left = None
     if global_cap is not None:
         daily_left = (await spend.peek_daily(session, global_cap)).left

@@ -25,10 +25,7 @@ from app.db.notify import QUEUED, notify
 from app.db.queries import get_subtasks
 from app.db.session import db_now
 from app.db.session import is_postgres as _is_pg
-from app.db.tables import (
-    Subtask,
-    Swarm,
-)
+from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.states import CLAIMABLE_SWARM, sql_in
 
@@ -201,7 +198,7 @@ async def claim_new(session: AsyncSession, swarm_id: str, owner: str, lease_s: f
 def _held_in_order(owner: str, swarm_ids: Sequence[str]) -> ColumnElement[bool]:
     """The swarms of `swarm_ids` this owner holds, their rows locked in id order before an
     UPDATE of several touches them: every statement that locks several swarms' rows takes
-    them in that order (the group commit too, `one_statement`), where an UPDATE's own scan
+    them in that order (the group commit too, `commit_statement`), where an UPDATE's own scan
     locks them in whatever order its plan reads them — a heartbeat and a group commit of the
     same two swarms deadlocked that way (PostgreSQL aborted one). SQLite: the file's lock."""
     locked = (select(Swarm.id).where(Swarm.id.in_(list(swarm_ids)), Swarm.lease_owner == owner)

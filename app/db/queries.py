@@ -20,15 +20,9 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import defer
 
-from app.db.tables import (
-    Event,
-    Subtask,
-    Swarm,
-    TenantQueue,
-    ToolCall,
-    TranscriptMessage,
-    table_of,
-)
+from app.db.base import table_of
+from app.db.tables import Event, Subtask, Swarm, ToolCall, TranscriptMessage
+from app.db.tenant_tables import TenantQueue
 from app.states import TERMINAL_SWARM, SubtaskKind, SubtaskStatus, SwarmStatus
 
 TERMINAL_VALUES = tuple(s.value for s in TERMINAL_SWARM)
@@ -197,7 +191,7 @@ async def oldest_queued_at(session: AsyncSession) -> datetime | None:
 
 async def queued_swarms(session: AsyncSession, tenant: str) -> int:
     """How many of the tenant's swarms wait in its queue (queued, claimed by no engine), from
-    the counts the database's triggers keep (tables.TenantQueue): one index lookup, whatever
+    the counts the database's triggers keep (tenant_tables.TenantQueue): one index lookup, whatever
     the backlog."""
     total = (await session.execute(
         select(func.coalesce(func.sum(TenantQueue.queued), 0))

@@ -28,16 +28,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.db.base import table_of
 from app.db.session import db_now, is_postgres
-from app.db.tables import (
-    DailyReservation,
-    DailySpend,
-    GatewayCall,
-    Subtask,
-    Swarm,
-    TenantDailyReservation,
-    table_of,
-)
+from app.db.tables import DailyReservation, DailySpend, GatewayCall, Subtask, Swarm
+from app.db.tenant_tables import TenantDailyReservation
 from app.db.types import Money
 from app.db.writes import lock_leases
 from app.schemas import GroupBy

@@ -1,11 +1,11 @@
-"""The tables of DESIGN.md "Data", as typed SQLAlchemy 2 models."""
+"""The tables of DESIGN.md "Data", as typed SQLAlchemy 2 models (the tenant quotas' are
+tenant_tables.py's; the engine's live copies of two of them, live_rows.py's)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -15,46 +15,23 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
-    MetaData,
     String,
-    Table,
     Text,
     UniqueConstraint,
     text,
 )
-from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
+# the tenant quotas' tables are tenant_tables.py's, on the same metadata: loaded with this
+# module so that METADATA (below) holds every table
+from app.db import tenant_tables  # noqa: F401
+from app.db.base import Base, BigId
 from app.db.sealed import SealedJSON, SealedText
 from app.db.types import JSONType, Money, StatusColumn, UTCDateTime, utcnow
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, WebhookState
 
-NAMING_CONVENTION = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-BigId = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
-
-
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
-
-
-def table_of(model: type[Base]) -> Table:
-    """A mapped class's Core table (typed: `__table__` is a FromClause to mypy)."""
-    return cast(Table, model.__table__)
-
-
-def column_values(row: Base, columns: Sequence[str]) -> dict[str, Any]:
-    """The named attributes of a mapped (or live) object, read from its instance dict where
-    they are loaded (an instrumented getattr costs ~10x more: the engine and creation read
-    every column of every written subtask), else through getattr."""
-    state = row.__dict__
-    return {c: state[c] if c in state else getattr(row, c) for c in columns}
+# every table's metadata: read here, not as base.Base.metadata, so every table module is loaded
+METADATA = Base.metadata
 
 
 class Swarm(Base):
@@ -179,135 +156,6 @@ class Subtask(Base):
         UniqueConstraint("swarm_id", "name", name="uq_subtasks_swarm_id_name"),
         Index("ix_subtasks_swarm_position", "swarm_id", "position"),
     )
-
-
-class _Unfilled:
-    """A column of a live row (below) that was never filled: reading it is a bug, said so,
-    not a silent None."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-    def __get__(self, obj: object, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        raise AttributeError(f"{type(obj).__name__}.{self.key} was never filled")
-
-
-class LiveSwarm(Swarm):
-    """A swarm's row as the engine holds it while it runs the swarm: the same attributes,
-    typed alike, but plain ones. An instrumented read costs ~25 times a plain one and a write
-    ~60 times (attribute events, history), and the engine makes ~150 per subtask: live rows
-    took a fifth to a quarter off `serve`'s CPU per subtask (bench/RESULTS.md, session 10).
-    A live row never joins a session: its changes reach the database as dicts
-    (`column_values`) in the runner's writes. Unmapped (`__abstract__`)."""
-
-    __abstract__ = True
-
-
-class LiveSubtask(Subtask):
-    """A subtask's row as the engine holds it (see LiveSwarm)."""
-
-    __abstract__ = True
-
-
-def _plain(live: type[Base], mapped: type[Base]) -> tuple[str, ...]:
-    keys = tuple(p.key for p in sa_inspect(mapped).column_attrs)
-    for key in keys:  # shadows the instrumented attribute: the instance dict answers first
-        setattr(live, key, _Unfilled(key))
-    return keys
-
-
-_SWARM_KEYS = _plain(LiveSwarm, Swarm)
-_SUBTASK_KEYS = _plain(LiveSubtask, Subtask)
-
-
-def live_swarm(row: Swarm) -> LiveSwarm:
-    """A loaded (or new) swarm row as a live one, every column filled: from the instance dict
-    where loaded, else through getattr (a new row's unset column reads None)."""
-    if isinstance(row, LiveSwarm):
-        return row
-    return _filled(LiveSwarm, column_values(row, _SWARM_KEYS))
-
-
-def live_subtask(row: Subtask) -> LiveSubtask:
-    """A loaded subtask row as a live one (see live_swarm)."""
-    if isinstance(row, LiveSubtask):
-        return row
-    return _filled(LiveSubtask, column_values(row, _SUBTASK_KEYS))
-
-
-def new_live_swarm(**columns: Any) -> LiveSwarm:
-    """A new live swarm from every column (an instrumented `Swarm(...)` cost ~50 µs, ~4 % of
-    a 1-agent `POST /swarms`)."""
-    return _filled(LiveSwarm, columns)
-
-
-def new_live_subtask(**columns: Any) -> LiveSubtask:
-    """A new live subtask from every column but its id (assigned when it is inserted)."""
-    return _filled(LiveSubtask, columns)
-
-
-_Live = TypeVar("_Live", LiveSwarm, LiveSubtask)
-
-
-def _filled(kind: type[_Live], columns: dict[str, Any]) -> _Live:
-    live: _Live = object.__new__(kind)
-    live.__dict__.update(columns)
-    return live
-
-
-class SubtaskView(Protocol):
-    """What a view of a subtask reads (app/views.py): a Subtask, or a `queries.SubtaskRow`."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def kind(self) -> SubtaskKind: ...
-    @property
-    def status(self) -> SubtaskStatus: ...
-    @property
-    def model(self) -> str: ...
-    @property
-    def depends_on(self) -> list[str]: ...
-    @property
-    def attempts(self) -> int: ...
-    @property
-    def output(self) -> str | None: ...
-    @property
-    def truncated(self) -> bool: ...
-    @property
-    def reused(self) -> bool: ...
-    @property
-    def sanitized(self) -> bool: ...
-    @property
-    def error(self) -> dict[str, Any] | None: ...
-    @property
-    def prompt_tokens(self) -> int: ...
-    @property
-    def completion_tokens(self) -> int: ...
-    @property
-    def cost_usd(self) -> Decimal: ...
-    @property
-    def latency_ms(self) -> float | None: ...
-    @property
-    def started_at(self) -> datetime | None: ...
-    @property
-    def finished_at(self) -> datetime | None: ...
-    @property
-    def turns(self) -> int: ...
-    @property
-    def tool_calls(self) -> int: ...
-    @property
-    def fallbacks(self) -> int: ...
-    @property
-    def output_status(self) -> str | None: ...
-    @property
-    def output_format(self) -> str | None: ...
-    @property
-    def output_json(self) -> Any: ...
 
 
 class GatewayCall(Base):
@@ -461,65 +309,6 @@ class TranscriptMessage(Base):
     turn: Mapped[int] = mapped_column(Integer)
     message: Mapped[dict[str, Any]] = mapped_column(SealedJSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-
-
-# ---- tenant quotas (SPEC §8) ----------------------------------------------------------------
-
-
-class TenantBucket(Base):
-    """A tenant's token bucket, shared by every API replica: `tokens` as of `updated_at`
-    (seconds since the epoch, by the database's clock on PostgreSQL)."""
-
-    __tablename__ = "tenant_buckets"
-
-    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
-    tokens: Mapped[float] = mapped_column(Float)
-    updated_at: Mapped[float] = mapped_column(Float)
-
-
-class TenantDailySpend(Base):
-    """Settled spend of one tenant on one UTC day: the tenant daily cap's ledger."""
-
-    __tablename__ = "tenant_daily_spend"
-
-    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
-    day: Mapped[date] = mapped_column(Date, primary_key=True)
-    spent_usd: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
-
-
-class TenantDailyReservation(Base):
-    """A worst case held against a tenant's daily cap by a call in flight (as
-    DailyReservation, per tenant)."""
-
-    __tablename__ = "tenant_daily_reservations"
-
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    tenant: Mapped[str] = mapped_column(String(128))
-    day: Mapped[date] = mapped_column(Date)
-    owner: Mapped[str] = mapped_column(String(64))
-    amount: Mapped[Decimal] = mapped_column(Money)
-    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
-
-    __table_args__ = (
-        Index("ix_tenant_daily_reservations_tenant_day", "tenant", "day", "expires_at"),
-    )
-
-
-class TenantQueue(Base):
-    """How many of a tenant's swarms wait in its queue (`queued`, claimed by no engine), kept
-    by triggers on `swarms` (migration 0013) on every insert, status or owner change and
-    delete, whatever code path makes it: a new swarm's `queue_position` is their sum + 1 (one
-    index lookup), where a count of the queued swarms grew with the backlog (~0.6 ms a
-    `POST` at 2,000-3,000 queued, bench/RESULTS.md session 23). A swarm claimed (or adopted
-    at its creation) is starting, not waiting: one adopted never touches the counts.
-    PostgreSQL spreads a tenant over 16 rows (by the swarm's id), so concurrent creations of
-    one tenant do not queue for one row's lock; SQLite (one writer) uses shard 0."""
-
-    __tablename__ = "tenant_queues"
-
-    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
-    shard: Mapped[int] = mapped_column(Integer, primary_key=True)
-    queued: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class AuditRow(Base):

@@ -9,8 +9,9 @@ from typing import Any
 from sqlalchemy import func, insert, literal_column, select, text, true, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.db.base import table_of
 from app.db.session import db_now, is_postgres
-from app.db.tables import Webhook, WebhookAttempt, table_of
+from app.db.tables import Webhook, WebhookAttempt
 from app.db.types import utcnow
 from app.states import WebhookState, webhook_transition
 

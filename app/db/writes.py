@@ -30,15 +30,7 @@ from app.db.columns import (
 )
 from app.db.leases import idle_limit as _idle_limit
 from app.db.session import is_postgres as _is_pg
-from app.db.tables import (
-    Event,
-    GatewayCall,
-    Subtask,
-    Swarm,
-    ToolCall,
-    TranscriptMessage,
-    Webhook,
-)
+from app.db.tables import Event, GatewayCall, Subtask, Swarm, ToolCall, TranscriptMessage, Webhook
 from app.states import AttemptOutcome
 
 
@@ -65,7 +57,7 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
     swarm ids fenced out (another process holds their lease now), whose writes were dropped.
     The group commit on SQLite (its readers in this process are told by the writer's
     on_commit); PostgreSQL's runs them as one statement in autocommit
-    (app/db/one_statement.py, which also NOTIFYs)."""
+    (app/db/commit_statement.py, which also NOTIFYs)."""
     held = await lock_leases(session, list({w.swarm_id for w in writes}), lease_s)
     ok = [w for w in writes if held.get(w.swarm_id) == (w.epoch, owner)]
     fenced = {w.swarm_id for w in writes} - {w.swarm_id for w in ok}

@@ -20,7 +20,7 @@ from app.aio import run_to_end
 from app.db import spend
 from app.db.retry import in_transaction
 from app.db.session import SessionFactory
-from app.gateway.client import AttemptRecord, Usage
+from app.gateway.chat import AttemptRecord, Usage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -10,7 +10,7 @@ from typing import Any
 from app.db.tables import Subtask
 from app.engine.context import fit_chars, room_tokens, with_dependencies
 from app.engine.estimate import Plan, PlannedCall
-from app.engine.execute import CONTEXT_MARGIN_TOKENS
+from app.engine.inputs import CONTEXT_MARGIN_TOKENS
 from app.engine.layout import synthesizer
 from app.engine.outputs import schema_tokens, schemas_of
 from app.engine.planner import PlannedSubtask, worker_system_prompt

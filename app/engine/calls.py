@@ -14,7 +14,7 @@ from app.db.tables import Subtask
 from app.db.types import utcnow
 from app.engine.budget import Reservation, SharedCap, billable_usage
 from app.engine.handle import LedgerRow, SwarmHandle
-from app.gateway.client import AttemptRecord, Usage
+from app.gateway.chat import AttemptRecord, Usage
 from app.states import AttemptOutcome, InvalidTransition, attempt_transition
 
 _A = AttemptOutcome
@@ -109,7 +109,7 @@ class CallMeter:
         queued before the caller's next write, and the future resolves once it is durable.
         None: nothing was done (call `prepare`)."""
         row = self.reserve_ahead()
-        return None if row is None else self.handle.submit(ledger=[row])
+        return None if row is None else self.handle.journal.submit(ledger=[row])
 
     async def before(self, attempt: int) -> None:
         if self._ahead:  # prepared: durable already
@@ -133,7 +133,7 @@ class CallMeter:
                 raise
         row = self._open_attempt(reservation)
         try:
-            await self.handle.commit(ledger=[row])  # durable before a byte is sent
+            await self.handle.journal.commit(ledger=[row])  # durable before a byte is sent
         except BaseException:
             # not sent: if the row was (or will be) written anyway, it settles as cancelled
             self._cancel_ahead()
@@ -155,14 +155,14 @@ class CallMeter:
             except BaseException:
                 # cancelled while the (shielded) settlement runs on: the answer was billed, so
                 # its row is written anyway, or the daily table would hold money no row has
-                self.handle.commit_soon([self.sub], ledger=[
+                self.handle.journal.commit_soon([self.sub], ledger=[
                     self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s, at_bound)])
                 raise
         row = self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s, at_bound)
         if rec.outcome == _A.ok:
             self.ok_rows.append(row)
         else:
-            self.handle.commit_soon([self.sub], ledger=[row])
+            self.handle.journal.commit_soon([self.sub], ledger=[row])
 
     async def release(self) -> None:
         """Free what an abandoned call still holds; an attempt cut off after it was sent may
@@ -182,7 +182,7 @@ class CallMeter:
                                              self.worst if cut_off else Decimal(0)))
         finally:
             if cut_off:
-                self.handle.commit_soon([self.sub], ledger=[self._bill(
+                self.handle.journal.commit_soon([self.sub], ledger=[self._bill(
                     _A.unknown, None, Usage(self.prompt_bound, self.sub.max_tokens), self.worst,
                     0.0, at_bound=True)])
             for r in self._held:
@@ -195,7 +195,8 @@ class CallMeter:
         in this process: the call is abandoned; a takeover numbers from the ledger, where
         the row keeps its number)."""
         self._settle(_A.cancelled)
-        self.handle.commit_soon(ledger=[self._row(_A.cancelled, None, Usage(), Decimal(0), 0.0)])
+        self.handle.journal.commit_soon(
+            ledger=[self._row(_A.cancelled, None, Usage(), Decimal(0), 0.0)])
         self.sub.attempts -= 1
 
     def _open_attempt(self, reservation: Reservation) -> LedgerRow:

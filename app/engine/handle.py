@@ -81,6 +81,31 @@ class EngineContext:
         return None if self.tenants is None else self.tenants.slot(tenant)
 
 
+class Journal(Protocol):
+    """What happened to a swarm, as its subtasks report it: each write is queued for the group
+    commit (engine/journal.py's SwarmJournal); how and when it is committed is the journal's."""
+
+    async def commit(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
+                     events: Sequence[EventRow] = (), new: Sequence[Subtask] = (),
+                     webhook: WebhookRow | None = None, tools: ToolRows | None = None
+                     ) -> None:
+        """Written and durable (raises LeaseLost when fenced out)."""
+
+    def submit(self, ledger: Sequence[LedgerRow]) -> asyncio.Future[None]:
+        """Ledger rows queued now; the future resolves once they are durable."""
+
+    def commit_soon(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
+                    events: Sequence[EventRow] = (), tools: ToolRows | None = None) -> None:
+        """A write nobody waits for (a later awaited write of the swarm commits after it)."""
+
+    def started(self, sub: Subtask, event: EventRow) -> None:
+        """A subtask's start, written with the swarm's next write."""
+
+    def write_with_end(self, subs: Sequence[Subtask], ledger: Sequence[LedgerRow],
+                       events: Sequence[EventRow]) -> None:
+        """The swarm's last result, held for its end's commit."""
+
+
 class SwarmHandle(Protocol):
     """One swarm as its subtasks see it: its rows in memory, its budget and deadline, its
     writes, and the way to stop it."""
@@ -98,22 +123,11 @@ class SwarmHandle(Protocol):
     ahead_slots: asyncio.Semaphore
     deadline: float  # time.monotonic() at which the swarm's deadline passes
 
+    @property
+    def journal(self) -> Journal:
+        """Where the swarm's writes go (its state, ledger rows, events)."""
+
     def event(self, event: Event) -> EventRow: ...
-
-    async def commit(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
-                     events: Sequence[EventRow] = (), new: Sequence[Subtask] = (),
-                     webhook: WebhookRow | None = None, tools: ToolRows | None = None
-                     ) -> None: ...
-
-    def submit(self, ledger: Sequence[LedgerRow]) -> asyncio.Future[None]: ...
-
-    def commit_soon(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
-                    events: Sequence[EventRow] = (), tools: ToolRows | None = None) -> None: ...
-
-    def started(self, sub: Subtask, event: EventRow) -> None: ...
-
-    def write_with_end(self, subs: Sequence[Subtask], ledger: Sequence[LedgerRow],
-                       events: Sequence[EventRow]) -> None: ...
 
     def answered(self, sub: Subtask) -> None: ...
 

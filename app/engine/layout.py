@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from app.db.tables import LiveSubtask, new_live_subtask
+from app.db.live_rows import LiveSubtask, new_live_subtask
 from app.schemas import model_chain
 from app.states import SubtaskKind, SubtaskStatus
 

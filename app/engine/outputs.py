@@ -20,7 +20,7 @@ from referencing.exceptions import Unresolvable
 
 from app.engine.layout import SYNTHESIZER
 from app.engine.schema_regex import META_FORMATS, LinearValidator, PatternRefused
-from app.gateway.client import GatewayRejected
+from app.gateway.errors import GatewayRejected
 
 SCHEMA_MAX_BYTES = 64 * 1024
 SCHEMA_MAX_DEPTH = 32

@@ -21,7 +21,7 @@ from app.db.session import SessionFactory
 from app.db.types import utcnow
 from app.engine.budget import Reservation, SharedCap, billable_usage
 from app.engine.context import MESSAGE_OVERHEAD_TOKENS, TOOLS_OVERHEAD_TOKENS
-from app.gateway.client import AttemptRecord, Usage
+from app.gateway.chat import AttemptRecord, Usage
 from app.pricing import ModelPrice
 from app.states import AttemptOutcome
 

@@ -15,7 +15,8 @@ from app.engine import planner as plans
 from app.engine.budget import BudgetExceeded, SharedCap
 from app.engine.context import estimate_prompt_tokens
 from app.engine.passthrough import PassthroughMeter
-from app.gateway.client import ChatRequest, ChatResult, GatewayClient
+from app.gateway.chat import ChatRequest, ChatResult
+from app.gateway.client import GatewayClient
 from app.pricing import PriceTable
 
 

@@ -20,7 +20,7 @@ from app.engine.outputs import (
     with_schema,
 )
 from app.engine.steps import CALL_FAILURES, SubtaskSteps
-from app.gateway.client import ChatResult
+from app.gateway.chat import ChatResult
 
 
 class OutputLadder:
@@ -58,7 +58,8 @@ class OutputLadder:
         judged = judge(schema, answer.content)
         status = {"whole": "valid", "extracted": "repaired"}.get(judged.how or "")
         if status is None:
-            self.handle.commit_soon([sub], ledger=rows)  # the first answer is billed either way
+            # the first answer is billed either way
+            self.handle.journal.commit_soon([sub], ledger=rows)
             repair = repair_messages(messages, answer.content, judged.errors)
             got = await self._ask(sub, t0, repair, call_no + 1, fmt)
             if isinstance(got, Outcome):

@@ -11,7 +11,8 @@ from decimal import Decimal
 from typing import Any
 
 from app.config import Settings
-from app.db.tables import Subtask, Swarm, new_live_swarm
+from app.db.live_rows import new_live_swarm
+from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.engine.dag import DagError, validate_dag
 from app.engine.layout import PLANNER, new_subtask, synthesizer_for

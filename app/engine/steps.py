@@ -19,7 +19,8 @@ from app.engine.handle import EventRow, LedgerRow, Outcome, SwarmHandle, failure
 from app.engine.outputs import response_format as schema_format
 from app.engine.outputs import schema_tokens, schemas_of
 from app.engine.writer import WriteRejected
-from app.gateway.client import ChatRequest, ChatResult, GatewayRejected, GatewayUnavailable
+from app.gateway.chat import ChatRequest, ChatResult
+from app.gateway.errors import GatewayRejected, GatewayUnavailable
 from app.pricing import metric_model_label
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus, move_subtask, retract_subtask
 
@@ -114,7 +115,7 @@ class SubtaskSteps:
         waited = max((started - (sub.ready_at or started)).total_seconds(), 0.0)
         metrics.child(metrics.queue_wait, sub.kind).observe(waited)
         tracing.event("queue_wait", seconds=waited)
-        self.handle.started(sub, self.handle.event(event))
+        self.handle.journal.started(sub, self.handle.event(event))
         return time.monotonic()
 
     def meter(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
@@ -191,7 +192,7 @@ class SubtaskSteps:
                       metric_model_label(sub.model, prices)).inc()
         tracing.event("model_fallback", from_model=was, to_model=sub.model,
                       outcome=exc.outcome)
-        self.handle.commit_soon([sub])
+        self.handle.journal.commit_soon([sub])
         return True
 
     def _deltas(self, sub: Subtask) -> Callable[[str], None] | None:
@@ -255,10 +256,10 @@ class SubtaskSteps:
             # the swarm's last result (its synthesizer's, or without one its last worker's):
             # written with the swarm's end, one commit where there were two (the runner's
             # `_finish`, which fails it if it is refused)
-            self.handle.write_with_end([sub], rows, [row])
+            self.handle.journal.write_with_end([sub], rows, [row])
             return Outcome.succeeded
         try:
-            await self.handle.commit([sub], rows, [row], new=new or [])
+            await self.handle.journal.commit([sub], rows, [row], new=new or [])
             crash_point("after_commit", sub.name)  # one held for the end: in `_finish`
         except WriteRejected as exc:
             # nothing of that write is stored but its ledger rows: the move never happened,
@@ -266,7 +267,7 @@ class SubtaskSteps:
             self.handle.forget_subtasks(new or [])
             self._latency(sub, t0, SubtaskStatus.failed)
             refused_result(sub, row, unstorable(exc))
-            await self.handle.commit([sub], events=[row])
+            await self.handle.journal.commit([sub], events=[row])
             return Outcome.failed
         return Outcome.succeeded
 
@@ -278,7 +279,7 @@ class SubtaskSteps:
         assert event is not None
         sub.error = err
         self.handle.answered(sub)
-        await self.handle.commit([sub], rows or [], [self.handle.event(event)])
+        await self.handle.journal.commit([sub], rows or [], [self.handle.event(event)])
         return Outcome.failed
 
     def _latency(self, sub: Subtask, t0: float, status: SubtaskStatus) -> float:

@@ -15,7 +15,7 @@ from typing import Any
 
 from app import logs
 from app.aio import run_to_end
-from app.db import batches, quotas
+from app.db import batches, tenant_cap
 from app.db.retry import in_transaction
 from app.db.session import SessionFactory
 from app.db.spend import DailyCheck
@@ -31,7 +31,7 @@ class _Op:
 
     future: asyncio.Future[DailyCheck | None]
     amount: Decimal = Decimal(0)
-    settle: quotas.Settle | None = None
+    settle: tenant_cap.Settle | None = None
 
 
 class TenantDailyCap:
@@ -71,11 +71,11 @@ class TenantDailyCap:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(settled.wait(), random.uniform(*self.poll_s))
 
-    def ask(self, rows: list[dict[str, Any]]) -> quotas.CapAsk:
+    def ask(self, rows: list[dict[str, Any]]) -> tenant_cap.CapAsk:
         """A reservation of each written-ahead ledger row's worst case (`reserved_usd`, by its
         key) for another statement to make in this cap's name (a swarm's creation): `held`
         takes them on."""
-        return quotas.CapAsk(self.tenant, self.limit, self.owner, self.lease_s,
+        return tenant_cap.CapAsk(self.tenant, self.limit, self.owner, self.lease_s,
                              tuple(row["reserved_usd"] for row in rows),
                              tuple(row["idempotency_key"] for row in rows))
 
@@ -93,7 +93,7 @@ class TenantDailyCap:
         if reservation.settled or entry is None:
             return
         reservation.settled = True
-        op = _Op(self._future(), settle=quotas.Settle(entry[0], entry[1], actual))
+        op = _Op(self._future(), settle=tenant_cap.Settle(entry[0], entry[1], actual))
         # to its end: money already spent reaches the table before a cancelled caller goes on
         await run_to_end(self._submit(op))
         self._settled.set()
@@ -161,11 +161,11 @@ class TenantDailyCap:
         """Free a reservation granted to nobody (its caller gone): in the next batch."""
         fut = self._future()
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it
-        self._queue.append(_Op(fut, settle=quotas.Settle(check.reservation_id or "",
-                                                         check.day, Decimal(0))))
+        self._queue.append(_Op(fut, settle=tenant_cap.Settle(check.reservation_id or "",
+                                                             check.day, Decimal(0))))
         self._wake.set()
 
-    async def _apply(self, reserves: list[Decimal], settles: list[quotas.Settle]
+    async def _apply(self, reserves: list[Decimal], settles: list[tenant_cap.Settle]
                      ) -> list[DailyCheck]:
         """One batch, retried while the database is unavailable (a retry of a batch whose
         answer was lost settles nothing twice)."""
@@ -180,7 +180,7 @@ class TenantDailyCap:
                 continue
             try:
                 await in_transaction(self.sessions, functools.partial(
-                    quotas.refresh_tenant, reservation_ids=ids, lease_s=self.lease_s),
+                    tenant_cap.refresh_tenant, reservation_ids=ids, lease_s=self.lease_s),
                     retry_for_s=self.lease_s)
             except Exception:
                 log.exception("tenant cap %s: refreshing %d reservations failed", self.tenant,

@@ -28,7 +28,7 @@ from app.engine.faults import crash_point
 from app.engine.handle import EventRow, Outcome, SwarmHandle, TranscriptRow, failure
 from app.engine.repair import OutputLadder
 from app.engine.steps import CALL_FAILURES, SubtaskSteps
-from app.gateway.client import ChatResult, ToolCallRequest, Usage
+from app.gateway.chat import ChatResult, ToolCallRequest, Usage
 from app.states import Event, ToolCallStatus
 from app.tools.arguments import ArgumentsRefused, parse_arguments
 from app.tools.model import ToolInfo, ToolOutcome
@@ -137,22 +137,22 @@ class TurnLoop:
             convo[seq] = reply
             if not result.tool_calls:
                 sub.truncated = result.finish_reason == "length"
-                handle.commit_soon([sub], ledger=rows, tools=([], rows_t),
+                handle.journal.commit_soon([sub], ledger=rows, tools=([], rows_t),
                                    events=[self._event(sub, turn, [])])
                 return await self._answered(sub, t0, convo, seq, result, turn)
             if turn >= sub.max_turns:
-                handle.commit_soon([sub], ledger=rows, tools=([], rows_t))
+                handle.journal.commit_soon([sub], ledger=rows, tools=([], rows_t))
                 return await steps.fail(sub, t0, failure(
                     "max_turns_exceeded", f"still calling tools after {turn} turns "
                     f"(max_turns {sub.max_turns})", max_turns=sub.max_turns))
             limit = int(handle.limits.get("max_tool_calls", 1000))
             if self.used + len(result.tool_calls) > limit:
-                handle.commit_soon([sub], ledger=rows, tools=([], rows_t))
+                handle.journal.commit_soon([sub], ledger=rows, tools=([], rows_t))
                 return steps.stop_swarm(sub, failure(
                     "tool_budget_exceeded", f"the swarm reached max_tool_calls ({limit})",
                     max_tool_calls=limit))
             self.used += len(result.tool_calls)
-            handle.commit_soon([sub], ledger=rows, tools=([], rows_t))
+            handle.journal.commit_soon([sub], ledger=rows, tools=([], rows_t))
             pending = [(seq + 1 + i, c, key) for i, (c, key) in enumerate(
                 zip(result.tool_calls, ledger_ids(result.tool_calls), strict=True))]
             await self._end_turn(sub, convo, await self._run_calls(
@@ -182,7 +182,8 @@ class TurnLoop:
                         done: list[tuple[int, Message, dict[str, str]]], turn: int) -> None:
         for seq, message, _ in done:
             convo[seq] = message
-        await self.handle.commit([sub], events=[self._event(sub, turn, [d for *_, d in done])])
+        await self.handle.journal.commit(
+            [sub], events=[self._event(sub, turn, [d for *_, d in done])])
 
     async def _run_calls(self, sub: Subtask, turn: int,
                          pending: list[tuple[int, ToolCallRequest, str]],
@@ -211,7 +212,8 @@ class TurnLoop:
                       "call_id": key, "server": server[:64], "tool": name[:128],
                       "status": outcome.status, "latency_ms": round(outcome.latency_s * 1000, 3),
                       "result_bytes": outcome.result_bytes, "created_at": utcnow()}
-            self.handle.commit_soon([sub], tools=([ledger], [self._row(sub, seq, turn, message)]))
+            self.handle.journal.commit_soon(
+                [sub], tools=([ledger], [self._row(sub, seq, turn, message)]))
             return seq, message, {"name": call.name, "status": outcome.status}
 
         return list(await asyncio.gather(*(one(*p) for p in pending)))

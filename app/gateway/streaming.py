@@ -16,19 +16,11 @@ from dataclasses import dataclass, field
 import httpx
 from httpx_sse import EventSource, ServerSentEvent, SSEError
 
-from app.gateway.client import (
-    AfterAttempt,
-    AttemptRecord,
-    BeforeAttempt,
-    ChatResult,
-    GatewayClient,
-    GatewayUnavailable,
-    Outcome,
-    Usage,
-    _Call,
-    _loads,
-    _usage_of,
-)
+from app.gateway.answers import _loads, _usage_of
+from app.gateway.attempts import _Call
+from app.gateway.chat import AfterAttempt, AttemptRecord, BeforeAttempt, ChatResult, Outcome, Usage
+from app.gateway.client import GatewayClient
+from app.gateway.errors import GatewayUnavailable
 from app.gateway.eventstream import DONE, capped
 from app.gateway.wire import limit_of
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from app.db.tables import BigId
+from app.db.base import BigId
 from app.db.types import JSONType, UTCDateTime
 
 revision: str = "0009_tools"

@@ -16,7 +16,7 @@ down_revision: str | None = "0013_tenant_queues"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# `quotas.apply_tenant_ops` on PostgreSQL. Every tenant has a daily cap by default, and its
+# `tenant_cap.apply_tenant_ops` on PostgreSQL. Every tenant has a daily cap by default, and its
 # batches were a transaction of four or five round trips through the ORM before and after every
 # call: with SPEC §8's defaults they were most of `serve`'s CPU per 1-agent swarm beside the
 # service's own. A plpgsql function keeps the statements and their order (each statement of a
@@ -98,7 +98,7 @@ END $$
 """
 
 # `POST /swarms`' quota checks (admission.py `_checks`: the bucket's token, the tenant's active
-# swarms, its daily cap) called from the creation's statement (one_statement.creation), before
+# swarms, its daily cap) called from the creation's statement (creation_statement.creation), before
 # its INSERT reads a row: with SPEC §8's defaults a creation was a transaction of five round trips
 # through the ORM where, with none, it is one statement. The order and the locks are `_checks`':
 # the token's upsert locks the tenant's bucket row (without a bucket, the tenant's advisory lock

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from app.db.tables import BigId
+from app.db.base import BigId
 from app.db.types import UTCDateTime
 
 revision: str = "0023_audit"

@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from app.db import queries
-from app.db.tables import SubtaskView, Swarm
+from app.db.live_rows import SubtaskView
+from app.db.tables import Swarm
 from app.schemas import SwarmRead
 from app.views import swarm_fields, swarm_json
 from tests.conftest import Harness, make_settings, start_harness

@@ -16,7 +16,8 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import select
 
-from app.db.tables import DailySpend, GatewayCall, TenantDailySpend, Webhook
+from app.db.tables import DailySpend, GatewayCall, Webhook
+from app.db.tenant_tables import TenantDailySpend
 from tests.conftest import ENV_SEALER, Harness, make_settings, start_harness
 from tests.erase_support import content_swarm, raw_dump, tooled_harness
 from tests.helpers import agent, by_name, error_of, read_events, until

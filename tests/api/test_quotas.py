@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.db.tables import TenantDailySpend
+from app.db.tenant_tables import TenantDailySpend
 from app.tenants import TenantLimits, TenantTable
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import assert_rejected, error_of, until

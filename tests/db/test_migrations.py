@@ -14,7 +14,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Connection, text
 
 from app.db.migrate import alembic_config, upgrade_head
-from app.db.tables import Base
+from app.db.tables import METADATA
 from tests.helpers import on_sync
 
 BEFORE_AT_BOUND = "0006_tenant_quotas"
@@ -24,7 +24,7 @@ def test_the_migrations_build_the_models_schema(empty_url: str) -> None:
     upgrade_head(empty_url)
 
     def differences(conn: Connection) -> list[Any]:
-        return list(compare_metadata(MigrationContext.configure(conn), Base.metadata))
+        return list(compare_metadata(MigrationContext.configure(conn), METADATA))
 
     assert on_sync(empty_url, differences) == []
 

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 from sqlalchemy import func, select
 
-from app.db import changes, columns, leases, one_statement
+from app.db import changes, columns, commit_statement, leases
 from app.db.direct import APPLICATION_NAME, DirectConnection
 from app.db.notify import CHANGED
 from app.db.session import asyncpg_dsn
@@ -462,7 +462,7 @@ async def test_a_heartbeat_and_a_group_commit_of_the_same_swarms_never_deadlock(
 
         async def commits() -> None:
             for _ in range(150):
-                stmt = one_statement.statement(
+                stmt = commit_statement.statement(
                     OWNER, [_write(i, e, **BARE) for i, e in reversed(swarms)])
                 assert not stmt.fenced(await direct.fetch(stmt.sql, stmt.args))
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from app.config import Settings
-from app.engine.execute import COMPRESSOR_SYSTEM
+from app.engine.inputs import COMPRESSOR_SYSTEM
 from app.gateway.client import GatewayClient
 from app.pricing import PriceTable
 from tests.conftest import app_on, make_settings

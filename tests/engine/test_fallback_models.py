@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from app import metrics, tracing
 from app.db.tables import Subtask
-from app.engine.execute import _routed_model
+from app.engine.planner_call import _routed_model
 from app.pricing import PriceTable
 from tests.conftest import Harness
 from tests.helpers import by_name, check_budget, ledger, sse_events

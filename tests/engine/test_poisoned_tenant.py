@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.gateway import client as gateway_client
+from app.gateway import attempts as gateway_attempts
 from app.pricing import PriceTable
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import agent
@@ -108,7 +108,7 @@ async def test_unstorable_rows_fail_only_their_own_subtask_and_keep_their_spend(
     """The cleaning is switched off: the poisoned swarm's results cannot be written, so the
     group commit retries per swarm; only the poisoned subtasks fail (clear error), the other
     tenant's swarm, written in the same batches, succeeds, and no spend is lost."""
-    monkeypatch.setattr(gateway_client, "storable", lambda text: (text, False))
+    monkeypatch.setattr(gateway_attempts, "storable", lambda text: (text, False))
     h = two_tenants
     clean_id = await start(h, "alpha", CLEAN)
     poisoned_id = await start(h, "beta", {**POISONED, "agents": POISONED["agents"][:2]})

@@ -1,4 +1,4 @@
-"""quotas.apply_tenant_ops, one batch of the tenant daily cap (SPEC §8), on both backends
+"""tenant_cap.apply_tenant_ops, one batch of the tenant daily cap (SPEC §8), on both backends
 (PostgreSQL runs its own statements): settlements first and on the day they were reserved,
 then each reservation that fits, in order; expired reservations of dead owners hold nothing."""
 
@@ -12,10 +12,10 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import delete, insert, select
 
-from app.db import quotas
+from app.db import tenant_cap
 from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.db.spend import DailyCheck
-from app.db.tables import TenantDailyReservation, TenantDailySpend
+from app.db.tenant_tables import TenantDailyReservation, TenantDailySpend
 from app.engine.budget import BudgetExceeded
 from app.engine.tenancy import TenantDailyCap
 
@@ -34,9 +34,9 @@ async def sessions(database_url: str) -> AsyncIterator[SessionFactory]:
 
 
 async def ops(sessions: SessionFactory, reserves: list[str],
-              settles: tuple[quotas.Settle, ...] = (), tenant: str = "t") -> list[DailyCheck]:
+              settles: tuple[tenant_cap.Settle, ...] = (), tenant: str = "t") -> list[DailyCheck]:
     async with sessions() as s, s.begin():
-        return await quotas.apply_tenant_ops(s, tenant, CAP, [Decimal(a) for a in reserves],
+        return await tenant_cap.apply_tenant_ops(s, tenant, CAP, [Decimal(a) for a in reserves],
                                              settles, "me", 30.0)
 
 
@@ -79,13 +79,13 @@ async def test_settlements_come_first_on_the_day_they_were_reserved(
             expires_at=datetime.now(UTC) + timedelta(seconds=30)))
     # the 0.60 settles at 0.10, yesterday's at 0.25: the freed 0.50 is there for 0.55 at once
     got = await ops(sessions, ["0.55"], (
-        quotas.Settle(first.reservation_id, today, Decimal("0.10")),
-        quotas.Settle("y" * 32, yesterday, Decimal("0.25"))))
+        tenant_cap.Settle(first.reservation_id, today, Decimal("0.10")),
+        tenant_cap.Settle("y" * 32, yesterday, Decimal("0.25"))))
     assert got[0].reservation_id is not None and got[0].left == Decimal("0.60")
     assert await spent(sessions) == {today: Decimal("0.10"), yesterday: Decimal("0.30")}
     assert await held(sessions) == [Decimal("0.30"), Decimal("0.55")]
     # settling only (no reservation asked): the money moves, the rows go
-    assert await ops(sessions, [], (quotas.Settle(second.reservation_id, today,
+    assert await ops(sessions, [], (tenant_cap.Settle(second.reservation_id, today,
                                                    Decimal("0.30")),)) == []
     assert await spent(sessions) == {today: Decimal("0.40"), yesterday: Decimal("0.30")}
     assert await held(sessions) == [Decimal("0.55")]
@@ -142,12 +142,12 @@ async def test_a_settlement_applied_twice_is_counted_once(sessions: SessionFacto
     today = datetime.now(UTC).date()
     (first,) = await ops(sessions, ["0.50"])
     assert first.reservation_id is not None
-    settle = quotas.Settle(first.reservation_id, today, Decimal("0.20"))
+    settle = tenant_cap.Settle(first.reservation_id, today, Decimal("0.20"))
     await ops(sessions, [], (settle,))
     await ops(sessions, ["0.10"], (settle,))  # the same settlement again, with a reservation
     assert (await spent(sessions))[today] == Decimal("0.20")
     old = today - timedelta(days=3)
-    await ops(sessions, [], (quotas.Settle("g" * 32, old, Decimal("0.07")),))
+    await ops(sessions, [], (tenant_cap.Settle("g" * 32, old, Decimal("0.07")),))
     assert (await spent(sessions))[old] == Decimal("0.07")
 
 

@@ -16,17 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete, func, select
 
-from app.db.tables import (
-    DailyReservation,
-    DailySpend,
-    Event,
-    GatewayCall,
-    Subtask,
-    Swarm,
-    TenantBucket,
-    TenantDailyReservation,
-    TenantDailySpend,
-)
+from app.db.tables import DailyReservation, DailySpend, Event, GatewayCall, Subtask, Swarm
+from app.db.tenant_tables import TenantBucket, TenantDailyReservation, TenantDailySpend
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import MODELS_TOML
 

@@ -17,7 +17,7 @@ from sqlalchemy import delete
 
 from app.api.openai_swarm import request_field
 from app.db.session import make_db_engine, make_session_factory
-from app.db.tables import TenantDailySpend
+from app.db.tenant_tables import TenantDailySpend
 from app.pricing import BUILTIN_MODELS
 from app.schemas import SwarmCreate
 from tests.facade.conftest import Facade, start_facade

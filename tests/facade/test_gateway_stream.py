@@ -13,12 +13,9 @@ import pytest
 
 from app.gateway import client as gateway_client
 from app.gateway import eventstream, streaming
-from app.gateway.client import (
-    AttemptRecord,
-    GatewayClient,
-    GatewayRejected,
-    GatewayUnavailable,
-)
+from app.gateway.chat import AttemptRecord
+from app.gateway.client import GatewayClient
+from app.gateway.errors import GatewayRejected, GatewayUnavailable
 
 BODY = json.dumps({"model": "m", "stream": True,
                    "messages": [{"role": "user", "content": "hi"}]}).encode()

@@ -20,7 +20,7 @@ from app.db.tables import DailySpend, GatewayCall
 from app.engine.budget import BudgetExceeded, DailyCap
 from app.engine.context import TOOLS_OVERHEAD_TOKENS
 from app.engine.passthrough import PassthroughMeter, prompt_bound, settle_stale
-from app.gateway.client import AttemptRecord, Usage
+from app.gateway.chat import AttemptRecord, Usage
 from app.pricing import BUILTIN_MODELS
 
 PRICE = BUILTIN_MODELS["deepseek-v3.2"]

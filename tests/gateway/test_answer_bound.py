@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import select
 
 from app.db.tables import GatewayCall, Subtask
-from app.gateway.client import GatewayClient, GatewayUnavailable
+from app.gateway.client import GatewayClient
+from app.gateway.errors import GatewayUnavailable
 from app.gateway.wire import ANSWER_FLOOR_BYTES, answer_limit, limit_of
 from tests.conftest import Harness
 from tests.gateway_support import REQUEST, ScriptedServer, completion, raw_answer

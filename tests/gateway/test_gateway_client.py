@@ -17,13 +17,9 @@ import pytest
 
 from app.gateway import client as client_module
 from app.gateway import wire
-from app.gateway.client import (
-    AttemptRecord,
-    ChatRequest,
-    GatewayClient,
-    GatewayRejected,
-    GatewayUnavailable,
-)
+from app.gateway.chat import AttemptRecord, ChatRequest, Usage
+from app.gateway.client import GatewayClient
+from app.gateway.errors import GatewayRejected, GatewayUnavailable
 from tests.gateway_support import (
     API_KEY,
     BASE_URL,
@@ -246,8 +242,8 @@ async def test_a_truncated_2xx_and_a_failure_are_billed_what_they_report(
                       ok_response())
     result = await make_client(gateway).complete(REQUEST, max_attempts=3)
     truncated, failed, ok = result.attempts
-    assert truncated.outcome == "invalid_response" and truncated.usage == client_module.Usage()
-    assert failed.outcome == "server_error" and failed.usage == client_module.Usage()
+    assert truncated.outcome == "invalid_response" and truncated.usage == Usage()
+    assert failed.outcome == "server_error" and failed.usage == Usage()
     assert ok.usage_reported and (ok.usage.prompt_tokens, ok.usage.completion_tokens) == (12, 3)
 
 
@@ -258,14 +254,14 @@ async def test_an_unreadable_cached_count_bills_the_full_prompt(
              "prompt_tokens_details": {"cached_tokens": "40"}}
     gateway = Gateway(httpx.Response(200, json=completion("answer", "stop", usage)))
     result = await make_client(gateway).complete(REQUEST)
-    assert result.usage == client_module.Usage(100, 7, 0) and result.attempts[0].usage_reported
+    assert result.usage == Usage(100, 7, 0) and result.attempts[0].usage_reported
 
 
 def test_usage_within_bounds() -> None:
-    usage = client_module.Usage(500, 90, 450)
+    usage = Usage(500, 90, 450)
     assert usage.within(1000, 100) is usage
-    assert usage.within(200, 50) == client_module.Usage(200, 50, 200)
-    assert usage.within(200, 100) == client_module.Usage(200, 90, 200)
+    assert usage.within(200, 50) == Usage(200, 50, 200)
+    assert usage.within(200, 100) == Usage(200, 90, 200)
 
 
 def _date_in(seconds: float) -> str:
@@ -627,7 +623,7 @@ async def test_an_answer_past_the_size_cap_is_refused(
             await client.aclose()
     first, ok = result.attempts
     assert (first.outcome, ok.outcome) == ("invalid_response", "ok") and result.content == "hi"
-    assert "answer over" in (first.error or "") and first.usage == client_module.Usage()
+    assert "answer over" in (first.error or "") and first.usage == Usage()
 
 
 async def test_a_connection_that_never_opens_is_a_timeout(waits: list[float]) -> None:

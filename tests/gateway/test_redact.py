@@ -9,7 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.gateway.client import ChatRequest, GatewayClient, GatewayRejected
+from app.gateway.chat import ChatRequest
+from app.gateway.client import GatewayClient
+from app.gateway.errors import GatewayRejected
 from app.gateway.redact import Redactor
 from tests.conftest import app_on, make_settings
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import httpx
 
-from app.gateway.client import ChatRequest, GatewayClient
+from app.gateway.chat import ChatRequest
+from app.gateway.client import GatewayClient
 from app.gateway.redact import MASK
 from tests.conftest import app_on, make_settings
 

@@ -1,4 +1,5 @@
-"""The layering contract of `make lint` (import-linter): it holds, and it catches a wrong import."""
+"""The layering contract of `make lint` (import-linter): it holds, and it catches a wrong import;
+no module of the service or the client is over 400 lines."""
 
 from __future__ import annotations
 
@@ -564,3 +565,26 @@ def test_the_cycle_check_lets_a_package_reexport_its_modules(tmp_path: Path) -> 
                                "app/sim/x.py": "import app.sim.y as y\nX = y.Y\n",
                                "app/sim/y.py": "Y = 1\n"})
     assert import_cycles(import_graph(root)) == []
+
+
+MAX_MODULE_LINES = 400
+
+
+def oversized_modules(root: Path, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """The modules of app/ and swarm_api_client/ under `root` longer than `limit` lines."""
+    sizes = {str(p.relative_to(root)): len(p.read_text().splitlines())
+             for package in ("app", "swarm_api_client") for p in (root / package).rglob("*.py")}
+    return {path: n for path, n in sorted(sizes.items()) if n > limit}
+
+
+def test_no_module_of_the_service_or_the_client_is_over_400_lines() -> None:
+    assert oversized_modules(ROOT) == {}, "split it by concern, each module named for what it holds"
+
+
+def test_the_size_check_catches_a_long_module(tmp_path: Path) -> None:
+    for package in ("app", "swarm_api_client"):
+        (tmp_path / package / "inner").mkdir(parents=True)
+        (tmp_path / package / "inner" / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (tmp_path / "swarm_api_client" / "inner" / "long.py").write_text(
+        "x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert oversized_modules(tmp_path) == {"swarm_api_client/inner/long.py": MAX_MODULE_LINES + 1}

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import event, select
 
 from app.api import swarms
-from app.db import create, one_statement
+from app.db import create, creation_statement
 from app.db.notify import QUEUED
 from app.db.session import (
     SessionFactory,
@@ -135,7 +135,7 @@ async def test_every_first_call_column_is_stored_as_built(
 
 
 def test_values_alike_only_as_a_document_would_store_them() -> None:
-    alike = one_statement._alike
+    alike = creation_statement._alike
     assert alike(None, None) and alike("x", "x") and alike(1, 1) and alike([], [])
     assert not alike(1, 1.0) and not alike(1, True) and not alike(0, False)
     assert not alike(["a"], ["a"]) and not alike({"k": 1}, {"k": True})

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from app.db import changes, queries
-from app.gateway import client as gateway_client
+from app.gateway import attempts as gateway_attempts
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import agent, by_name, record_batches, until
 
@@ -68,7 +68,7 @@ async def test_a_refused_result_fails_the_synthesizer_and_the_swarm_keeping_its_
     """The cleaning is off and the synthesizer's answer is poisoned: no database stores it.
     The end's commit is refused; the synthesizer fails (`output_unstorable`) and the swarm
     with it, as when its result was committed alone, its spend recorded."""
-    monkeypatch.setattr(gateway_client, "storable", lambda text: (text, False))
+    monkeypatch.setattr(gateway_attempts, "storable", lambda text: (text, False))
     body = {"task": "t", "agents": [handing_on("a", "[[sim poison=1]]"), agent("b")]}
     data = await h.run(body)
     subs = by_name(data)
@@ -147,7 +147,7 @@ async def test_a_refused_last_worker_fails_alone_as_it_did_before_the_end(
     refused. That worker fails (`output_unstorable`, billed) and the swarm ends as that
     failure alone would have ended it: within the tolerance it succeeds, its result
     combined without the lost answer; past it, it fails `failure_tolerance_exceeded`."""
-    monkeypatch.setattr(gateway_client, "storable", lambda text: (text, False))
+    monkeypatch.setattr(gateway_attempts, "storable", lambda text: (text, False))
     body = {"task": "t", "synthesis": {"strategy": "concatenate"},
             "limits": {"failure_tolerance": tolerance},
             "agents": [agent("a"), agent("b", "[[sim poison=1]]", depends_on=["a"])]}

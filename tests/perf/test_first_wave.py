@@ -19,7 +19,8 @@ from sqlalchemy import select
 
 from app.config import Settings
 from app.db import changes
-from app.db.tables import Swarm, TenantDailyReservation, TenantDailySpend
+from app.db.tables import Swarm
+from app.db.tenant_tables import TenantDailyReservation, TenantDailySpend
 from app.engine.runner import SwarmRunner
 from app.engine.scheduler import Scheduler
 from tests.conftest import Harness, make_settings, start_harness

@@ -16,8 +16,8 @@ import pydantic_core
 import pytest
 
 from app.db.changes import SwarmWrite
+from app.db.commit_statement import statement
 from app.db.direct import DirectConnection
-from app.db.one_statement import statement
 from app.db.session import asyncpg_dsn
 from tests.conftest import SKIP_PG
 from tests.support import kept_plan, plan_nodes

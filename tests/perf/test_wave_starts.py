@@ -1,4 +1,4 @@
-"""A wave's starts are one write (`SwarmRunner.started`): the subtasks a swarm launches in one
+"""A wave's starts are one write (`SwarmJournal.started`): the subtasks a swarm launches in one
 turn of the loop each number their `subtask.started` event as they start, and their rows and
 events are written together after their calls went out, not a write each before them. With
 the latency devices off (SWARM_LATENCY_DEVICES), each start is a write of its own."""

@@ -15,17 +15,12 @@ from prometheus_client import REGISTRY
 from sqlalchemy import insert, select, update
 
 from app.db import leases
-from app.db.tables import (
-    DailyReservation,
-    DailySpend,
-    GatewayCall,
-    Subtask,
-    Swarm,
-    TenantDailySpend,
-)
+from app.db.tables import DailyReservation, DailySpend, GatewayCall, Subtask, Swarm
+from app.db.tenant_tables import TenantDailySpend
 from app.db.types import utcnow
 from app.engine.tenancy import TenantDailyCap
-from app.gateway.client import ChatRequest, GatewayClient
+from app.gateway.chat import ChatRequest
+from app.gateway.client import GatewayClient
 from app.pricing import PriceTable
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import agent, until

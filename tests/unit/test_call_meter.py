@@ -16,7 +16,7 @@ import pytest
 from app.db.tables import Subtask
 from app.engine.budget import SwarmBudget
 from app.engine.calls import CallMeter
-from app.gateway.client import AttemptRecord, Usage
+from app.gateway.chat import AttemptRecord, Usage
 from app.pricing import BUILTIN_MODELS
 from app.states import AttemptOutcome, InvalidTransition
 
@@ -37,6 +37,11 @@ class FakeSwarm:
         unresolved_usd=Decimal(0)))
     committed: list[dict[str, Any]] = field(default_factory=list)  # durable, in order
     queued: list[dict[str, Any]] = field(default_factory=list)  # commit_soon / submit
+
+    @property
+    def journal(self) -> FakeSwarm:
+        """Its writes' journal: the fake records them itself."""
+        return self
 
     async def commit(self, subs: Any = (), ledger: Any = (), **_: Any) -> None:
         self.committed += ledger

@@ -4,7 +4,8 @@ generated from the tables, so a new per-attempt column needs no list edited."""
 from __future__ import annotations
 
 from app.db import columns as c
-from app.db.tables import GatewayCall, Subtask, Swarm, table_of
+from app.db.base import table_of
+from app.db.tables import GatewayCall, Subtask, Swarm
 
 
 def test_every_subtask_column_is_in_one_group() -> None:

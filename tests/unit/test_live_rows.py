@@ -12,7 +12,8 @@ from sqlalchemy import inspect as sa_inspect
 
 from app.db.columns import SUBTASK_INSERT_COLUMNS
 from app.db.create import insert_row
-from app.db.tables import LiveSubtask, LiveSwarm, Subtask, Swarm, live_subtask, live_swarm
+from app.db.live_rows import LiveSubtask, LiveSwarm, live_subtask, live_swarm
+from app.db.tables import Subtask, Swarm
 from app.engine.layout import new_subtask
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
 

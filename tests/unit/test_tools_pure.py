@@ -15,7 +15,7 @@ from app.engine import dag
 from app.engine.context import estimate_request_tokens
 from app.engine.planner import PlanInvalid, parse_plan, tool_allowed
 from app.engine.turns import CALL_ID_MAX, ledger_ids, openai_tools
-from app.gateway.client import ToolCallRequest
+from app.gateway.chat import ToolCallRequest
 from app.simulator.tools import arguments, final_answer, tool_calls, turns_done
 from app.tools.config import load_config
 from app.tools.model import ToolInfo
