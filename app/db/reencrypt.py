@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.types import TypeEngine
 
 from app.crypto import Sealer, SealError, is_sealed, key_of
+from app.db.base import table_of
 from app.db.retry import in_transaction, reason
 from app.db.sealed import (
     SealedJSON,
@@ -27,7 +28,7 @@ from app.db.sealed import (
     seal_json,
 )
 from app.db.session import is_postgres
-from app.db.tables import Base, Swarm, table_of
+from app.db.tables import METADATA, Swarm
 from app.db.types import JSONType
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def sealed_tables() -> list[tuple[Table, tuple[Column[Any], ...]]]:
     """Every table with content columns, and those columns: the column registry's Sealed
     types."""
     out = []
-    for table in Base.metadata.sorted_tables:
+    for table in METADATA.sorted_tables:
         cols = tuple(c for c in table.c if isinstance(c.type, (SealedText, SealedJSON)))
         if cols:
             out.append((table, cols))
