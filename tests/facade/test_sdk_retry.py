@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from tests.facade.conftest import KEY, Facade
+from tests.helpers import until
 
 SLOW = {"model": "kimi-k2.5",
         "messages": [{"role": "user", "content": "Audit it [[sim latency_ms=1500]]"}],
@@ -24,10 +25,18 @@ async def _swarms(facade: Facade) -> list[dict[str, Any]]:
 
 async def _cut_short(facade: Facade) -> None:
     """The first try, abandoned by its client (a proxy's read timeout) while the swarm runs."""
+    before = len(await _swarms(facade))
     async with httpx.AsyncClient(base_url=facade.base_url, timeout=0.5,
                                  headers={"Authorization": f"Bearer {KEY}"}) as c:
         with pytest.raises(httpx.ReadTimeout):
             await c.post("/v1/chat/completions", json=SLOW)
+    # the swarm the abandoned request creates: on a loaded machine the client may give up
+    # before the route has stored it
+    await until(lambda: _more_than(facade, before), 10, "the abandoned request's swarm")
+
+
+async def _more_than(facade: Facade, n: int) -> bool:
+    return len(await _swarms(facade)) > n
 
 
 async def test_a_retry_answers_from_the_swarm_already_running(facade: Facade) -> None:
