@@ -13,7 +13,7 @@ from app.db.live_rows import SubtaskView
 from app.db.tables import Swarm
 from app.db.types import utcnow
 from app.engine import dag
-from app.engine.layout import COMPRESSOR_PREFIX
+from app.engine.subtask_rows import COMPRESSOR_PREFIX
 from app.pricing import usd_str
 from app.schemas import SubtaskRead
 from app.states import SubtaskKind, SubtaskStatus

@@ -28,8 +28,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from app.db.history import HISTORY, window
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
-from app.engine.layout import new_subtask
 from app.engine.specs import new_swarm_row
+from app.engine.subtask_rows import new_subtask
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
 from bench.bench_create import cpu_s, serve_db
 from bench.bench_rows import serving

@@ -1,5 +1,5 @@
 """The CPU one `POST /swarms` costs this process, with its request parsed by hand (the
-service's route, app/api/hand_parsed.py) and by FastAPI (a twin app whose plain `APIRoute`
+service's route, app/api/request_parser.py) and by FastAPI (a twin app whose plain `APIRoute`
 runs the same endpoint on the same state): blocks of requests alternate between the two in
 one process, on PostgreSQL, engine off, so the machine's drift hits both alike.
 

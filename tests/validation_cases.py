@@ -1,5 +1,5 @@
 """Bodies `POST /swarms` must refuse, each with its status, error code and the field named
-(tests/api/test_api_validation.py checks them; tests/perf/test_hand_parsed.py sends them to
+(tests/api/test_api_validation.py checks them; tests/perf/test_request_parser.py sends them to
 FastAPI's parsing too)."""
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from typing import Any
 from app.db import changes, create, leases
 from app.db.types import utcnow
 from app.db.webhooks import new_delivery
-from app.engine.layout import new_subtask
 from app.engine.specs import build_swarm
+from app.engine.subtask_rows import new_subtask
 from app.schemas import SwarmCreate
 from app.states import SubtaskKind
 from tests.conftest import Harness

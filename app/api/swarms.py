@@ -29,7 +29,7 @@ from app.api.deps import (
 )
 from app.api.errors import error_responses
 from app.api.follow import FALLBACK_S, follow_events, follow_with_deltas
-from app.api.hand_parsed import hand_parsed, header, json_body
+from app.api.request_parser import header, json_body, parsed_route
 from app.api.shared import IdempotencyKey, TraceParent, insert_once, replay
 from app.api.shared import check_id as _check_id
 from app.api.shared import read_swarm as _read
@@ -76,7 +76,7 @@ SWARM_LINKS = _links(("GetSwarm", "get", ""), ("CancelSwarm", "post", "~1cancel"
 
 
 # Routed below with `_create_arguments` as its parser: this signature documents the request
-# (OpenAPI) and says what FastAPI would pass; tests/perf/test_hand_parsed.py holds the two to it.
+# (OpenAPI) and says what FastAPI would pass; tests/perf/test_request_parser.py holds the two to it.
 async def create_swarm(body: SwarmCreate, request: Request, response: Response,
                        tenant: TenantDep, admission: AdmissionInInsertDep,
                        idempotency_key: IdempotencyKey = None,
@@ -214,7 +214,7 @@ async def _create_arguments(request: Request) -> dict[str, Any]:
 router.add_api_route(
     "", create_swarm, methods=["POST"], status_code=202, response_model=SwarmRead,
     responses={202: {"links": SWARM_LINKS}, **error_responses(400, 401, 413, 415, 422, 429)},
-    summary="Start a swarm", route_class_override=hand_parsed(_create_arguments),
+    summary="Start a swarm", route_class_override=parsed_route(_create_arguments),
 )
 
 

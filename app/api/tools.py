@@ -8,8 +8,8 @@ from app.api.deps import SessionDep, SettingsDep, TenantDep, ToolsDep
 from app.api.errors import error_responses
 from app.api.shared import check_id
 from app.db import queries
-from app.engine.layout import COMPRESSOR_PREFIX, PLANNER, SYNTHESIZER
 from app.engine.planner import ID_PATTERN
+from app.engine.subtask_rows import COMPRESSOR_PREFIX, PLANNER, SYNTHESIZER
 from app.errors import SwarmNotFound
 from app.schemas import SubtaskDetail, ToolList, ToolRead
 from app.tools.registry import permitted

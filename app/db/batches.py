@@ -17,7 +17,7 @@ from app.db import tenant_cap
 from app.db.changes import SwarmWrite
 from app.db.commit_statement import statement
 from app.db.dialect import dialect_of, engine_of
-from app.db.direct import DirectConnection, fetchrow_pooled
+from app.db.driver import DirectConnection, fetchrow_pooled
 from app.db.retry import in_transaction, retrying
 from app.db.session import SessionFactory
 from app.db.spend import DailyCheck

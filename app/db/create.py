@@ -19,7 +19,7 @@ from app.db.base import column_values
 from app.db.batch import executemany
 from app.db.columns import SUBTASK_INSERT_COLUMNS
 from app.db.dialect import engine_of
-from app.db.direct import fetchrow_pooled
+from app.db.driver import fetchrow_pooled
 from app.db.live_rows import LiveSubtask
 from app.db.queries import queued_swarms
 from app.db.quotas import Admit, Refused

@@ -33,7 +33,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.db.base import table_of
-from app.db.direct import fetchrow_pooled
+from app.db.driver import fetchrow_pooled
 from app.db.session import is_postgres
 from app.db.tables import Swarm
 from app.db.tenant_cap import spent_of

@@ -1,7 +1,7 @@
 """The content columns' types (SPEC §16): encrypted at rest when SWARM_ENCRYPTION_KEYS is set,
 so no query, repository or hot-path statement knows. Every path that binds or reads such a
 column goes through `seal_text`/`open_text` (text) or `seal_json`/`open_json` (JSON): the
-ORM and Core through the types below, the group commit's documents (app/db/one_statement.py)
+ORM and Core through the types below, the group commit's documents (app/db/recordsets.py)
 and executemany plans (app/db/batch.py) through the same bind processors.
 
 A value written while no key was set stays plaintext and reads as it is (a table is mixed

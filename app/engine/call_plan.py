@@ -11,9 +11,9 @@ from app.db.tables import Subtask
 from app.engine.context import fit_chars, room_tokens, with_dependencies
 from app.engine.estimate import Plan, PlannedCall
 from app.engine.inputs import CONTEXT_MARGIN_TOKENS
-from app.engine.layout import synthesizer
 from app.engine.outputs import schema_tokens, schemas_of
 from app.engine.planner import PlannedSubtask, worker_system_prompt
+from app.engine.subtask_rows import synthesizer
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.pricing import PriceTable
 from app.states import SubtaskKind

@@ -11,7 +11,7 @@ from app.db.types import utcnow
 from app.engine.faults import crash_point
 from app.engine.finish import end_swarm, log_end
 from app.engine.handle import EventRow, failure
-from app.engine.steps import refused_result, unstorable
+from app.engine.lifecycle import refused_result, unstorable
 from app.engine.tolerance import FailureTolerance
 from app.engine.writer import WriteRejected
 from app.states import SubtaskKind, SwarmStatus, amend_end

@@ -10,9 +10,9 @@ from app.engine.calls import CallMeter
 from app.engine.faults import crash_point
 from app.engine.handle import Outcome, SwarmHandle
 from app.engine.inputs import SubtaskInputs
+from app.engine.lifecycle import CALL_FAILURES, SubtaskSteps
 from app.engine.planner_call import PlannerCall
 from app.engine.repair import OutputLadder
-from app.engine.steps import CALL_FAILURES, SubtaskSteps
 from app.engine.turns import TurnLoop
 from app.engine.written_ahead import WrittenAhead
 from app.states import SubtaskKind, SubtaskStatus

@@ -25,8 +25,8 @@ from app.engine import approval
 from app.engine.finish import end_swarm, event_row
 from app.engine.forecast import forecast
 from app.engine.handle import EngineContext, failure
-from app.engine.layout import PLANNER
 from app.engine.specs import NewSwarm
+from app.engine.subtask_rows import PLANNER
 from app.engine.writer import StateWriter
 from app.errors import NotAwaitingApproval
 from app.states import SwarmStatus, move_swarm

@@ -20,7 +20,7 @@ from app.engine.context import (
     with_dependencies,
 )
 from app.engine.handle import Outcome, SwarmHandle
-from app.engine.layout import COMPRESSOR_PREFIX, new_subtask
+from app.engine.subtask_rows import COMPRESSOR_PREFIX, new_subtask
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.states import SubtaskKind, SubtaskStatus
 

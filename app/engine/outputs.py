@@ -18,8 +18,8 @@ from jsonschema.protocols import Validator
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
-from app.engine.layout import SYNTHESIZER
 from app.engine.schema_regex import META_FORMATS, LinearValidator, PatternRefused
+from app.engine.subtask_rows import SYNTHESIZER
 from app.gateway.errors import GatewayRejected
 
 SCHEMA_MAX_BYTES = 64 * 1024

@@ -17,7 +17,7 @@ from app.engine import approval, gate
 from app.engine.ends import SwarmEnds
 from app.engine.execute import SubtaskExecutor
 from app.engine.handle import Outcome
-from app.engine.layout import PLANNER, synthesizer
+from app.engine.subtask_rows import PLANNER, synthesizer
 from app.engine.synthesis import WorkerResult, tally
 from app.states import SubtaskStatus, SwarmStatus
 

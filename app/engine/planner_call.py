@@ -8,8 +8,8 @@ import json
 from app.db.tables import Subtask
 from app.engine import planner as plans
 from app.engine.handle import LedgerRow, Outcome, SwarmHandle, failure
-from app.engine.layout import new_subtask, synthesizer_for
-from app.engine.steps import CALL_FAILURES, SubtaskSteps
+from app.engine.lifecycle import CALL_FAILURES, SubtaskSteps
+from app.engine.subtask_rows import new_subtask, synthesizer_for
 from app.states import SubtaskKind
 
 

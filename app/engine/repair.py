@@ -10,6 +10,7 @@ from typing import Any
 from app import metrics, tracing
 from app.db.tables import Subtask
 from app.engine.handle import LedgerRow, Outcome, SwarmHandle, failure
+from app.engine.lifecycle import CALL_FAILURES, SubtaskSteps
 from app.engine.outputs import (
     JSON_OBJECT,
     json_text,
@@ -19,7 +20,6 @@ from app.engine.outputs import (
     response_format,
     with_schema,
 )
-from app.engine.steps import CALL_FAILURES, SubtaskSteps
 from app.gateway.chat import ChatResult
 
 

@@ -14,8 +14,8 @@ from app.db.types import utcnow
 from app.engine import approval
 from app.engine.execute import SubtaskExecutor
 from app.engine.handle import EventRow, failure
-from app.engine.layout import PLANNER
 from app.engine.phases import Drained, Parked, SwarmPhases
+from app.engine.subtask_rows import PLANNER
 from app.engine.takeover import settle_lost
 from app.states import SubtaskStatus, SwarmStatus, move_subtask
 

@@ -15,9 +15,9 @@ from app.db.live_rows import new_live_swarm
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.engine.dag import DagError, validate_dag
-from app.engine.layout import PLANNER, new_subtask, synthesizer_for
 from app.engine.outputs import SchemaInvalid, check_schema
 from app.engine.planner import planner_max_tokens
+from app.engine.subtask_rows import PLANNER, new_subtask, synthesizer_for
 from app.errors import Refused
 from app.schemas import Limits, SwarmCreate, model_chain
 from app.states import SubtaskKind, SwarmStatus

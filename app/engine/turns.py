@@ -26,8 +26,8 @@ from app.db.types import utcnow
 from app.engine import dag
 from app.engine.faults import crash_point
 from app.engine.handle import EventRow, Outcome, SwarmHandle, TranscriptRow, failure
+from app.engine.lifecycle import CALL_FAILURES, SubtaskSteps
 from app.engine.repair import OutputLadder
-from app.engine.steps import CALL_FAILURES, SubtaskSteps
 from app.gateway.chat import ChatResult, ToolCallRequest, Usage
 from app.states import Event, ToolCallStatus
 from app.tools.arguments import ArgumentsRefused, parse_arguments

@@ -12,8 +12,8 @@ from app.db.tables import Subtask
 from app.engine.calls import CallMeter
 from app.engine.handle import LedgerRow, SwarmHandle
 from app.engine.inputs import Input, SubtaskInputs
-from app.engine.layout import PLANNER
-from app.engine.steps import CALL_FAILURES, SubtaskSteps
+from app.engine.lifecycle import CALL_FAILURES, SubtaskSteps
+from app.engine.subtask_rows import PLANNER
 from app.engine.synthesis import WorkerResult
 from app.engine.tenancy import TenantDailyCap
 from app.engine.writer import WriteRejected

@@ -20,7 +20,7 @@ import aiohttp
 import httpx
 import pydantic_core
 
-from app.gateway import eager
+from app.gateway import request_writer
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +119,9 @@ class AiohttpWire:
         self._session: aiohttp.ClientSession | None = None
 
     def _open(self) -> aiohttp.ClientSession:
-        # a session binds to the running loop, so it is made inside one, at the first call
-        eager.install(asyncio.get_running_loop())  # its requests' bytes leave in their step
+        # a session binds to the running loop, so it is made inside one, at the first call; its
+        # requests' bytes leave in their step
+        request_writer.install(asyncio.get_running_loop())
         connector = aiohttp.TCPConnector(limit=self._limit, keepalive_timeout=self._keepalive_s,
                                          ssl=self._ssl())
         self._session = aiohttp.ClientSession(

@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db import changes, columns, commit_statement, leases
-from app.db.direct import APPLICATION_NAME, DirectConnection
+from app.db.driver import APPLICATION_NAME, DirectConnection
 from app.db.notify import CHANGED
 from app.db.session import asyncpg_dsn
 from app.db.tables import Event, GatewayCall, Subtask, Swarm, Webhook
 from app.db.types import utcnow
 from app.engine import writer as writer_module
-from app.engine.layout import new_subtask
+from app.engine.subtask_rows import new_subtask
 from app.engine.writer import StateWriter, WriteRejected
 from app.states import SubtaskKind
 from tests.conftest import Harness, make_settings, start_harness

@@ -43,7 +43,7 @@ def test_the_layers_hold_and_a_wrong_import_breaks_them(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("module", "line", "says"), [
     ("app/views.py", "import app.api.ops  # a route module below the entry points",
      "only the entry points (main, cli) import the routes BROKEN"),
-    ("app/engine/dag.py", "from app.db.direct import DirectConnection  # a dialect's own",
+    ("app/engine/dag.py", "from app.db.driver import DirectConnection  # a dialect's own",
      "never a dialect's own module or driver BROKEN"),
     ("app/api/ops.py", "import asyncpg  # a driver in a route",
      "never a dialect's own module or driver BROKEN"),

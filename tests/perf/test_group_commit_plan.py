@@ -17,7 +17,7 @@ import pytest
 
 from app.db.changes import SwarmWrite
 from app.db.commit_statement import statement
-from app.db.direct import DirectConnection
+from app.db.driver import DirectConnection
 from app.db.session import asyncpg_dsn
 from tests.conftest import SKIP_PG
 from tests.support import kept_plan, plan_nodes

@@ -21,7 +21,7 @@ from app.engine.approval import (
 )
 from app.engine.estimate import Plan, PlannedCall
 from app.engine.estimate import estimate as figures
-from app.engine.layout import new_subtask
+from app.engine.subtask_rows import new_subtask
 from app.pricing import PriceTable
 from app.schemas import SwarmCreate
 from app.states import SubtaskKind

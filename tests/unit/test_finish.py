@@ -8,7 +8,7 @@ from typing import Any
 
 from app.db.tables import Subtask, Swarm
 from app.engine.finish import end_swarm
-from app.engine.layout import new_subtask
+from app.engine.subtask_rows import new_subtask
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

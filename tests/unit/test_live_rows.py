@@ -14,7 +14,7 @@ from app.db.columns import SUBTASK_INSERT_COLUMNS
 from app.db.create import insert_row
 from app.db.live_rows import LiveSubtask, LiveSwarm, live_subtask, live_swarm
 from app.db.tables import Subtask, Swarm
-from app.engine.layout import new_subtask
+from app.engine.subtask_rows import new_subtask
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""`POST /swarms` parses its own request (app/api/hand_parsed.py): every request answers what
+"""`POST /swarms` parses its own request (app/api/request_parser.py): every request answers what
 FastAPI's own parsing of `create_swarm`'s signature answers. Each case goes to the service's
 route and to a twin app whose plain `APIRoute` runs the same endpoint on the same state."""
 

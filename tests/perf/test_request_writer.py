@@ -1,5 +1,5 @@
-"""aiohttp's request bytes leave in the caller's step (app/gateway/eager.py): on a real socket,
-and the task factory's semantics (a writer that finishes at once, one that waits, cancelled,
+"""aiohttp's request bytes leave in the caller's step (app/gateway/request_writer.py): on a real
+socket, and the task factory's semantics (a writer that finishes at once, one that waits, cancelled,
 failing; every other coroutine left to the factory that was there)."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any, NamedTuple
 import pytest
 import uvloop
 
-from app.gateway import eager
+from app.gateway import request_writer
 from app.gateway.wire import AiohttpWire
 
-pytestmark = pytest.mark.skipif(not eager.NEEDED, reason="Python 3.12+ starts it eagerly")
+pytestmark = pytest.mark.skipif(not request_writer.NEEDED, reason="Python 3.12+ starts it eagerly")
 
 ANSWER = json.dumps({"choices": [{"message": {"role": "assistant", "content": "ok"},
                                   "finish_reason": "stop"}]}).encode()
@@ -144,9 +144,9 @@ def as_writer(monkeypatch: pytest.MonkeyPatch,
               restored_factory: asyncio.AbstractEventLoop
               ) -> Callable[[Callable[..., Any]], None]:
     def make(fn: Callable[..., Any]) -> None:
-        monkeypatch.setattr(eager, "_BODY_WRITER", fn.__code__)
+        monkeypatch.setattr(request_writer, "_BODY_WRITER", fn.__code__)
         restored_factory.set_task_factory(None)
-        eager.install(restored_factory)
+        request_writer.install(restored_factory)
     return make
 
 
@@ -249,9 +249,9 @@ async def test_other_coroutines_go_to_the_factory_installed_before(
         return 1
 
     restored_factory.set_task_factory(previous)
-    eager.install(restored_factory)
-    eager.install(restored_factory)  # once: a second install keeps the first
+    request_writer.install(restored_factory)
+    request_writer.install(restored_factory)  # once: a second install keeps the first
     factory = restored_factory.get_task_factory()
-    assert isinstance(factory, eager.EagerBodyWrites) and factory.previous is previous
+    assert isinstance(factory, request_writer.EagerBodyWrites) and factory.previous is previous
     assert await asyncio.create_task(anything()) == 1
     assert made == [anything.__qualname__]

@@ -5,7 +5,7 @@ dependency solver was a large share of `serve`'s CPU under a creation load
 The endpoint keeps its annotated signature, so the OpenAPI document is generated from it as
 for any route; its requests go through `parse` (request → the endpoint's keyword arguments)
 instead. `json_body` and `header` answer what FastAPI answers for the same input, errors
-included (tests/perf/test_hand_parsed.py sends every case to both).
+included (tests/perf/test_request_parser.py sends every case to both).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ Parse = Callable[[Request], Awaitable[dict[str, Any]]]
 T = TypeVar("T")
 
 
-def hand_parsed(parse: Parse) -> type[APIRoute]:
+def parsed_route(parse: Parse) -> type[APIRoute]:
     """An APIRoute class whose requests `parse` turns into the endpoint's arguments."""
 
     class HandParsedRoute(APIRoute):
