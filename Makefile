@@ -78,8 +78,9 @@ bench: $(VENV)/.installed-test .venv-bench/bin/python
 interop: $(VENV)/.installed-test .venv-litellm/bin/litellm .venv-mcp/bin/mcp-server-git .interop-npm/node_modules/.bin/mcp-server-filesystem
 	SWARM_INTEROP=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal tests/interop
 
-# worker churn with real processes on PostgreSQL (kill -9 every half second, a rolling SIGTERM),
-# minutes long: skipped by `make test`, run here one test at a time (each starts its own cluster)
+# the chaos suite with real processes on PostgreSQL (churn: kill -9 every half second, a rolling
+# SIGTERM; kills under budgets; a poison swarm; a 20 s SIGSTOP), minutes long: skipped by
+# `make test`, run here one test at a time (each starts its own processes)
 chaos: $(VENV)/.installed-test
 	SWARM_CHAOS=1 $(BIN)/pytest tests/chaos
 

@@ -1,5 +1,7 @@
-"""The chaos suite: swarms under worker churn (kill -9 every half second, rolling SIGTERM) with
-real processes on PostgreSQL, minutes long. Outside `make chaos` (SWARM_CHAOS unset) these
+"""The chaos suite, real processes on PostgreSQL, minutes long: swarms under worker churn (kill -9
+every half second, rolling SIGTERM), workers killed under budgets and faults (spend recorded
+against what the gateway answered), a poison swarm, a worker stopped for 20 s holding
+reservations. Outside `make chaos` (SWARM_CHAOS unset) these
 tests are skipped, so that `make test` stays short."""
 
 from __future__ import annotations
