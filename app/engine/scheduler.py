@@ -69,6 +69,7 @@ class Scheduler:
         self._claims_stopped = asyncio.Event()
         self._heartbeat_stopped = asyncio.Event()  # set after the runners: leases stop renewing
         self._side: list[asyncio.Task[None]] = []
+        self._claims: asyncio.Task[None] | None = None
         self._listener: ChangeListener | None = None
         # set when a side task ends on its own: the process looks alive but claims, keeps
         # leases or commits nothing, so its entry point stops it loudly for a restart
@@ -82,7 +83,8 @@ class Scheduler:
             on_connect=self.wake)
         if self._listener is not None:
             self._listener.start()
-        self._side = [asyncio.create_task(self._claim_loop(), name="engine-claims"),
+        self._claims = asyncio.create_task(self._claim_loop(), name="engine-claims")
+        self._side = [self._claims,
                       asyncio.create_task(self._heartbeat_loop(), name="engine-heartbeat")]
         watched = [*self._side, self.writer.task]
         if self._listener is not None:
@@ -128,6 +130,10 @@ class Scheduler:
         self._wake.set()
         if self._listener is not None:
             await self._listener.stop()
+        if self._claims is not None:
+            # a claim the stop met mid-transaction still launches its runners: they are drained
+            # and released with the others, never left to a lease that has to expire
+            await asyncio.wait([self._claims], timeout=5)
         entries = list(self.runners.items())
         for _, (runner, _task) in entries:
             runner.drain()
