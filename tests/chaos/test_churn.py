@@ -39,12 +39,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(900),
 
 SWARMS, AGENTS, WORKERS = 30, 20, 3
 KILL_EVERY_S = 0.5
-# a worker is killed once it has been up this long: a worker killed before it could take its
-# swarms over and settle a call of each (seconds for ten swarms on a loaded machine: workers
-# there take 15-20 s to start) makes every takeover fruitless, and the test would measure the
-# machine, not the engine. With three workers and a kill every half second a worker's mean life
-# is 1.5 s: SWARM_CHAOS_MIN_UP_S=1.5 where they start in a second or two
-MIN_UP_S = float(os.environ.get("SWARM_CHAOS_MIN_UP_S", "5"))
+# a worker is killed once it has been up as long as the first ones took to start, and at least
+# 1.5 s (three workers, a kill every half second: the issue's churn). A worker killed before it
+# could take its swarms over and settle a call of each (seconds for ten swarms on a loaded
+# machine, where workers take 15-20 s to start) makes every takeover fruitless, and the test
+# would measure the machine, not the engine. SWARM_CHAOS_MIN_UP_S sets it outright
+MIN_UP_FLOOR_S = 1.5
+MIN_UP_S = os.environ.get("SWARM_CHAOS_MIN_UP_S")
 ENDS_WITHIN_S = 600.0
 # the fault mix of the spend-under-crash tests, short waits; every retryable failure retried
 # up to the limit's most, so that a fault alone (p ~ 0.16 a try) never fails a subtask
@@ -80,14 +81,17 @@ def swarm_body(i: int, latency_ms: int, concurrency: int) -> dict[str, Any]:
             "limits": {"max_attempts": 10, "concurrency": concurrency}}
 
 
-async def start(c: Cluster, latency_ms: int, concurrency: int) -> tuple[list[Proc], list[str]]:
+async def start(c: Cluster, latency_ms: int, concurrency: int
+                ) -> tuple[list[Proc], list[str], float]:
     """Every swarm queued first, then the workers: the churn meets all of them running."""
     await c.simulator(latency_ms=300, **FAULTS)
     api = await c.api()
     ids = [(await post_swarm(api, swarm_body(i, latency_ms, concurrency)))["id"]
            for i in range(SWARMS)]
+    started = time.monotonic()
     workers = await asyncio.gather(*(c.worker(f"worker_{i}") for i in range(WORKERS)))
-    return list(workers), ids
+    startup_s = time.monotonic() - started
+    return list(workers), ids, startup_s
 
 
 async def running(db: Db, ids: list[str]) -> int:
@@ -96,8 +100,9 @@ async def running(db: Db, ids: list[str]) -> int:
     return int(rows[0][0])
 
 
-async def kill_churn(c: Cluster, db: Db, workers: list[Proc], ids: list[str]) -> int:
-    """Every KILL_EVERY_S, SIGKILL one worker that has been up for MIN_UP_S (one driving
+async def kill_churn(c: Cluster, db: Db, workers: list[Proc], ids: list[str],
+                     min_up_s: float) -> int:
+    """Every KILL_EVERY_S, SIGKILL one worker that has been up for min_up_s (one driving
     swarms, if any is), starting its replacement at once, until every swarm ended; a worker
     that ends on its own fails the test. Returns the kills."""
     rng = random.Random(54)
@@ -112,7 +117,7 @@ async def kill_churn(c: Cluster, db: Db, workers: list[Proc], ids: list[str]) ->
             assert w.alive or w.pid in killed, f"{w.name} exited on its own:\n{w.log()[-3000:]}"
             if w.alive and w.pid not in up_since and " running" in w.log():
                 up_since[w.pid] = now
-        up = [w for w in workers if w.alive and now - up_since.get(w.pid, now) >= MIN_UP_S]
+        up = [w for w in workers if w.alive and now - up_since.get(w.pid, now) >= min_up_s]
         owners = {owner_pid(r[0]) for r in await db.fetch(
             "SELECT DISTINCT lease_owner FROM swarms WHERE id = ANY($1) "
             "AND lease_owner IS NOT NULL", ids)}
@@ -187,10 +192,14 @@ async def test_kill_9_every_half_second_fails_no_swarm(churn_db: str, tmp_path: 
     db = Db(churn_db)
     async with cluster(churn_db, tmp_path, **ENV) as c:
         t0 = time.monotonic()
-        workers, ids = await start(c, 300, 4)
-        kills = await kill_churn(c, db, workers, ids)
+        # ten waves of a second: the churn goes on for several lives of a worker
+        workers, ids, startup_s = await start(c, 1000, 2)
+        min_up_s = (float(MIN_UP_S) if MIN_UP_S is not None
+                    else max(MIN_UP_FLOOR_S, startup_s))
+        kills = await kill_churn(c, db, workers, ids, min_up_s)
         figures = await check_outcome(db, c.sim_url, ids)
-    print(f"\nkill -9: {kills} kills in {time.monotonic() - t0:.1f}s, {figures}")
+    print(f"\nkill -9: {kills} kills (workers up >= {min_up_s:.1f} s) in "
+          f"{time.monotonic() - t0:.1f}s, {figures}")
     assert kills >= 2 * WORKERS, kills  # the churn did happen
     assert figures["outcomes"].get("unknown", 0) > 0  # and it did cut calls off
 
@@ -201,7 +210,7 @@ async def test_a_rolling_sigterm_of_every_worker_fails_none_and_leaves_no_unknow
     async with cluster(churn_db, tmp_path, **ENV) as c:
         t0 = time.monotonic()
         # ten waves of a second: the swarms outlast a successor's start on a loaded machine
-        workers, ids = await start(c, 1000, 2)
+        workers, ids, _ = await start(c, 1000, 2)
         stopped = await rolling_deploy(c, db, workers, ids)
         figures = await check_outcome(db, c.sim_url, ids)
     print(f"\nrolling SIGTERM: {stopped} drained in {time.monotonic() - t0:.1f}s, {figures}")
