@@ -57,7 +57,7 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
         _split(ledger, tuple(ledger[0]), _LEDGER_PER_ROW) if ledger else None,
         cap is not None and bool(ledger), audit is not None)
     args: list[Any] = [document([swarm], sw_cols)]
-    args += [json_param(swarm[key]) for key in _OWN_PARAMETER if key in swarm]
+    args += [json_param(_SWARMS.c[key], swarm[key]) for key in _OWN_PARAMETER if key in swarm]
     if st_cols is not None:
         args.append(document(subtasks, st_cols))
     if alike_cols is not None:

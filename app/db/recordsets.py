@@ -33,9 +33,12 @@ quote = DIALECT.identifier_preparer.quote
 _SWARMS = table_of(Swarm)
 
 
-def json_param(value: Any) -> str | None:
-    """A JSON column's value as its own parameter's text (None: SQL NULL, as in a document)."""
-    return None if value is None else encode(seal_json(value))
+def json_param(column: Column[Any], value: Any) -> str | None:
+    """A JSON column's value as its own parameter's text (None: SQL NULL, as in a document);
+    a content column's sealed first, as `recordset` seals it in a document."""
+    if value is None:
+        return None
+    return encode(seal_json(value) if isinstance(column.type, SealedJSON) else value)
 
 
 @dataclass(frozen=True, slots=True)
