@@ -154,7 +154,11 @@ async def record_attempt(session: AsyncSession, hook: Webhook, status: int | Non
     else:
         state, next_at = WebhookState.failed, now
     state = webhook_transition(hook.state, state)
-    await session.execute(update(Webhook).where(Webhook.swarm_id == hook.swarm_id).values(
+    # only the delivery that was claimed: one that replaced it meanwhile (an approval notice
+    # followed by the decision's end) is due on its own, never marked sent by this attempt
+    await session.execute(update(Webhook).where(
+        Webhook.swarm_id == hook.swarm_id, Webhook.created_at == hook.created_at,
+        Webhook.attempts == hook.attempts).values(
         attempts=attempt, state=state, next_attempt_at=next_at,
         finished_at=now if state.terminal else None))
     return state
