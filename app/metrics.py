@@ -224,14 +224,27 @@ def child(metric: M, *values: str) -> M:
     return found  # type: ignore[return-value]
 
 
+def count_attempt(label: str, outcome: AttemptOutcome, prompt_tokens: int,
+                  completion_tokens: int, cost: float, latency_s: float,
+                  at_bound: bool) -> None:
+    """A billed attempt, a swarm's or a passthrough's: a request, its latency (an `unknown`
+    one has none to speak of), its tokens and spend; `at_bound` (billed its bounds, not a
+    usage reported): its spend is unresolved too."""
+    child(gateway_requests, label, outcome).inc()
+    if outcome is not AttemptOutcome.unknown:
+        child(gateway_duration, label, outcome).observe(latency_s)
+    child(tokens_total, label, "prompt").inc(prompt_tokens)
+    child(tokens_total, label, "completion").inc(completion_tokens)
+    child(spend_total, label).inc(cost)
+    if at_bound:
+        child(spend_unresolved, label).inc(cost)
+
+
 def count_unknown(label: str, cost: float, prompt_tokens: int, completion_tokens: int) -> None:
     """An attempt whose answer was lost, billed `unknown` at its reservation: a request, its
     spend (all of it unresolved) and its worst-case tokens."""
-    child(gateway_requests, label, AttemptOutcome.unknown).inc()
-    child(spend_total, label).inc(cost)
-    child(spend_unresolved, label).inc(cost)
-    child(tokens_total, label, "prompt").inc(prompt_tokens)
-    child(tokens_total, label, "completion").inc(completion_tokens)
+    count_attempt(label, AttemptOutcome.unknown, prompt_tokens, completion_tokens, cost, 0.0,
+                  at_bound=True)
 
 
 def finish_label(reason: str | None) -> str:

@@ -11,11 +11,11 @@ from decimal import Decimal
 from app import metrics, tracing
 from app.aio import run_to_end
 from app.db.tables import Subtask
-from app.db.types import utcnow
+from app.engine.attempts import AttemptRows, AttemptState
 from app.engine.budget import Reservation, SharedCap, billable_usage
 from app.engine.handle import LedgerRow, SwarmHandle
 from app.gateway.chat import AttemptRecord, Usage
-from app.states import AttemptOutcome, InvalidTransition, attempt_transition
+from app.states import AttemptOutcome
 
 _A = AttemptOutcome
 
@@ -38,8 +38,8 @@ class CallMeter:
     successful attempt are kept in `ok_rows` so the caller commits them with the result.
 
     Each attempt's row follows the ledger's state machine (`states.ATTEMPT_TRANSITIONS`):
-    `_attempt` is the outcome of the latest attempt's row, `in_flight` from when it is
-    numbered until it is settled once (by its answer, `unknown` or `cancelled`).
+    `_state` holds the outcome of the latest attempt's row (`attempts.AttemptState`); a move
+    it does not allow raises InvalidTransition.
     """
 
     handle: SwarmHandle
@@ -52,18 +52,24 @@ class CallMeter:
     ok_rows: list[LedgerRow] = field(default_factory=list)
     _held: list[Reservation] = field(default_factory=list)
     _held_daily: list[Reservation] = field(default_factory=list)
-    _attempt: AttemptOutcome | None = None  # the latest attempt's ledger outcome
+    _state: AttemptState = field(default_factory=AttemptState)  # the latest attempt's
     _sent: bool = False  # the attempt `in_flight` is on the wire (else written ahead only)
+    _rows: AttemptRows = field(init=False)
+
+    def __post_init__(self) -> None:
+        swarm = self.handle.swarm
+        self._rows = AttemptRows(swarm.id, swarm.tenant, self.sub.name, self.model, self.key,
+                                 self.worst)
 
     @property
     def _ahead(self) -> bool:
         """The attempt's row is written ahead (or being written), the attempt not yet sent."""
-        return self._attempt is _A.in_flight and not self._sent
+        return self._state.in_flight and not self._sent
 
     @property
     def _open(self) -> bool:
         """An attempt is on the wire: its row is written ahead, unsettled."""
-        return self._attempt is _A.in_flight and self._sent
+        return self._state.in_flight and self._sent
 
     @property
     def _daily(self) -> SharedCap | None:
@@ -99,7 +105,7 @@ class CallMeter:
     def withdraw_ahead(self) -> None:
         """`reserve_ahead`'s row was never written (the shared cap refused it): its budget
         reservation is given back, and the call is prepared again at its turn."""
-        self._attempt = None
+        self._state.withdraw()
         for r in self._held:
             self.handle.budget.settle(r, Decimal(0))
         self._held.clear()
@@ -115,8 +121,8 @@ class CallMeter:
         if self._ahead:  # prepared: durable already
             self._sent = True
             return
-        if attempt > 1 and self._attempt is not None:
-            metrics.child(metrics.gateway_retries, self.label, self._attempt).inc()
+        if attempt > 1 and self._state.outcome is not None:
+            metrics.child(metrics.gateway_retries, self.label, self._state.outcome).inc()
         await self._write_ahead()
         self._sent = True
 
@@ -145,7 +151,7 @@ class CallMeter:
         cost = self.handle.ctx.prices[self.model].cost(u.prompt_tokens, u.completion_tokens,
                                                        u.cached_tokens)
         at_bound = not rec.usage_reported  # billed its bounds, not a usage reported
-        self._settle(rec.outcome)
+        self._state.settle(rec.outcome)
         if self._daily is not None and self._held_daily:
             # the awaited write comes first: once the swarm's totals include this cost, no
             # other commit may run before its ledger row is queued, or totals and ledger differ
@@ -171,7 +177,7 @@ class CallMeter:
             self._cancel_ahead()
         cut_off = self._open
         if cut_off:
-            self._settle(_A.unknown)
+            self._state.settle(_A.unknown)
         try:
             if self._daily is not None and self._held_daily:
                 # attempts are sequential: at most one daily reservation is held, the open
@@ -194,7 +200,7 @@ class CallMeter:
         no gateway call in any count — nor in the subtask's `attempts` (no attempt follows
         in this process: the call is abandoned; a takeover numbers from the ledger, where
         the row keeps its number)."""
-        self._settle(_A.cancelled)
+        self._state.settle(_A.cancelled)
         self.handle.journal.commit_soon(
             ledger=[self._row(_A.cancelled, None, Usage(), Decimal(0), 0.0)])
         self.sub.attempts -= 1
@@ -204,28 +210,15 @@ class CallMeter:
         flight at its bounds."""
         self._held.append(reservation)
         self.sub.attempts += 1
-        self._attempt, self._sent = _A.in_flight, False
+        self._state.open()
+        self._sent = False
         return self._row(_A.in_flight, None, Usage(self.prompt_bound, self.sub.max_tokens),
                          Decimal(0), 0.0, at_bound=True)
 
-    def _settle(self, outcome: AttemptOutcome) -> None:
-        """The open attempt's row settles: once, from `in_flight` (else InvalidTransition)."""
-        if self._attempt is None:
-            raise InvalidTransition(f"attempt none -> {outcome}")
-        self._attempt = attempt_transition(self._attempt, outcome)
-
     def _row(self, outcome: AttemptOutcome, status: int | None, u: Usage, cost: Decimal,
              latency_s: float, at_bound: bool = False) -> LedgerRow:
-        swarm, sub = self.handle.swarm, self.sub
-        return {  # attempts of one subtask are sequential: sub.attempts numbers the open one
-            "swarm_id": swarm.id, "tenant": swarm.tenant, "subtask_name": sub.name,
-            "model": self.model, "idempotency_key": self.key, "attempt": sub.attempts,
-            "http_status": status, "outcome": outcome,
-            "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "cached_tokens": u.cached_tokens, "cost_usd": cost, "reserved_usd": self.worst,
-            "at_bound": at_bound, "latency_ms": round(latency_s * 1000, 3),
-            "created_at": utcnow(),
-        }
+        # attempts of one subtask are sequential: sub.attempts numbers the open one
+        return self._rows.row(self.sub.attempts, outcome, status, u, cost, latency_s, at_bound)
 
     def _bill(self, outcome: AttemptOutcome, status: int | None, u: Usage, cost: Decimal,
               latency_s: float, at_bound: bool) -> LedgerRow:
@@ -247,13 +240,8 @@ class CallMeter:
         swarm.gateway_calls += 1
         if at_bound:
             swarm.unresolved_usd += cost
-            metrics.child(metrics.spend_unresolved, self.label).inc(float(cost))
-        if outcome != _A.unknown:  # an unknown attempt has no latency to speak of
-            metrics.child(metrics.gateway_duration, self.label, outcome).observe(latency_s)
-        metrics.child(metrics.gateway_requests, self.label, outcome).inc()
-        metrics.child(metrics.tokens_total, self.label, "prompt").inc(u.prompt_tokens)
-        metrics.child(metrics.tokens_total, self.label, "completion").inc(u.completion_tokens)
-        metrics.child(metrics.spend_total, self.label).inc(float(cost))
+        metrics.count_attempt(self.label, outcome, u.prompt_tokens, u.completion_tokens,
+                              float(cost), latency_s, at_bound)
         return row
 
 

@@ -19,6 +19,7 @@ from app.db import passthrough as ledger
 from app.db.retry import in_transaction
 from app.db.session import SessionFactory
 from app.db.types import utcnow
+from app.engine.attempts import AttemptRows, AttemptState
 from app.engine.budget import Reservation, SharedCap, billable_usage
 from app.engine.context import MESSAGE_OVERHEAD_TOKENS, TOOLS_OVERHEAD_TOKENS
 from app.gateway.chat import AttemptRecord, Usage
@@ -71,6 +72,10 @@ class PassthroughMeter:
     no row; `after` settles it to the real usage; `release` settles an attempt cut off mid-call
     (a cancelled request) as `unknown` at its reservation and frees what is still held. A row
     left `in_flight` by a process that died is settled `unknown` by `settle_stale` later.
+
+    Each attempt's row follows the ledger's state machine (`states.ATTEMPT_TRANSITIONS`), as
+    CallMeter's do: a move it does not allow (an answer to no attempt open, a second answer
+    to one) raises InvalidTransition.
     """
 
     sessions: SessionFactory
@@ -83,46 +88,46 @@ class PassthroughMeter:
     key: str = field(default_factory=call_key)
     lease_s: float = 15.0
     _held: list[tuple[SharedCap, Reservation]] = field(default_factory=list)
-    _last_outcome: AttemptOutcome | None = None
-    _open: int | None = None  # the attempt on the wire: written ahead, not settled
+    _state: AttemptState = field(default_factory=AttemptState)  # the latest attempt's
+    _number: int = 0  # the latest attempt's
+    _rows: AttemptRows = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._rows = AttemptRows(None, self.tenant, None, self.price.name, self.key, self.worst)
 
     @property
     def label(self) -> str:
         return self.price.name
 
     async def before(self, attempt: int) -> None:
-        if attempt > 1 and self._last_outcome is not None:
-            metrics.child(metrics.gateway_retries, self.label, self._last_outcome).inc()
+        if attempt > 1 and self._state.outcome is not None:
+            metrics.child(metrics.gateway_retries, self.label, self._state.outcome).inc()
         held: list[tuple[SharedCap, Reservation]] = []
         try:
             for cap in self.caps:
                 held.append((cap, await cap.reserve(self.worst)))
             self._held = held
-            await self._write(self._row(attempt, AttemptOutcome.in_flight, None, Usage(
+            await self._write(self._rows.row(attempt, AttemptOutcome.in_flight, None, Usage(
                 self.prompt_bound, self.max_tokens), Decimal(0), 0.0,
                 at_bound=True))  # durable, then sent
         except BaseException:
             self._held = []
             await run_to_end(_settle_all(held, Decimal(0)))
             raise
-        self._open = attempt
+        self._state.open()
+        self._number = attempt
 
     async def after(self, rec: AttemptRecord) -> None:
         u = billable_usage(rec, self.prompt_bound, self.max_tokens, self.label)
         cost = self.price.cost(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
-        held, self._held, self._open = self._held, [], None
+        self._state.settle(rec.outcome)
+        held, self._held = self._held, []
         await run_to_end(_settle_all(held, cost))
-        self._last_outcome = rec.outcome
         at_bound = not rec.usage_reported  # billed its bounds (a stream cut short too)
-        await self._write(self._row(rec.attempt, rec.outcome, rec.status_code, u, cost,
-                                    rec.latency_s, at_bound))
-        if at_bound:
-            metrics.child(metrics.spend_unresolved, self.label).inc(float(cost))
-        metrics.child(metrics.gateway_requests, self.label, rec.outcome).inc()
-        metrics.child(metrics.gateway_duration, self.label, rec.outcome).observe(rec.latency_s)
-        metrics.child(metrics.tokens_total, self.label, "prompt").inc(u.prompt_tokens)
-        metrics.child(metrics.tokens_total, self.label, "completion").inc(u.completion_tokens)
-        metrics.child(metrics.spend_total, self.label).inc(float(cost))
+        await self._write(self._rows.row(self._number, rec.outcome, rec.status_code, u, cost,
+                                         rec.latency_s, at_bound))
+        metrics.count_attempt(self.label, rec.outcome, u.prompt_tokens, u.completion_tokens,
+                              float(cost), rec.latency_s, at_bound)
 
     def finished(self, finish_reason: str) -> None:
         """Count the answer's finish reason (as the engine does for its calls)."""
@@ -133,25 +138,13 @@ class PassthroughMeter:
         been billed: `unknown` at its reservation."""
         held, self._held = self._held, []
         lost = Decimal(0)
-        if self._open is not None:
-            attempt, self._open = self._open, None
+        if self._state.in_flight:  # cut off on the wire
+            self._state.settle(AttemptOutcome.unknown)
             lost = self.worst
-            await self._write(self._row(attempt, AttemptOutcome.unknown, None, Usage(
+            await self._write(self._rows.row(self._number, AttemptOutcome.unknown, None, Usage(
                 self.prompt_bound, self.max_tokens), lost, 0.0, at_bound=True))
             metrics.count_unknown(self.label, float(lost), self.prompt_bound, self.max_tokens)
         await run_to_end(_settle_all(held, lost))
-
-    def _row(self, attempt: int, outcome: AttemptOutcome, status: int | None, u: Usage,
-             cost: Decimal, latency_s: float, at_bound: bool = False) -> dict[str, Any]:
-        return {
-            "swarm_id": None, "tenant": self.tenant, "subtask_name": None,
-            "model": self.price.name, "idempotency_key": self.key, "attempt": attempt,
-            "http_status": status, "outcome": outcome,
-            "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "cached_tokens": u.cached_tokens, "cost_usd": cost, "reserved_usd": self.worst,
-            "at_bound": at_bound, "latency_ms": round(latency_s * 1000, 3),
-            "created_at": utcnow(),
-        }
 
     async def _write(self, row: dict[str, Any]) -> None:
         # to its end: money that may be spent reaches the ledger even when the request is
