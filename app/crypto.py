@@ -22,6 +22,8 @@ MARK = "\x1esv1:"
 _KEY_BYTES = 32
 _NONCE_BYTES = 12
 _ID_CHARS = 8
+# how much of a stored value says whether it is sealed and with which key: MARK, id, colon
+HEAD_CHARS = len(MARK) + _ID_CHARS + 1
 # binds a ciphertext to this service's content: a value is opened only as what it was sealed as
 _ASSOCIATED = b"swarm-api content v1"
 

@@ -17,13 +17,15 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from sqlalchemy import Text, select, type_coerce
+from sqlalchemy import Text, event, insert, select, type_coerce
 
 from app.cli import main
 from app.crypto import MARK, Sealer, SealError, key_id, parse_keys
-from app.db.reencrypt import sealed_tables
+from app.db.reencrypt import check_keys, sealed_tables
 from app.db.sealed import open_json, seal_json, use_sealer
-from app.db.tables import Subtask
+from app.db.session import make_db_engine, make_session_factory
+from app.db.tables import Subtask, Swarm
+from app.engine.specs import new_swarm_row
 from tests.conftest import Harness, make_settings, start_harness
 from tests.erase_support import content_swarm, raw_dump, tooled_harness
 from tests.helpers import agent, by_name, read_events
@@ -223,3 +225,39 @@ async def test_a_raw_value_is_sealed_in_the_row(sealed: Harness) -> None:
                                        .where(Subtask.swarm_id == done["id"], Subtask.name == "a"))
                ).scalar_one()
     assert raw.startswith(MARK) and by_name(done)["a"]["output"] not in raw
+
+
+async def test_the_start_check_reads_as_much_whatever_the_swarms_stored(
+        database_url: str) -> None:
+    """The keys check a start makes reads one statement and the heads of two tasks, with
+    three swarms stored or sixty, and still refuses keys that open none of them."""
+    engine = make_db_engine(database_url)
+    sessions = make_session_factory(engine)
+    statements: list[str] = []
+
+    def executed(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        if "swarms" in statement:
+            statements.append(statement)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", executed)
+    sealer = Sealer(parse_keys(K1))
+    use_sealer(sealer)
+    costs: list[tuple[int, int]] = []
+    try:
+        for added in (3, 57):
+            rows = [dict(vars(new_swarm_row(str(uuid.uuid4()), "t", f"task {n}",
+                                            {"limits": {}}, {}, None, None, None)))
+                    for n in range(added)]
+            async with sessions() as session, session.begin():
+                await session.execute(insert(Swarm), rows)
+            statements.clear()
+            async with sessions() as session, session.begin():
+                costs.append((await check_keys(session, sealer), len(statements)))
+        for keys in (K3, ""):  # a wrong key, or none
+            with pytest.raises(SealError, match="SWARM_ENCRYPTION_KEYS"):
+                async with sessions() as session, session.begin():
+                    await check_keys(session, Sealer.from_setting(keys))
+    finally:
+        use_sealer(None)
+        await engine.dispose()
+    assert costs == [(2, 1), (2, 1)]
