@@ -8,6 +8,7 @@ tests/perf/test_create_statement.py). SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,14 +73,20 @@ def test_the_counts_follow_every_move_in_and_out_of_the_queue(empty_url: str) ->
         ("UPDATE swarms SET tenant = 'globex' WHERE id = 'a4'", {"acme": 1, "globex": 1}),
         ("DELETE FROM swarms WHERE id IN ('a3', 'a5')", {"globex": 1}),
     ]
+    replay(url, steps, _agree, BEFORE)
+
+
+def replay(url: str, steps: list[tuple[str, dict[str, int]]],
+           agree: Callable[[str], dict[str, int]], before: str) -> None:
+    """Each statement, then the counts `agree` reads (kept and counted alike) as expected;
+    a TRUNCATE (PostgreSQL) clears them; downgraded to `before`, no trigger is left behind."""
     for sql, expected in steps:
         on_sync(url, lambda c, sql=sql: c.execute(text(sql)))
-        assert _agree(url) == expected, sql
+        assert agree(url) == expected, sql
     if url.startswith("postgresql"):
         on_sync(url, lambda c: c.execute(text("TRUNCATE swarms CASCADE")))
-        assert _agree(url) == {}
-
-    command.downgrade(alembic_config(url), BEFORE)  # and back: no trigger left behind
+        assert agree(url) == {}
+    command.downgrade(alembic_config(url), before)  # and back: no trigger left behind
     on_sync(url, lambda c: _insert(c, ("b1", "acme", "queued")))
     on_sync(url, lambda c: c.execute(text("DELETE FROM swarms")))
 
