@@ -12,7 +12,6 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from tests.api.test_approval import AGENTS, body, held
 from tests.conftest import make_settings, start_harness
 from tests.helpers import on_sync
 
@@ -21,6 +20,7 @@ SLOW = {"task": "t", "agents": [{"name": "a", "system_prompt": "[[sim latency_ms
         "synthesis": {"strategy": "none"}}
 FAILING = {"task": "t", "agents": [{"name": "a", "system_prompt": "[[sim fail=400]]"}],
            "synthesis": {"strategy": "none"}}
+AGENTS = [{"name": "alpha", "prompt": "say alpha"}, {"name": "beta", "prompt": "say beta"}]
 TENANTS = '[defaults]\nmax_active_swarms = 3\ndaily_budget_usd = "100"\n'
 
 
@@ -30,6 +30,16 @@ def _kept_and_counted(conn: Connection) -> tuple[int, int]:
         "SELECT count(*) FROM swarms WHERE status IN ('queued', 'awaiting_approval', "
         "'planning', 'running', 'synthesizing')")).scalar_one()
     return int(kept), int(rows)
+
+
+async def held(h: Any, timeout_s: float | None = None) -> str:
+    """A swarm held for approval at its creation (named agents: planned already)."""
+    limits: dict[str, Any] = {"approval": "always"}
+    if timeout_s is not None:
+        limits["approval_timeout_s"] = timeout_s
+    r = await h.post({"task": "review the plan", "agents": AGENTS, "limits": limits})
+    assert r.status_code == 202 and r.json()["status"] == "awaiting_approval", r.text
+    return str(r.json()["id"])
 
 
 async def active(url: str) -> int:
@@ -60,8 +70,8 @@ async def test_every_end_takes_the_swarm_out_of_the_count(database_url: str,
         assert await active(database_url) == 0
 
         running = (await h.post(SLOW)).json()["id"]
-        rejected = await held(h, body())
-        timed_out = await held(h, body(limits={"approval_timeout_s": 2}))
+        rejected = await held(h)
+        timed_out = await held(h, timeout_s=2)
         assert await active(database_url) == 3
         over = await h.post({"task": "t", "agents": AGENTS})  # the 4th: refused
         assert over.status_code == 429 and over.json()["error"]["details"]["count"] == 3
@@ -69,9 +79,9 @@ async def test_every_end_takes_the_swarm_out_of_the_count(database_url: str,
         r = await h.client.post(f"/swarms/{running}/cancel")
         assert r.status_code == 202, r.text
         assert (await h.wait(running))["status"] == "cancelled"
-        r = await h.client.post(f"/swarms/{rejected['id']}/reject")
+        r = await h.client.post(f"/swarms/{rejected}/reject")
         assert r.status_code == 202 and r.json()["status"] == "cancelled", r.text
-        done = await h.wait(timed_out["id"])
+        done = await h.wait(timed_out)
         assert (done["status"], done["error"]["code"]) == ("failed", "approval_timeout")
         assert await active(database_url) == 0
         assert (await h.run(ONE))["status"] == "succeeded"  # admitted again

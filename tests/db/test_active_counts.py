@@ -14,7 +14,7 @@ from sqlalchemy import Connection, text
 
 from app.db.migrate import MIGRATIONS_DIR, alembic_config, upgrade_head
 from app.states import COUNTED_SWARM
-from tests.db.test_queue_counts import _insert, replay
+from tests.count_support import insert_swarms, replay
 from tests.helpers import on_sync
 
 BEFORE = "0020_swarm_approval"
@@ -49,13 +49,13 @@ def test_the_migration_counts_what_the_quota_counts() -> None:
 def test_the_counts_follow_every_move_in_and_out(empty_url: str) -> None:
     url = empty_url
     command.upgrade(alembic_config(url), BEFORE)
-    on_sync(url, lambda c: _insert(c, ("a1", "acme", "queued"), ("a2", "acme", "running"),
+    on_sync(url, lambda c: insert_swarms(c, ("a1", "acme", "queued"), ("a2", "acme", "running"),
                                ("a3", "acme", "succeeded"), ("g1", "globex", "awaiting_approval"),
                                ("g2", "globex", "cancelled")))
     upgrade_head(url)  # the migration counts what is active already
     assert _agree(url) == {"acme": 2, "globex": 1}
 
-    on_sync(url, lambda c: _insert(c, ("a4", "acme", "queued"), ("a5", "acme", "failed")))
+    on_sync(url, lambda c: insert_swarms(c, ("a4", "acme", "queued"), ("a5", "acme", "failed")))
     assert _agree(url) == {"acme": 3, "globex": 1}
     steps = [
         # a claim, a start and a status written again unchanged move nothing
@@ -82,7 +82,7 @@ def test_tenant_admit_reads_the_kept_counts_and_its_old_count_comes_back(
     if not url.startswith("postgresql"):
         pytest.skip("PostgreSQL's function (SQLite counts in the session's transaction)")
     upgrade_head(url)
-    on_sync(url, lambda c: _insert(c, ("a1", "acme", "running"), ("a2", "acme", "queued")))
+    on_sync(url, lambda c: insert_swarms(c, ("a1", "acme", "running"), ("a2", "acme", "queued")))
     admit = text("SELECT tenant_admit('acme', NULL, NULL, :max, NULL, "
                  "ARRAY['queued','running']::varchar[], 'new')")
 

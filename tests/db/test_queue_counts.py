@@ -8,7 +8,6 @@ tests/perf/test_create_statement.py). SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,20 +16,10 @@ from sqlalchemy import Connection, text
 
 from app.db.migrate import alembic_config, upgrade_head
 from tests.conftest import make_settings, start_harness
+from tests.count_support import insert_swarms, replay
 from tests.helpers import agent, on_sync
 
 BEFORE = "0012_ledger_at_bound"
-SWARM_ROW = ("INSERT INTO swarms (id, tenant, status, task, spec, metadata, spent_usd, "
-             "reserved_usd, unresolved_usd, prompt_tokens, completion_tokens, gateway_calls, "
-             "created_at, lease_epoch, event_seq, rescues, cancel_requested) VALUES (:id, :tenant, "
-             ":status, 't', '{}', '{}', 0, 0, 0, 0, 0, 0, '2026-12-01 00:00:00', 0, 0, 0, false)")
-
-
-def _insert(conn: Connection, *rows: tuple[str, str, str]) -> None:
-    for swarm_id, tenant, status in rows:
-        conn.execute(text(SWARM_ROW), {"id": swarm_id, "tenant": tenant, "status": status})
-
-
 def _counts(conn: Connection) -> tuple[dict[str, int], dict[str, int]]:
     """(the trigger-kept counts, a count of the rows) of waiting swarms, by tenant."""
     kept = conn.execute(text("SELECT tenant, sum(queued) FROM tenant_queues GROUP BY tenant "
@@ -49,14 +38,14 @@ def _agree(url: str) -> dict[str, int]:
 def test_the_counts_follow_every_move_in_and_out_of_the_queue(empty_url: str) -> None:
     url = empty_url
     command.upgrade(alembic_config(url), BEFORE)
-    on_sync(url, lambda c: _insert(c, ("a1", "acme", "queued"), ("a2", "acme", "queued"),
+    on_sync(url, lambda c: insert_swarms(c, ("a1", "acme", "queued"), ("a2", "acme", "queued"),
                                ("a3", "acme", "running"), ("g1", "globex", "queued"),
                                ("g2", "globex", "queued")))
     on_sync(url, lambda c: c.execute(text("UPDATE swarms SET lease_owner = 'w' WHERE id = 'g2'")))
     upgrade_head(url)  # the migration counts what waits already (not g2: claimed)
     assert _agree(url) == {"acme": 2, "globex": 1}
 
-    on_sync(url, lambda c: _insert(c, ("a4", "acme", "queued"), ("a5", "acme", "succeeded")))
+    on_sync(url, lambda c: insert_swarms(c, ("a4", "acme", "queued"), ("a5", "acme", "succeeded")))
     assert _agree(url) == {"acme": 3, "globex": 1}
     steps = [
         # claimed: starting, not waiting; released (a drain): waiting again; started
@@ -74,21 +63,6 @@ def test_the_counts_follow_every_move_in_and_out_of_the_queue(empty_url: str) ->
         ("DELETE FROM swarms WHERE id IN ('a3', 'a5')", {"globex": 1}),
     ]
     replay(url, steps, _agree, BEFORE)
-
-
-def replay(url: str, steps: list[tuple[str, dict[str, int]]],
-           agree: Callable[[str], dict[str, int]], before: str) -> None:
-    """Each statement, then the counts `agree` reads (kept and counted alike) as expected;
-    a TRUNCATE (PostgreSQL) clears them; downgraded to `before`, no trigger is left behind."""
-    for sql, expected in steps:
-        on_sync(url, lambda c, sql=sql: c.execute(text(sql)))
-        assert agree(url) == expected, sql
-    if url.startswith("postgresql"):
-        on_sync(url, lambda c: c.execute(text("TRUNCATE swarms CASCADE")))
-        assert agree(url) == {}
-    command.downgrade(alembic_config(url), before)  # and back: no trigger left behind
-    on_sync(url, lambda c: _insert(c, ("b1", "acme", "queued")))
-    on_sync(url, lambda c: c.execute(text("DELETE FROM swarms")))
 
 
 @pytest.mark.parametrize("quotas", [True, False], ids=["in_a_transaction", "one_statement"])
