@@ -91,7 +91,7 @@ async def _truncate(url: str) -> None:
         await conn.execute("TRUNCATE swarms, subtasks, gateway_calls, events, webhooks, "
                            "webhook_attempts, daily_spend, daily_reservations, tenant_buckets, "
                            "tenant_daily_spend, tenant_daily_reservations, tenant_queues, "
-                           "audit CASCADE")
+                           "tenant_active, audit CASCADE")
     finally:
         await conn.close()
 

@@ -1,5 +1,6 @@
 """The engine's batched writes, each dialect its own way behind one call: the group commit of
-swarms' writes and a tenant cap's batch of reservations and settlements.
+swarms' writes (with the tenant cap settlements they carry) and a tenant cap's batch of
+reservations and settlements.
 
 PostgreSQL runs each batch as one statement, a transaction of its own, on the driver (no
 session, no BEGIN/COMMIT, no ORM around its round trip); SQLite as a transaction through the
@@ -13,6 +14,8 @@ import functools
 from decimal import Decimal
 from typing import Protocol
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from app.db import tenant_cap
 from app.db.changes import SwarmWrite
 from app.db.commit_statement import statement
@@ -21,7 +24,7 @@ from app.db.driver import DirectConnection, fetchrow_pooled
 from app.db.retry import in_transaction, retrying
 from app.db.session import SessionFactory
 from app.db.spend import DailyCheck
-from app.db.writes import apply_writes
+from app.db.writes import apply_spend_only, apply_writes
 
 
 class GroupCommit(Protocol):
@@ -62,9 +65,16 @@ class _Transaction:
         self._retry_for_s = retry_for_s
 
     async def apply(self, writes: list[SwarmWrite]) -> set[str]:
-        return await in_transaction(self._sessions, lambda session: apply_writes(
-            session, self._owner, writes, lease_s=self._retry_for_s),
-            retry_for_s=self._retry_for_s)
+        return await in_transaction(self._sessions, lambda session: self._writes(
+            session, writes), retry_for_s=self._retry_for_s)
+
+    async def _writes(self, session: AsyncSession, writes: list[SwarmWrite]) -> set[str]:
+        fenced = await apply_writes(session, self._owner, writes, lease_s=self._retry_for_s)
+        # in the ledger rows' transaction: the tenant's spend moves with them, or not at all
+        settles = [ts for w in writes if w.swarm_id not in fenced for ts in w.settles]
+        if settles:
+            await tenant_cap.settle_tenants(session, settles)
+        return fenced
 
     async def close(self) -> None:
         return None
@@ -74,6 +84,16 @@ def group_commit(sessions: SessionFactory, owner: str, retry_for_s: float) -> Gr
     """The group commit of `owner`'s writes for the database `sessions` are bound to."""
     kind = _OneStatement if dialect_of(sessions).statements_alone else _Transaction
     return kind(sessions, owner, retry_for_s)
+
+
+async def spend_only(session: AsyncSession, owner: str, write: SwarmWrite,
+                     lease_s: float | None = None) -> bool:
+    """`writes.apply_spend_only` with the tenant cap settlements the write carries, in the
+    caller's transaction (both databases): the money of a refused write, kept whole."""
+    kept = await apply_spend_only(session, owner, write, lease_s)
+    if kept and write.settles:
+        await tenant_cap.settle_tenants(session, write.settles)
+    return kept
 
 
 async def apply_tenant_ops(sessions: SessionFactory, tenant: str, cap: Decimal,

@@ -15,6 +15,10 @@ there and the ledger settles only `in_flight` rows, so a statement retried after
 outcome changes nothing. What one statement cannot do as a sequence of them is see its own
 changes or touch a row twice, so rows are merged first: the last state of a subtask wins, and
 one inserted in the same batch is inserted in that state.
+
+The tenant caps' settlements the writes carry (`SwarmWrite.settles`) are CTEs of the same
+statement (`_settling`), filtered on the swarms written like every other table's rows: a
+settlement commits with the ledger row it settles or not at all, with no round trip of its own.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from app.db.base import table_of
 from app.db.changes import SwarmWrite
 from app.db.columns import LEDGER_SETTLED
 from app.db.notify import CHANGED
-from app.db.recordsets import Columns, document, quote, recordset
+from app.db.recordsets import Columns, document, encode, quote, recordset
 from app.db.tables import (
     AuditRow,
     Event,
@@ -41,7 +45,7 @@ from app.db.tables import (
     TranscriptMessage,
     Webhook,
 )
-from app.db.tenant_tables import TenantQueue
+from app.db.tenant_tables import TenantDailyReservation, TenantDailySpend, TenantQueue
 from app.states import AttemptOutcome
 
 # each table's part of the statement, by the name of its CTE
@@ -117,15 +121,19 @@ def statement(owner: str, writes: Sequence[SwarmWrite]) -> Statement:
     if batch.ledger:
         parts.append(("ledger", list(batch.ledger.values())))
     shape = tuple((name, tuple(rows[0])) for name, rows in parts)
-    sql, columns = _statement(shape)
+    settles = [ts.row(w.swarm_id) for w in writes for ts in w.settles]
+    sql, columns = _statement(shape, bool(settles))
     args: list[Any] = [owner, [row["id"] for row in swarms]]
     for (_, rows), cols in zip(parts, columns, strict=True):
         args.append(document(rows, cols))
+    if settles:
+        args.append(encode(settles))
     return Statement(sql, tuple(args), frozenset(batch.swarms))
 
 
 @functools.cache  # a handful of shapes: which tables have rows, with which keys
-def _statement(shape: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, list[Columns]]:
+def _statement(shape: tuple[tuple[str, tuple[str, ...]], ...], settles: bool = False
+               ) -> tuple[str, list[Columns]]:
     params = iter(range(3, 100))  # $1 is the owner, $2 the swarms' ids
     # the swarms' rows locked in id order first, as every statement that locks several takes
     # them (leases._held_in_order): the UPDATE's own scan locks them in its plan's order.
@@ -145,7 +153,39 @@ def _statement(shape: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, lis
         cols, source = recordset(table, keys, params, defaults=name not in ("sw", "st"))
         columns.append(cols)
         ctes.append(f"{name} AS ({_dml(name, table, cols.keys, source)})")
+    if settles:
+        ctes += _settling(next(params))
     return "WITH " + ",\n".join(ctes) + "\nSELECT id FROM sw", columns
+
+
+_TODAY = "CAST(timezone('UTC', now()) AS date)"
+
+
+def _settling(param: int) -> list[str]:
+    """The tenant caps' settlements of the written swarms (`SwarmWrite.settles`), as migration
+    0014's `tenant_cap_apply` makes them: each reservation deleted adds its cost to the day it
+    was made on, and one older than yesterday (a cleanup may have taken it) adds it anyway; a
+    statement retried after its answer was lost adds nothing twice. The days' rows are locked
+    first, today's before older ones (`tenant_cap_apply`'s order: its cleanup deletes old
+    reservations while it holds today's row), then the reservations."""
+    spend, held = quote(table_of(TenantDailySpend).name), quote(
+        table_of(TenantDailyReservation).name)
+    return [
+        "cap_settled AS (SELECT c.* FROM json_to_recordset("
+        f"${param}::json) AS c(swarm_id varchar, tenant varchar, id varchar, day date, "
+        "actual numeric) WHERE c.swarm_id IN (SELECT id FROM sw))",
+        f"cap_days AS MATERIALIZED (SELECT d.tenant FROM {spend} AS d JOIN (SELECT DISTINCT "
+        "tenant, day FROM cap_settled) AS k ON d.tenant = k.tenant AND d.day = k.day "
+        f"ORDER BY d.tenant, d.day = {_TODAY} DESC, d.day FOR UPDATE OF d)",
+        f"cap_gone AS (DELETE FROM {held} AS r USING cap_settled AS c WHERE r.id = c.id "
+        "AND r.tenant = c.tenant AND (SELECT count(*) FROM cap_days) >= 0 "
+        "RETURNING r.id, r.tenant, r.day, c.actual)",
+        f"cap_spent AS (INSERT INTO {spend} AS s (tenant, day, spent_usd) "
+        "SELECT tenant, day, sum(actual) FROM (SELECT tenant, day, actual FROM cap_gone "
+        "UNION ALL SELECT tenant, day, actual FROM cap_settled "
+        f"WHERE day < {_TODAY} - 1 AND id NOT IN (SELECT id FROM cap_gone)) AS m "
+        "GROUP BY tenant, day ORDER BY tenant, day "
+        "ON CONFLICT (tenant, day) DO UPDATE SET spent_usd = s.spent_usd + EXCLUDED.spent_usd)"]
 
 
 def _dml(name: str, table: Table, keys: Sequence[str], source: str) -> str:

@@ -35,9 +35,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from app.db.base import table_of
 from app.db.driver import fetchrow_pooled
 from app.db.session import is_postgres
-from app.db.tables import Swarm
 from app.db.tenant_cap import spent_of
-from app.db.tenant_tables import TenantBucket
+from app.db.tenant_tables import TenantActive, TenantBucket
 from app.db.types import utcnow
 from app.states import COUNTED_SWARM
 
@@ -97,13 +96,15 @@ async def take_token(session: AsyncSession, tenant: str, size: float,
 
 
 def _active_count(tenant: Any) -> ScalarSelect[int]:
-    return select(func.count()).where(
-        Swarm.tenant == tenant, Swarm.status.in_(ACTIVE_VALUES)).scalar_subquery()
+    # the trigger-kept counts (TenantActive): a few rows, however many swarms are active
+    active = table_of(TenantActive).c
+    return (select(func.coalesce(func.sum(active.active), 0))
+            .where(active.tenant == tenant).scalar_subquery())
 
 
 async def active_swarms(session: AsyncSession, tenant: str) -> int:
-    """The tenant's queued + planning + running + synthesizing swarms (an index range scan
-    over its own rows only)."""
+    """The tenant's swarms `max_active_swarms` counts (queued, awaiting approval, planning,
+    running, synthesizing), as the triggers keep them."""
     return int((await session.execute(select(_active_count(tenant)))).scalar_one())
 
 
@@ -187,7 +188,10 @@ class Admit:
            "{}::varchar[], {}::varchar)"
 
     def args(self, own_id: str) -> tuple[Any, ...]:
-        """The call's arguments, in CALL's order; `own_id`: the new swarm, never counted."""
+        """The call's arguments, in CALL's order; `own_id`: the new swarm, never counted (the
+        function reads the trigger-kept counts since migration 0024, which the new row's
+        trigger changes only at the statement's end; the statuses and the id stay its
+        arguments)."""
         return (self.tenant, self.size, self.rate, self.max_active, self.cap,
                 list(ACTIVE_VALUES), own_id)
 

@@ -29,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.db.changes import TenantSettle
 from app.db.session import db_now, is_postgres
 from app.db.spend import DailyCheck
 from app.db.tenant_tables import TenantDailyReservation, TenantDailySpend
@@ -76,6 +77,16 @@ class Settle:
     reservation_id: str
     day: date
     actual: Decimal
+
+
+async def settle_tenants(session: AsyncSession, settles: Sequence[TenantSettle]) -> None:
+    """Apply settlements in the caller's transaction (SQLite's group commit, and the salvage
+    of a refused write's money on either database), each tenant's as its cap's batch does."""
+    by_tenant: dict[str, list[Settle]] = {}
+    for op in settles:
+        by_tenant.setdefault(op.tenant, []).append(Settle(op.reservation_id, op.day, op.actual))
+    for tenant, ops in sorted(by_tenant.items()):  # one lock order: the tenants' day rows
+        await apply_tenant_ops(session, tenant, Decimal(0), (), ops, "", 0.0)
 
 
 @dataclass(frozen=True, slots=True)

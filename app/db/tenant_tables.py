@@ -1,5 +1,5 @@
 """The tables of the tenant quotas (SPEC §8): the shared token bucket, the tenant daily cap's
-spend and reservations, and the trigger-kept queue counts."""
+spend and reservations, and the trigger-kept queue and active-swarm counts."""
 
 from __future__ import annotations
 
@@ -67,3 +67,18 @@ class TenantQueue(Base):
     tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
     shard: Mapped[int] = mapped_column(Integer, primary_key=True)
     queued: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class TenantActive(Base):
+    """How many of a tenant's swarms `max_active_swarms` counts (`states.COUNTED_SWARM`: queued,
+    awaiting approval, planning, running, synthesizing), kept by triggers on `swarms`
+    (migration 0024) in the statement that moves a swarm in or out, whatever code path makes
+    it (a creation, an end, a cancel, a decision, an erasure): a creation's check is their sum
+    (a few rows), where a count of the swarms grows with what is in flight. Sharded as
+    TenantQueue (16 rows on PostgreSQL, shard 0 on SQLite)."""
+
+    __tablename__ = "tenant_active"
+
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    shard: Mapped[int] = mapped_column(Integer, primary_key=True)
+    active: Mapped[int] = mapped_column(BigInteger, default=0)

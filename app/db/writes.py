@@ -1,5 +1,6 @@
 """The group commit on SQLite: many runners' writes in one transaction, fenced by lease epoch;
-ledger rows settled by (idempotency_key, attempt). Also the salvage of a refused write's money."""
+ledger rows settled by (idempotency_key, attempt) (the tenant cap settlements the writes carry:
+`batches`, in the same transaction). Also the salvage of a refused write's money."""
 
 from __future__ import annotations
 
@@ -105,8 +106,8 @@ async def apply_writes(session: AsyncSession, owner: str, writes: Sequence[Swarm
 async def apply_spend_only(session: AsyncSession, owner: str, write: SwarmWrite,
                            lease_s: float | None = None) -> bool:
     """The money of a write that cannot be stored whole (its text is refused): only its
-    ledger rows and the swarm's totals, which hold nothing but our own names and numbers.
-    False when fenced out."""
+    ledger rows and the swarm's totals, which hold nothing but our own names and numbers
+    (its tenant cap settlements: `batches.spend_only`). False when fenced out."""
     held = await lock_leases(session, [write.swarm_id], lease_s)
     if held.get(write.swarm_id) != (write.epoch, owner):
         return False

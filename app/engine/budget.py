@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import logs
 from app.aio import run_to_end
 from app.db import spend
+from app.db.changes import TenantSettle
 from app.db.retry import in_transaction
 from app.db.session import SessionFactory
 from app.gateway.chat import AttemptRecord, Usage
@@ -141,6 +142,13 @@ class SharedCap(Protocol):
         """Replace the reservation by the real cost (0 when the call was never sent)."""
         ...
 
+    async def settle_with_row(self, reservation: Reservation, actual: Decimal,
+                              rides: Callable[[TenantSettle], None]) -> None:
+        """`settle` for a call whose settled ledger row is about to be written: a settlement
+        that can commit with that row (a tenant cap's) is handed to `rides`, before any wait,
+        for the write that carries the row; the others are made here."""
+        ...
+
     def held_ids(self) -> list[str]:
         """The ids of the reservations this cap holds (reserved, not settled yet)."""
         ...
@@ -212,6 +220,11 @@ class DailyCap:
         reservation.settled = True
         # to its end: money already spent reaches the table before a cancelled caller goes on
         await run_to_end(self._settle(*entry, actual))
+
+    async def settle_with_row(self, reservation: Reservation, actual: Decimal,
+                              rides: Callable[[TenantSettle], None]) -> None:
+        """A transaction of its own (the global cap is not folded into the group commit)."""
+        await self.settle(reservation, actual)
 
     async def _settle(self, reservation_id: str, day: date, actual: Decimal) -> None:
         async with self._lock:

@@ -10,6 +10,7 @@ from decimal import Decimal
 
 from app import metrics, tracing
 from app.aio import run_to_end
+from app.db.changes import TenantSettle
 from app.db.tables import Subtask
 from app.engine.attempts import AttemptRows, AttemptState
 from app.engine.budget import Reservation, SharedCap, billable_usage
@@ -152,19 +153,24 @@ class CallMeter:
                                                        u.cached_tokens)
         at_bound = not rec.usage_reported  # billed its bounds, not a usage reported
         self._state.settle(rec.outcome)
+        # the tenant cap's settlement rides the commit of the row billed below, in its
+        # statement (no wait, no round trip: `TenantDailyCap.settle_with_row`)
+        riding: list[TenantSettle] = []
         if self._daily is not None and self._held_daily:
-            # the awaited write comes first: once the swarm's totals include this cost, no
+            # a global cap's is awaited first: once the swarm's totals include this cost, no
             # other commit may run before its ledger row is queued, or totals and ledger differ
             # (run to its end even when cancelled: see DailyCap.settle)
             try:
-                await self._daily.settle(self._held_daily.pop(), cost)
+                await self._daily.settle_with_row(self._held_daily.pop(), cost, riding.append)
             except BaseException:
                 # cancelled while the (shielded) settlement runs on: the answer was billed, so
                 # its row is written anyway, or the daily table would hold money no row has
-                self.handle.journal.commit_soon([self.sub], ledger=[
-                    self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s, at_bound)])
+                row = self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s, at_bound)
+                self._ride(row, riding)
+                self.handle.journal.commit_soon([self.sub], ledger=[row])
                 raise
         row = self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s, at_bound)
+        self._ride(row, riding)
         if rec.outcome == _A.ok:
             self.ok_rows.append(row)
         else:
@@ -194,6 +200,10 @@ class CallMeter:
             for r in self._held:
                 self.handle.budget.settle(r, Decimal(0))
             self._held.clear()
+
+    def _ride(self, row: LedgerRow, riding: list[TenantSettle]) -> None:
+        if riding:  # before the row is queued: its first write takes them
+            self.handle.journal.with_row(row, riding)
 
     def _cancel_ahead(self) -> None:
         """Settle the row written ahead for an attempt never sent: `cancelled`, no cost and

@@ -13,6 +13,7 @@ from enum import Enum, auto
 from typing import Any, Protocol
 
 from app.config import Settings
+from app.db.changes import TenantSettle
 from app.db.tables import Subtask, Swarm
 from app.engine.budget import SharedCap, SwarmBudget
 from app.engine.synthesis import WorkerResult
@@ -104,6 +105,9 @@ class Journal(Protocol):
     def write_with_end(self, subs: Sequence[Subtask], ledger: Sequence[LedgerRow],
                        events: Sequence[EventRow]) -> None:
         """The swarm's last result, held for its end's commit."""
+
+    def with_row(self, row: LedgerRow, settles: Sequence[TenantSettle]) -> None:
+        """Tenant cap settlements committed with the first write that carries `row`."""
 
 
 class SwarmHandle(Protocol):

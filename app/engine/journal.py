@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from app.db.base import column_values
-from app.db.changes import SwarmWrite
+from app.db.changes import SwarmWrite, TenantSettle
 from app.db.columns import SUBTASK_STATE_COLUMNS, SWARM_STATE_COLUMNS
 from app.db.create import insert_row
 from app.db.tables import Subtask, Swarm
@@ -18,7 +18,7 @@ from app.engine.budget import SwarmBudget
 from app.engine.finish import event_row
 from app.engine.handle import EngineContext, EventRow, LedgerRow, ToolRows, WebhookRow
 from app.engine.writer import WriteRejected, retrieve_exception
-from app.states import UNANSWERED, Event
+from app.states import UNANSWERED, AttemptOutcome, Event
 
 # the runner's log: a refused held result is a line of the swarm's run
 log = logging.getLogger("app.engine.runner")
@@ -37,6 +37,9 @@ class SwarmJournal:
         self._with_end: tuple[list[Subtask], list[LedgerRow], list[EventRow]] = ([], [], [])
         # subtasks started since the last write, and their events (`started`)
         self._starting: tuple[list[Subtask], list[EventRow]] = ([], [])
+        # tenant cap settlements waiting for the write of the ledger row they settle, by the
+        # row's (idempotency_key, attempt) (`with_row`)
+        self._settles: dict[tuple[str, int], list[TenantSettle]] = {}
 
     def event(self, event: Event) -> EventRow:
         return event_row(self.swarm, event, utcnow())
@@ -54,12 +57,27 @@ class SwarmJournal:
         s.spent_usd, s.reserved_usd = self.budget.spent, self.budget.reserved
         if any(row["outcome"] not in UNANSWERED for row in ledger):
             s.settled_epoch = self.epoch  # progress: the next takeover is not fruitless
+        settles = ([ts for row in ledger if row["outcome"] != AttemptOutcome.in_flight
+                    for ts in self._settles.pop((row["idempotency_key"], row["attempt"]), ())]
+                   if self._settles else [])
         return self.ctx.writer.submit(SwarmWrite(
             s.id, self.epoch, column_values(s, SWARM_STATE_COLUMNS),
             [{"name_": sub.name, "position_": sub.position,
               **column_values(sub, SUBTASK_STATE_COLUMNS)} for sub in subs],
             list(ledger), list(events), [insert_row(n) for n in new], webhook,
-            *(tools or ([], []))), linger=linger, meanwhile=meanwhile)
+            *(tools or ([], [])), settles), linger=linger, meanwhile=meanwhile)
+
+    def with_row(self, row: LedgerRow, settles: Sequence[TenantSettle]) -> None:
+        """Tenant cap settlements of the call `row` records (`SharedCap.settle_with_row`):
+        they go with the first write that carries the row, into its commit."""
+        if settles:
+            self._settles.setdefault((row["idempotency_key"], row["attempt"]), []).extend(
+                settles)
+
+    def unwritten(self) -> list[TenantSettle]:
+        """The settlements whose rows no write took (taken: the caller makes them)."""
+        left, self._settles = self._settles, {}
+        return [ts for each in left.values() for ts in each]
 
     async def commit(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
                      events: Sequence[EventRow] = (), new: Sequence[Subtask] = (),

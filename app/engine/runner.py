@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from app import logs, metrics, tracing
+from app.aio import run_to_end
 from app.db.create import Ahead
 from app.db.types import utcnow
 from app.engine import approval
@@ -51,6 +52,9 @@ class SwarmRunner(SwarmPhases):
             log.info("swarm %s: awaiting approval", self.swarm.id)
         finally:
             metrics.runs_in_progress.dec()
+            if (left := self.journal.unwritten()) and self.ctx.tenants is not None:
+                # their calls' rows were dropped with their results: no write carried them
+                await run_to_end(self.ctx.tenants.settle_unwritten(left))
 
     @property
     def _taken_over(self) -> bool:

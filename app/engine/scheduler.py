@@ -52,8 +52,11 @@ class Scheduler:
         self.owner = owner or process_owner()
         self.notifier = notifier or SwarmNotifier()
         self.notifier.runs_here = self.runs_here
+        tenants = TenantGates(settings.tenants, sessions, self.owner, settings.lease_seconds,
+                              daily)
         self.writer = StateWriter(sessions, self.owner, retry_for_s=settings.lease_seconds,
-                                  on_commit=self.notifier.notify, holding=self.runs_here)
+                                  on_commit=self.notifier.notify, holding=self.runs_here,
+                                  on_settled=tenants.settled)
         self.ctx = EngineContext(
             settings=settings, prices=settings.prices, gateway=gateway, writer=self.writer,
             owner=self.owner, inflight=asyncio.Semaphore(settings.max_inflight),
@@ -61,8 +64,7 @@ class Scheduler:
                          for n in settings.prices.names()
                          if settings.prices[n].concurrency},
             daily=daily, tools=tools, notifier=self.notifier,
-            tenants=TenantGates(settings.tenants, sessions, self.owner,
-                                settings.lease_seconds, daily),
+            tenants=tenants,
         )
         self.runners: dict[str, tuple[SwarmRunner, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()

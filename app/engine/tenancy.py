@@ -8,6 +8,7 @@ import contextlib
 import functools
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
@@ -16,6 +17,7 @@ from typing import Any
 from app import logs
 from app.aio import run_to_end
 from app.db import batches, tenant_cap
+from app.db.changes import TenantSettle
 from app.db.retry import in_transaction
 from app.db.session import SessionFactory
 from app.db.spend import DailyCheck
@@ -40,7 +42,9 @@ class TenantDailyCap:
     after; a call that does not fit waits while any reservation of the tenant's day is live
     and is refused when none is; reservations expire one lease after a crash), with the
     operations of concurrent calls gathered into one transaction (a group commit), because
-    every tenant has a cap by default and a transaction per call would bound throughput.
+    every tenant has a cap by default and a transaction per call would bound throughput. A
+    swarm's call settles in the engine's group commit instead, in the statement that writes
+    its ledger row (`settle_with_row`): the spend and the row commit together or not at all.
     """
 
     def __init__(self, sessions: SessionFactory, tenant: str, limit: Decimal, owner: str, *,
@@ -52,6 +56,8 @@ class TenantDailyCap:
         self.lease_s = lease_s
         self.poll_s = poll_s
         self._held: dict[Reservation, tuple[str, date]] = {}
+        # settled in a write of the group commit whose outcome is not known yet, by id
+        self._riding: dict[str, Reservation] = {}
         self._queue: list[_Op] = []
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()
@@ -93,9 +99,44 @@ class TenantDailyCap:
         if reservation.settled or entry is None:
             return
         reservation.settled = True
-        op = _Op(self._future(), settle=tenant_cap.Settle(entry[0], entry[1], actual))
+        await self._settle_alone(tenant_cap.Settle(entry[0], entry[1], actual))
+
+    async def settle_with_row(self, reservation: Reservation, actual: Decimal,
+                              rides: Callable[[TenantSettle], None]) -> None:
+        """`settle` in the group commit that writes the call's ledger row: the settlement is
+        handed to `rides` for that write (`SwarmJournal.with_row`), with no wait and no round
+        trip of its own. The reservation stays held, and refreshed, until the commit's
+        outcome is told (`settled`)."""
+        entry = self._held.get(reservation)
+        if reservation.settled or entry is None:
+            return
+        reservation.settled = True
+        self._riding[entry[0]] = reservation
+        rides(TenantSettle(self.tenant, entry[0], entry[1], actual))
+
+    def settled(self, reservation_id: str) -> None:
+        """The write that carried a settlement was stored (the reservation is gone, its cost
+        spent), or never will be (its swarm's lease lost: the reservation then holds its
+        worst case for the rest of its day, as a dead owner's does, which is what the next
+        owner bills the attempt's row at): not held any more either way."""
+        reservation = self._riding.pop(reservation_id, None)
+        if reservation is not None:
+            self._held.pop(reservation, None)
+        self._settled.set()
+        self._settled = asyncio.Event()
+
+    async def settle_unwritten(self, ts: TenantSettle) -> None:
+        """A settlement handed to `rides` whose row no write took (its call's result was
+        dropped): made in the cap's own batch, so none is left held."""
+        reservation = self._riding.pop(ts.reservation_id, None)
+        if reservation is None:
+            return
+        self._held.pop(reservation, None)
+        await self._settle_alone(tenant_cap.Settle(ts.reservation_id, ts.day, ts.actual))
+
+    async def _settle_alone(self, settle: tenant_cap.Settle) -> None:
         # to its end: money already spent reaches the table before a cancelled caller goes on
-        await run_to_end(self._submit(op))
+        await run_to_end(self._submit(_Op(self._future(), settle=settle)))
         self._settled.set()
         self._settled = asyncio.Event()
 
@@ -230,6 +271,19 @@ class BothCaps:
         finally:
             await self.second.settle(pair[1], actual)
 
+    async def settle_with_row(self, reservation: Reservation, actual: Decimal,
+                              rides: Callable[[TenantSettle], None]) -> None:
+        """The tenant's settlement rides the ledger row's commit (handed over first, with no
+        wait); the global cap's is its own transaction, run to its end."""
+        pair = self._pairs.pop(reservation, None)
+        if pair is None or reservation.settled:
+            return
+        reservation.settled = True
+        try:
+            await self.second.settle_with_row(pair[1], actual, rides)
+        finally:
+            await run_to_end(self.first.settle(pair[0], actual))
+
 
 class TenantGates:
     """This process's per-tenant limits on the engine side: a semaphore of
@@ -276,6 +330,23 @@ class TenantGates:
     def held_ids(self) -> list[str]:
         """The reservations every tenant cap of this process holds."""
         return [rid for cap in self._caps.values() for rid in cap.held_ids()]
+
+    def settled(self, settles: list[TenantSettle], stored: bool) -> None:
+        """The group commit's word on settlements a write carried (`StateWriter`'s
+        `on_settled`): stored with it, or never."""
+        if not stored:
+            log.warning("%d tenant cap settlements not stored with their swarm's write (its "
+                        "lease lost): their reservations hold their worst case today",
+                        len(settles))
+        for ts in settles:
+            if (cap := self._caps.get(ts.tenant)) is not None:
+                cap.settled(ts.reservation_id)
+
+    async def settle_unwritten(self, settles: list[TenantSettle]) -> None:
+        """Settlements whose rows no write took, each in its cap's own batch."""
+        for ts in settles:
+            if (cap := self._caps.get(ts.tenant)) is not None:
+                await cap.settle_unwritten(ts)
 
     async def close(self) -> None:
         """Stop refreshing every tenant cap's reservations."""

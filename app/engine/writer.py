@@ -13,12 +13,11 @@ from typing import TypeVar
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.aio import alongside
-from app.db.batches import group_commit
-from app.db.changes import SwarmWrite
+from app.db.batches import group_commit, spend_only
+from app.db.changes import SwarmWrite, TenantSettle
 from app.db.leases import LeaseLost
 from app.db.retry import database_unavailable, in_transaction
 from app.db.session import SessionFactory
-from app.db.writes import apply_spend_only
 from app.text import storable
 
 log = logging.getLogger(__name__)
@@ -56,10 +55,16 @@ class StateWriter:
     def __init__(self, sessions: SessionFactory, owner: str, *, retry_for_s: float = 15.0,
                  max_batch: int = 500,
                  on_commit: Callable[[str, str | None], None] | None = None,
-                 holding: Callable[[str], bool] | None = None) -> None:
+                 holding: Callable[[str], bool] | None = None,
+                 on_settled: Callable[[list[TenantSettle], bool], None] | None = None
+                 ) -> None:
         self._sessions = sessions
         self._commits = group_commit(sessions, owner, retry_for_s)
         self._on_commit = on_commit
+        # told, once per write, whether the tenant cap settlements it carries were stored
+        # (with its ledger rows) or never will be (fenced out, lost): their caps stop holding
+        # the reservations either way (`TenantGates.settled`)
+        self._on_settled = on_settled
         # whether this process still drives a swarm (its runner runs): while it does, a write
         # the database cannot take yet is retried past `retry_for_s` (money is never dropped);
         # None: every write gives up after the window
@@ -223,13 +228,14 @@ class StateWriter:
         write, fut = p
         reason = _reason(exc)
         try:
-            kept = await self.transact(lambda session: apply_spend_only(
+            kept = await self.transact(lambda session: spend_only(
                 session, self._owner, write, lease_s=self._retry_for_s))
         except Exception as again:
             log.error("swarm %s: even the spend of a refused write failed: %s", write.swarm_id,
                       _reason(again))
             self._lost([p], again)
             return
+        self._told(write, kept)
         log.error("swarm %s: write refused by the database (%s); its %d ledger rows kept",
                   write.swarm_id, reason, len(write.ledger))
         if not fut.done():
@@ -279,12 +285,23 @@ class StateWriter:
             return
         log.error("state write failed for good: %s", _reason(exc),
                   exc_info=not database_unavailable(exc))
-        for _, fut in batch:
+        for write, fut in batch:
+            self._told(write, False)
             if not fut.done():
                 fut.set_exception(LeaseLost(f"state write failed: {_reason(exc)}"))
 
+    def _told(self, write: SwarmWrite, stored: bool) -> None:
+        if write.settles and self._on_settled is not None:
+            try:
+                self._on_settled(write.settles, stored)
+            except Exception:  # the caps' bookkeeping, not the commit's: the loop goes on
+                log.exception("tenant cap settlements of swarm %s: telling their caps failed",
+                              write.swarm_id)
+
     def _resolve(self, batch: list[Pending], fenced: set[str]) -> None:
         for write, fut in batch:
+            # a future its waiter cancelled is done: the write was committed all the same
+            self._told(write, write.swarm_id not in fenced)
             if fut.done():
                 continue
             if write.swarm_id in fenced:

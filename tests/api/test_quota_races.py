@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from app.db.tables import Swarm
 from app.simulator import SimulatorConfig
@@ -189,4 +189,53 @@ async def test_facade_swarms_and_creations_with_a_bucket_stay_within_max_active_
     try:
         await _facade_race(h, 10)
     finally:
+        await close()
+
+
+# ---- at the limit while swarms end -----------------------------------------------------------
+
+
+COUNTED = ("SELECT count(*) FROM swarms WHERE status IN ('queued', 'awaiting_approval', "
+           "'planning', 'running', 'synthesizing')")
+
+
+@pytest.mark.parametrize("tenants", [LIMIT, LIMIT_AND_BUCKET], ids=["no-bucket", "bucket"])
+async def test_creations_at_the_limit_while_swarms_end_never_pass_it(
+        pg_url: str, tmp_path: Path, tenants: str) -> None:
+    """PostgreSQL: many parallel POSTs at `max_active_swarms` while the engine ends swarms (the
+    trigger-kept counts go down in the group commits as creations read them, migration 0024):
+    the active swarms, sampled throughout in one statement each, never pass the limit, some
+    are admitted as others end, and the kept count is back at 0 once all have ended."""
+    h, close = await harness(pg_url, tmp_path, tenants, sim=SimulatorConfig(latency_ms=30),
+                             poll_interval_s=0.05)
+    samples: list[int] = []
+    posting = True
+
+    async def sample() -> None:
+        while posting:
+            async with h.app.state.sessions() as s:
+                samples.append(int((await s.execute(text(COUNTED))).scalar_one()))
+            await asyncio.sleep(0.005)
+
+    try:
+        sampler = asyncio.create_task(sample())
+        answers: list[httpx.Response] = []
+        for _ in range(6):  # waves: each meets the swarms the last one admitted, ending
+            answers += await asyncio.gather(*(h.post(ONE) for _ in range(25)))
+            await asyncio.sleep(0.05)
+        posting = False
+        await sampler
+        codes = Counter(r.status_code for r in answers)
+        assert set(codes) == {202, 429}, codes
+        assert codes[202] > 2, codes  # admitted again as swarms ended
+        assert samples and max(samples) <= 2, Counter(samples)
+        for r in answers:
+            if r.status_code == 202:
+                await h.wait(r.json()["id"])
+        async with h.app.state.sessions() as s:
+            kept = (await s.execute(text("SELECT coalesce(sum(active), 0) FROM tenant_active"))
+                    ).scalar_one()
+            assert (int(kept), (await s.execute(text(COUNTED))).scalar_one()) == (0, 0)
+    finally:
+        posting = False
         await close()

@@ -16,20 +16,10 @@ from sqlalchemy import Connection, text
 
 from app.db.migrate import alembic_config, upgrade_head
 from tests.conftest import make_settings, start_harness
+from tests.count_support import insert_swarms, replay
 from tests.helpers import agent, on_sync
 
 BEFORE = "0012_ledger_at_bound"
-SWARM_ROW = ("INSERT INTO swarms (id, tenant, status, task, spec, metadata, spent_usd, "
-             "reserved_usd, unresolved_usd, prompt_tokens, completion_tokens, gateway_calls, "
-             "created_at, lease_epoch, event_seq, rescues, cancel_requested) VALUES (:id, :tenant, "
-             ":status, 't', '{}', '{}', 0, 0, 0, 0, 0, 0, '2026-12-01 00:00:00', 0, 0, 0, false)")
-
-
-def _insert(conn: Connection, *rows: tuple[str, str, str]) -> None:
-    for swarm_id, tenant, status in rows:
-        conn.execute(text(SWARM_ROW), {"id": swarm_id, "tenant": tenant, "status": status})
-
-
 def _counts(conn: Connection) -> tuple[dict[str, int], dict[str, int]]:
     """(the trigger-kept counts, a count of the rows) of waiting swarms, by tenant."""
     kept = conn.execute(text("SELECT tenant, sum(queued) FROM tenant_queues GROUP BY tenant "
@@ -48,14 +38,14 @@ def _agree(url: str) -> dict[str, int]:
 def test_the_counts_follow_every_move_in_and_out_of_the_queue(empty_url: str) -> None:
     url = empty_url
     command.upgrade(alembic_config(url), BEFORE)
-    on_sync(url, lambda c: _insert(c, ("a1", "acme", "queued"), ("a2", "acme", "queued"),
+    on_sync(url, lambda c: insert_swarms(c, ("a1", "acme", "queued"), ("a2", "acme", "queued"),
                                ("a3", "acme", "running"), ("g1", "globex", "queued"),
                                ("g2", "globex", "queued")))
     on_sync(url, lambda c: c.execute(text("UPDATE swarms SET lease_owner = 'w' WHERE id = 'g2'")))
     upgrade_head(url)  # the migration counts what waits already (not g2: claimed)
     assert _agree(url) == {"acme": 2, "globex": 1}
 
-    on_sync(url, lambda c: _insert(c, ("a4", "acme", "queued"), ("a5", "acme", "succeeded")))
+    on_sync(url, lambda c: insert_swarms(c, ("a4", "acme", "queued"), ("a5", "acme", "succeeded")))
     assert _agree(url) == {"acme": 3, "globex": 1}
     steps = [
         # claimed: starting, not waiting; released (a drain): waiting again; started
@@ -72,16 +62,7 @@ def test_the_counts_follow_every_move_in_and_out_of_the_queue(empty_url: str) ->
         ("UPDATE swarms SET tenant = 'globex' WHERE id = 'a4'", {"acme": 1, "globex": 1}),
         ("DELETE FROM swarms WHERE id IN ('a3', 'a5')", {"globex": 1}),
     ]
-    for sql, expected in steps:
-        on_sync(url, lambda c, sql=sql: c.execute(text(sql)))
-        assert _agree(url) == expected, sql
-    if url.startswith("postgresql"):
-        on_sync(url, lambda c: c.execute(text("TRUNCATE swarms CASCADE")))
-        assert _agree(url) == {}
-
-    command.downgrade(alembic_config(url), BEFORE)  # and back: no trigger left behind
-    on_sync(url, lambda c: _insert(c, ("b1", "acme", "queued")))
-    on_sync(url, lambda c: c.execute(text("DELETE FROM swarms")))
+    replay(url, steps, _agree, BEFORE)
 
 
 @pytest.mark.parametrize("quotas", [True, False], ids=["in_a_transaction", "one_statement"])
