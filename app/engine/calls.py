@@ -13,7 +13,7 @@ from app.aio import run_to_end
 from app.db.tables import Subtask
 from app.db.types import utcnow
 from app.engine.budget import Reservation, SharedCap, billable_usage
-from app.engine.handle import LedgerRow, SwarmHandle
+from app.engine.owned_swarm import LedgerRow, OwnedSwarm
 from app.gateway.chat import AttemptRecord, Usage
 from app.states import AttemptOutcome, InvalidTransition, attempt_transition
 
@@ -42,7 +42,7 @@ class CallMeter:
     numbered until it is settled once (by its answer, `unknown` or `cancelled`).
     """
 
-    handle: SwarmHandle
+    handle: OwnedSwarm
     sub: Subtask
     worst: Decimal
     key: str
