@@ -119,7 +119,7 @@ class Settings(LogSettings):
     # The latency devices, measured wins that write less often on a swarm's critical path, all
     # on or all off (`on`/`off`): the first wave written with the creation
     # (SubtaskExecutor.first_wave), the synthesizer prepared on the workers' answers
-    # (SubtaskExecutor.prepare), a wave's starts in one write (SwarmRunner.started). Off, each
+    # (SubtaskExecutor.prepare), a wave's starts in one write (SwarmJournal.started). Off, each
     # call is written ahead and each start queued on its own: slower, the same answers.
     latency_devices: bool = True
     engine: bool = True

@@ -14,7 +14,7 @@ from app.db.changes import TenantSettle
 from app.db.tables import Subtask
 from app.engine.attempts import AttemptRows, AttemptState
 from app.engine.budget import Reservation, SharedCap, billable_usage
-from app.engine.handle import LedgerRow, SwarmHandle
+from app.engine.owned_swarm import LedgerRow, OwnedSwarm
 from app.gateway.chat import AttemptRecord, Usage
 from app.states import AttemptOutcome
 
@@ -43,7 +43,7 @@ class CallMeter:
     it does not allow raises InvalidTransition.
     """
 
-    handle: SwarmHandle
+    handle: OwnedSwarm
     sub: Subtask
     worst: Decimal
     key: str

@@ -8,9 +8,9 @@ from app.db.create import Ahead
 from app.db.tables import Subtask
 from app.engine.calls import CallMeter
 from app.engine.faults import crash_point
-from app.engine.handle import Outcome, SwarmHandle
 from app.engine.inputs import SubtaskInputs
 from app.engine.lifecycle import CALL_FAILURES, SubtaskSteps
+from app.engine.owned_swarm import Outcome, OwnedSwarm
 from app.engine.planner_call import PlannerCall
 from app.engine.repair import OutputLadder
 from app.engine.turns import TurnLoop
@@ -21,7 +21,7 @@ from app.states import SubtaskKind, SubtaskStatus
 class SubtaskExecutor:
     """Executes the subtasks of one swarm: planner, workers, compressors, synthesizer."""
 
-    def __init__(self, handle: SwarmHandle) -> None:
+    def __init__(self, handle: OwnedSwarm) -> None:
         self.handle = handle
         self.steps = SubtaskSteps(handle)
         self.turns = TurnLoop(handle, self.steps)

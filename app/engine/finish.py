@@ -20,7 +20,7 @@ from app.db.session import db_now
 from app.db.tables import Event as EventTable
 from app.db.tables import Subtask, Swarm
 from app.db.webhooks import new_delivery
-from app.engine.handle import EventRow, WebhookRow
+from app.engine.owned_swarm import EventRow, WebhookRow
 from app.states import Event, SubtaskStatus, SwarmStatus, move_subtask, move_swarm
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from app.db.webhooks import new_delivery
 from app.engine import approval
 from app.engine.finish import end_swarm, event_row
 from app.engine.forecast import forecast
-from app.engine.handle import EngineContext, failure
+from app.engine.owned_swarm import EngineContext, failure
 from app.engine.specs import NewSwarm
 from app.engine.subtask_rows import PLANNER
 from app.engine.writer import StateWriter

@@ -19,7 +19,7 @@ from app.engine.context import (
     truncate_marked,
     with_dependencies,
 )
-from app.engine.handle import Outcome, SwarmHandle
+from app.engine.owned_swarm import Outcome, OwnedSwarm
 from app.engine.subtask_rows import COMPRESSOR_PREFIX, new_subtask
 from app.engine.synthesis import SYNTHESIZER_SYSTEM, WorkerResult, synthesis_prompt
 from app.states import SubtaskKind, SubtaskStatus
@@ -56,7 +56,7 @@ class SubtaskInputs:
     """A swarm's subtasks' messages and inputs; one compressor per input, shared by every
     dependent that needs it."""
 
-    def __init__(self, handle: SwarmHandle) -> None:
+    def __init__(self, handle: OwnedSwarm) -> None:
         self.handle = handle
         self._compressions: dict[str, asyncio.Task[str | None]] = {}
 

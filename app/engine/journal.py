@@ -16,7 +16,7 @@ from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.engine.budget import SwarmBudget
 from app.engine.finish import event_row
-from app.engine.handle import EngineContext, EventRow, LedgerRow, ToolRows, WebhookRow
+from app.engine.owned_swarm import EngineContext, EventRow, LedgerRow, ToolRows, WebhookRow
 from app.engine.writer import WriteRejected, retrieve_exception
 from app.states import UNANSWERED, AttemptOutcome, Event
 

@@ -15,9 +15,9 @@ from app.engine.budget import BudgetExceeded
 from app.engine.calls import CallMeter, idempotency_key
 from app.engine.context import estimate_prompt_tokens, estimate_request_tokens
 from app.engine.faults import crash_point
-from app.engine.handle import EventRow, LedgerRow, Outcome, SwarmHandle, failure
 from app.engine.outputs import response_format as schema_format
 from app.engine.outputs import schema_tokens, schemas_of
+from app.engine.owned_swarm import EventRow, LedgerRow, Outcome, OwnedSwarm, failure
 from app.engine.writer import WriteRejected
 from app.gateway.chat import ChatRequest, ChatResult
 from app.gateway.errors import GatewayRejected, GatewayUnavailable
@@ -86,9 +86,9 @@ class Slots:
 
 
 class SubtaskSteps:
-    """The steps of one swarm's subtasks, written through its SwarmHandle."""
+    """The steps of one swarm's subtasks, written through its OwnedSwarm."""
 
-    def __init__(self, handle: SwarmHandle) -> None:
+    def __init__(self, handle: OwnedSwarm) -> None:
         self.handle = handle
         self.schemas = schemas_of(handle.spec)  # subtasks with an output schema (SPEC §15)
 
@@ -255,12 +255,12 @@ class SubtaskSteps:
         if sub.kind is SubtaskKind.synthesizer or (not new and self.handle.last_answer(sub)):
             # the swarm's last result (its synthesizer's, or without one its last worker's):
             # written with the swarm's end, one commit where there were two (the runner's
-            # `_finish`, which fails it if it is refused)
+            # `SwarmEnds.finish`, which fails it if it is refused)
             self.handle.journal.write_with_end([sub], rows, [row])
             return Outcome.succeeded
         try:
             await self.handle.journal.commit([sub], rows, [row], new=new or [])
-            crash_point("after_commit", sub.name)  # one held for the end: in `_finish`
+            crash_point("after_commit", sub.name)  # one held for the end: in `SwarmEnds.finish`
         except WriteRejected as exc:
             # nothing of that write is stored but its ledger rows: the move never happened,
             # and this subtask fails alone

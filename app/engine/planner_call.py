@@ -7,8 +7,8 @@ import json
 
 from app.db.tables import Subtask
 from app.engine import planner as plans
-from app.engine.handle import LedgerRow, Outcome, SwarmHandle, failure
 from app.engine.lifecycle import CALL_FAILURES, SubtaskSteps
+from app.engine.owned_swarm import LedgerRow, Outcome, OwnedSwarm, failure
 from app.engine.subtask_rows import new_subtask, synthesizer_for
 from app.states import SubtaskKind
 
@@ -16,7 +16,7 @@ from app.states import SubtaskKind
 class PlannerCall:
     """Runs a swarm's planner subtask (in its slots, which the executor holds)."""
 
-    def __init__(self, handle: SwarmHandle, steps: SubtaskSteps) -> None:
+    def __init__(self, handle: OwnedSwarm, steps: SubtaskSteps) -> None:
         self.handle = handle
         self.steps = steps
 

@@ -9,7 +9,6 @@ from typing import Any
 
 from app import metrics, tracing
 from app.db.tables import Subtask
-from app.engine.handle import LedgerRow, Outcome, SwarmHandle, failure
 from app.engine.lifecycle import CALL_FAILURES, SubtaskSteps
 from app.engine.outputs import (
     JSON_OBJECT,
@@ -20,13 +19,14 @@ from app.engine.outputs import (
     response_format,
     with_schema,
 )
+from app.engine.owned_swarm import LedgerRow, Outcome, OwnedSwarm, failure
 from app.gateway.chat import ChatResult
 
 
 class OutputLadder:
     """Settles the answers of one swarm's subtasks that carry an output schema."""
 
-    def __init__(self, handle: SwarmHandle, steps: SubtaskSteps) -> None:
+    def __init__(self, handle: OwnedSwarm, steps: SubtaskSteps) -> None:
         self.handle = handle
         self.steps = steps
 

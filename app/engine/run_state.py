@@ -1,28 +1,23 @@
-"""A swarm's runner as its parts share it: the rows in memory, the budget, slots and deadline,
+"""A swarm's run as its parts share it: the rows in memory, the budget, slots and deadline,
 the stop and drain flags, the journal of its writes and what its workers' results say. The
-runner's concerns build on it: failure tolerance, the ends, the phases, the lifecycle."""
+runner's other parts (failure tolerance, the ends, the phase loop, the lifecycle) each hold
+this one object; it holds none of them."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from app.db.create import Ahead
 from app.db.live_rows import live_subtask, live_swarm
 from app.db.tables import Subtask, Swarm
 from app.db.types import utcnow
 from app.engine import dag
 from app.engine.budget import SwarmBudget
-from app.engine.execute import SubtaskExecutor
-from app.engine.handle import (
-    EngineContext,
-    EventRow,
-    failure,
-)
 from app.engine.journal import SwarmJournal
+from app.engine.owned_swarm import EngineContext, EventRow, failure
 from app.engine.synthesis import WorkerResult, concatenate
 from app.states import Event, SubtaskKind, SubtaskStatus, SwarmStatus, move_swarm
 
@@ -47,7 +42,7 @@ class RunnerState:
         if self.swarm.unresolved_usd is None:  # a row built in memory without every default
             self.swarm.unresolved_usd = Decimal(0)
         # reservations die with the process that made them; spent is what the ledger settled
-        # (a dead owner's attempts in flight included, at their reservations: see _start)
+        # (a dead owner's attempts in flight included, at their reservations: takeover.py)
         self.budget = SwarmBudget(limit=self.swarm.budget_usd, spent=self.swarm.spent_usd)
         # limits.concurrency counts this swarm's gateway calls in flight, like the process's
         # and the tenant's slots (steps.slots): given back when an answer is in, not once the
@@ -60,18 +55,9 @@ class RunnerState:
         self.deadline = time.monotonic() + float(self.limits["deadline_s"])
         self._stop = asyncio.Event()
         self._drain = asyncio.Event()
-        self.finished = False
         self._stop_status: SwarmStatus | None = None
         self._stop_error: dict[str, Any] | None = None
         self.journal = SwarmJournal(ctx, self.swarm, epoch, self.budget)
-        # during the workers' phase: the workers yet to answer (None outside it), and what to
-        # do once none is left (`answered`) when a synthesizer follows
-        self._unanswered: int | None = None
-        self._on_all_answered: Callable[[], None] | None = None
-        self._early: SubtaskExecutor | None = None  # first_wave's, until the run takes it
-        self._ahead: Ahead | None = None  # ... and the calls it had the creation write
-        # until when (monotonic) the lease the creation took surely holds: half of it
-        self._fresh_until = 0.0
 
     def add_subtasks(self, subs: Sequence[Subtask]) -> None:
         for s in map(live_subtask, subs):
@@ -106,12 +92,33 @@ class RunnerState:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    @property
+    def draining(self) -> bool:
+        return self._drain.is_set()
+
+    async def stopped(self) -> None:
+        """Returns once the swarm is stopping."""
+        await self._stop.wait()
+
+    async def drained(self) -> None:
+        """Returns once the swarm is draining."""
+        await self._drain.wait()
+
+    @property
+    def stop_status(self) -> SwarmStatus | None:
+        """The end the first `stop_with` asked for (None while not stopping)."""
+        return self._stop_status
+
+    @property
+    def stop_error(self) -> dict[str, Any] | None:
+        return self._stop_error
+
     # ---- writes (journal.py: `self.journal`) ---------------------------------------------
 
     def event(self, event: Event) -> EventRow:
         return self.journal.event(event)
 
-    def _set_status(self, new: SwarmStatus) -> EventRow:
+    def set_status(self, new: SwarmStatus) -> EventRow:
         return self.event(move_swarm(self.swarm, new, utcnow()))
 
     # ---- the swarm's workers and its result --------------------------------------------
@@ -128,7 +135,7 @@ class RunnerState:
                              self.subs[n].truncated)
                 for n in order if self.subs[n].status == SubtaskStatus.succeeded]
 
-    def _synthesizer(self) -> Subtask | None:
+    def synthesizer(self) -> Subtask | None:
         """The swarm's synthesizer: laid out with a `synthesize` strategy; with `vote`, once
         the count found no majority (stored with it: a takeover finds both)."""
         strategy = self.spec["synthesis"]["strategy"]
@@ -138,9 +145,9 @@ class RunnerState:
             return None
         return next((s for s in self.subs.values() if s.kind == SubtaskKind.synthesizer), None)
 
-    def _combined(self, results: list[WorkerResult]) -> str | None:
+    def combined(self, results: list[WorkerResult]) -> str | None:
         """The swarm's result without a synthesizer: its workers' results combined (a vote's
-        winner is the result `_vote` set)."""
+        winner is the result the phase loop's vote set)."""
         strategy = self.spec["synthesis"]["strategy"]
         if strategy == "concatenate":
             return concatenate(results)

@@ -21,7 +21,7 @@ from app.db.session import SessionFactory
 from app.db.tables import Subtask, Swarm
 from app.engine import approval
 from app.engine.budget import SharedCap
-from app.engine.handle import EngineContext
+from app.engine.owned_swarm import EngineContext
 from app.engine.runner import SwarmRunner
 from app.engine.tenancy import TenantGates
 from app.engine.waiters import SwarmNotifier

@@ -25,8 +25,8 @@ from app.db.tables import Subtask
 from app.db.types import utcnow
 from app.engine import dag
 from app.engine.faults import crash_point
-from app.engine.handle import EventRow, Outcome, SwarmHandle, TranscriptRow, failure
 from app.engine.lifecycle import CALL_FAILURES, SubtaskSteps
+from app.engine.owned_swarm import EventRow, Outcome, OwnedSwarm, TranscriptRow, failure
 from app.engine.repair import OutputLadder
 from app.gateway.chat import ChatResult, ToolCallRequest, Usage
 from app.states import Event, ToolCallStatus
@@ -89,7 +89,7 @@ def _calls_of(message: Message) -> list[ToolCallRequest]:
 class TurnLoop:
     """Runs the tool-using subtasks of one swarm; counts the swarm's tool calls."""
 
-    def __init__(self, handle: SwarmHandle, steps: SubtaskSteps) -> None:
+    def __init__(self, handle: OwnedSwarm, steps: SubtaskSteps) -> None:
         self.handle = handle
         self.steps = steps
         self.used = sum(s.tool_calls for s in handle.subs.values())

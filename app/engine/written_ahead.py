@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from app.db.create import Ahead
 from app.db.tables import Subtask
 from app.engine.calls import CallMeter
-from app.engine.handle import LedgerRow, SwarmHandle
 from app.engine.inputs import Input, SubtaskInputs
 from app.engine.lifecycle import CALL_FAILURES, SubtaskSteps
+from app.engine.owned_swarm import LedgerRow, OwnedSwarm
 from app.engine.subtask_rows import PLANNER
 from app.engine.synthesis import WorkerResult
 from app.engine.tenancy import TenantDailyCap
@@ -34,7 +34,7 @@ class WrittenAhead:
     """A swarm's calls written ahead: the first wave's (by worker) and the prepared
     synthesizer's; `SubtaskExecutor` sends them at their turn."""
 
-    def __init__(self, handle: SwarmHandle, steps: SubtaskSteps, inputs: SubtaskInputs) -> None:
+    def __init__(self, handle: OwnedSwarm, steps: SubtaskSteps, inputs: SubtaskInputs) -> None:
         self.handle = handle
         self.steps = steps
         self.inputs = inputs

@@ -47,6 +47,10 @@ def test_the_layers_hold_and_a_wrong_import_breaks_them(tmp_path: Path) -> None:
      "never a dialect's own module or driver BROKEN"),
     ("app/api/ops.py", "import asyncpg  # a driver in a route",
      "never a dialect's own module or driver BROKEN"),
+    ("app/engine/calls.py", "import app.engine.run_state  # the runner's state, not the seam",
+     "never the runner's parts BROKEN"),
+    ("app/engine/run_state.py", "import app.engine.tolerance  # the state reaching a part above",
+     "tolerance > run_state BROKEN"),
 ])
 def test_the_seams_break_on_a_wrong_import(tmp_path: Path, module: str, line: str,
                                            says: str) -> None:
@@ -62,7 +66,7 @@ def test_an_import_cycle_breaks_the_contract_even_under_type_checking(tmp_path: 
     wrong = _copy_project(tmp_path / "cycle")
     dag = wrong / "app" / "engine" / "dag.py"
     # planner imports dag; dag importing planner, even only for a type, closes a cycle (the
-    # executor importing the runner for its type was one, removed by engine/handle.py)
+    # executor importing the runner for its type was one, removed by engine/owned_swarm.py)
     dag.write_text(dag.read_text() + "\nfrom typing import TYPE_CHECKING\n"
                    "if TYPE_CHECKING:\n    from app.engine import planner  # noqa\n")
     assert "from app.engine import dag" in (wrong / "app/engine/planner.py").read_text()

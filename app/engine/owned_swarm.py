@@ -1,7 +1,7 @@
-"""What executing a subtask needs from its swarm (`SwarmHandle`) and from its process
-(`EngineContext`): the one interface between the runner, which owns a swarm while its lease
-is held, and the code that runs its subtasks (execute, steps, turns, calls). They import this
-module, never the runner."""
+"""What executing a subtask needs from the swarm this process owns (`OwnedSwarm`) and from its
+process (`EngineContext`): the one interface between the runner, which owns a swarm while its
+lease is held, and the code that runs its subtasks (execute, lifecycle, turns, calls). They
+import this module, never the runner's parts."""
 
 from __future__ import annotations
 
@@ -110,9 +110,9 @@ class Journal(Protocol):
         """Tenant cap settlements committed with the first write that carries `row`."""
 
 
-class SwarmHandle(Protocol):
-    """One swarm as its subtasks see it: its rows in memory, its budget and deadline, its
-    writes, and the way to stop it."""
+class OwnedSwarm(Protocol):
+    """One swarm this process owns (holds its lease), as its subtasks see it: its rows in
+    memory, its budget and deadline, its writes, and the way to stop it."""
 
     ctx: EngineContext
     swarm: Swarm
@@ -125,7 +125,10 @@ class SwarmHandle(Protocol):
     # calls whose first attempt is written ahead and waiting for their slots (as many as
     # limits.concurrency): what a crash could bill at reservations for calls never sent
     ahead_slots: asyncio.Semaphore
-    deadline: float  # time.monotonic() at which the swarm's deadline passes
+
+    @property
+    def deadline(self) -> float:
+        """time.monotonic() at which the swarm's deadline passes (a takeover moves it)."""
 
     @property
     def journal(self) -> Journal:
