@@ -32,7 +32,14 @@ from pathlib import Path
 
 from bench import bench_tool_row
 from bench.bench_create import serve_db, tenants_file
-from bench.table_creation import CLIENTS, api_only_rows, engine_rows, quota_pair, quota_rows
+from bench.table_creation import (
+    CLIENTS,
+    READY_S,
+    api_only_rows,
+    engine_rows,
+    quota_pair,
+    quota_rows,
+)
 from bench.table_rows import measure, spread, workers_row
 from tests.results_md import Row, rewrite, section
 from tests.support import CLI, free_port, process
@@ -52,14 +59,14 @@ def table(cli: str, runs: int, quick: bool, work: Path) -> list[Row]:
         with process(["simulator", "--port", str(sim_port)], {"SWARM_SIM_LATENCY_MS": "0"},
                      f"{sim}/models", work / "sim.log"):
             with process(["serve", "--port", str(api_port)], env, f"{api}/readyz",
-                         work / "api.log", cli=cli) as serve:
+                         work / "api.log", cli=cli, ready_s=READY_S) as serve:
                 engine = asyncio.run(measure(api, sim, serve.pid, runs, quick))
                 creation = asyncio.run(engine_rows(api, quick))
             # the many-swarm row again from two engine processes sharing 256 calls in flight
             with serve_db("swarm_bench") as db3, \
                  process(["serve", "--workers", "2", "--port", str(api3_port)],
                          {**env, **db3, "SWARM_MAX_INFLIGHT": "128"},
-                         f"{api3}/readyz", work / "api3.log", cli=cli):
+                         f"{api3}/readyz", work / "api3.log", cli=cli, ready_s=READY_S):
                 engine.insert(-1, asyncio.run(workers_row(api3, quick, runs)))
             creation += api_only_rows(env, work, cli, quick)
             pairs = {client: quota_pair(env, work, cli, quick, runs, client)

@@ -27,6 +27,9 @@ from tests.support import free_port, process
 Creation = tuple[dict[str, Any], dict[str, Any]]  # (under load, one client)
 CLIENTS = ("httpx", "aiohttp")
 QUOTAS = {"lifted": BENCH_TENANTS, "checked": CHECKED_TENANTS}
+# how long a `serve` may take to answer /readyz: two workers migrating and starting on a
+# loaded 2-core machine take over 30 s
+READY_S = 120
 
 
 def load_size(quick: bool) -> tuple[int, int]:
@@ -80,7 +83,8 @@ def api_only_rows(env: dict[str, str], work: Path, cli: str, quick: bool) -> lis
             with serve_db("swarm_bench") as db, contextlib.ExitStack() as stack:
                 stack.enter_context(process(
                     ["serve", "--no-engine", "--port", str(port)], {**env, **db},
-                    f"{api}/readyz", work / f"{name}-{client}.log", cli=cli))
+                    f"{api}/readyz", work / f"{name}-{client}.log", cli=cli,
+                    ready_s=READY_S))
                 if split:  # started once serve has migrated the database
                     stack.enter_context(engine_worker(
                         {**env, **db}, work / f"{name}-worker-{client}.log", cli))
@@ -108,7 +112,8 @@ def quota_pair(env: dict[str, str], work: Path, cli: str, quick: bool, runs: int
             stack.enter_context(process(
                 ["serve", "--port", str(port)],
                 {**env, **db, "SWARM_TENANTS_FILE": str(tenants_file(work, text))},
-                f"{urls[quota]}/readyz", work / f"{quota}-{client}.log", cli=cli))
+                f"{urls[quota]}/readyz", work / f"{quota}-{client}.log", cli=cli,
+                ready_s=READY_S))
         return asyncio.run(pair_rounds(urls, quick, runs, client))
 
 
