@@ -5,7 +5,7 @@ own tenants file: "on" sets every SPEC §8 key (generous enough that nothing is 
 request pays for the token bucket upsert, the active-swarm count and the daily-cap lookup),
 "off" sets none (admission does nothing). Rounds alternate between the two so that load on the
 machine and the growing queue fall on both alike. Reports creations per second of each and
-their ratio, and replaces the "Admission" section of bench/RESULTS.md.
+their ratio, printed (bench/RESULTS.md's "Other workloads" row is updated from them).
 
     .venv/bin/python -m bench.bench_admission [--requests 400] [--clients 16] [--rounds 3]
 """
@@ -17,7 +17,6 @@ import asyncio
 import datetime as dt
 import os
 import platform
-import re
 import statistics
 import tempfile
 import time
@@ -27,7 +26,6 @@ import httpx
 
 from tests.support import free_port, process, throwaway_db
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 TITLE = "## Admission: `POST /swarms` with tenant quotas on and off"
 ON = """[defaults]
 requests_per_minute = 10000000
@@ -70,14 +68,6 @@ async def measure(urls: dict[str, str], args: argparse.Namespace) -> dict[str, l
     return got
 
 
-def write(text: str) -> None:
-    old = RESULTS.read_text() if RESULTS.exists() else ""
-    pattern = re.compile(re.escape(TITLE) + r".*?(?=\n## |\Z)", re.S)
-    new = pattern.sub(text.rstrip() + "\n", old) if TITLE in old else \
-        old.rstrip() + "\n\n" + text
-    RESULTS.write_text(new)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=400)
@@ -118,7 +108,6 @@ transaction); "off": a tenants file with no keys.
 **on / off = {on / off:.2f}** (throughput with admission ÷ without, same run).
 """
     print(text)
-    write(text)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import httpx
 
 from app.crypto import Sealer, parse_keys
 from bench.bench_create import BODY, cpu_s, drained, post_load, serve_db, tenants_file
-from bench.bench_table import run_swarm, swarm_body
+from bench.table_rows import run_swarm, swarm_body
 from tests.support import free_port, process
 
 # a task and prompts of a realistic size: encryption's cost grows with the bytes sealed

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from bench.bench_create import postgres_cpu_s, serve_db
-from bench.bench_table import run_swarm, swarm_body
+from bench.table_rows import run_swarm, swarm_body
 from tests.support import free_port, process
 
 TICK = os.sysconf("SC_CLK_TCK")

@@ -1,7 +1,8 @@
 """Fan-out overhead: an N-agent swarm against the simulator (its own process, fixed latency)
 through a real `swarm-api serve` process, compared with (a) the DAG's critical path and
 (b) a bare `asyncio.gather` of the same N httpx calls to the same simulator — the script users
-write by hand today, with no persistence, retries or budget. Appends to bench/RESULTS.md.
+write by hand today, with no persistence, retries or budget. Prints its figures (bench/RESULTS.md's
+"Other workloads" row is updated from them).
 
     .venv/bin/python -m bench.bench_fanout [--agents 100] [--latency-ms 500] [--runs 5]
                                            [--postgres URL]
@@ -22,7 +23,6 @@ import httpx
 
 from tests.support import free_port, process
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -123,8 +123,6 @@ def main() -> None:
                      f"{med(what, 1) / bare_wall:.2f} |")
     lines.append(f"| bare gather | {bare_wall:.3f} | - | {args.latency_ms / 1000:.3f} | "
                  f"{med_ratio('bare gather'):.3f} | 1.00 |")
-    with RESULTS.open("a") as f:
-        f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

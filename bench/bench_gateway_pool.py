@@ -4,7 +4,7 @@ Run: .venv/bin/python bench/bench_gateway_pool.py [--calls 3000] [--rounds 2]
 
 A zero-latency gateway runs in its own process (the built-in simulator when app.simulator
 exists, else the tiny ASGI app below), so `time.process_time()` here counts only client work.
-Writes its figures to the "Gateway client" section of bench/RESULTS.md.
+Prints its figures (bench/RESULTS.md's "Other workloads" row is updated from them).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import importlib.util
 import json
 import os
 import platform
-import re
 import socket
 import subprocess
 import sys
@@ -208,24 +207,12 @@ def _has_sniffio() -> str:
     return "yes" if importlib.util.find_spec("sniffio") else "no"
 
 
-def _write_results(section: str) -> None:
-    path = ROOT / "bench" / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^## |\Z)", re.M | re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section.rstrip("\n") + "\n\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section if text.strip() else section
-    path.write_text(text.rstrip("\n") + "\n")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--server", choices=["auto", "simulator", "tiny"], default="auto")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
     args = parser.parse_args()
     kind = args.server
     if kind == "auto":
@@ -245,10 +232,7 @@ def main() -> None:
     table = _table(best)
     retries = ", ".join(f"{variant} {count}" for variant, count in RETRIES.items())
     table += f"\n\nRetried attempts (connection resets and the like): {retries}."
-    print(table)
     print(f"({elapsed:.0f} s)")
-    if args.no_write:
-        return
     command = f".venv/bin/python bench/bench_gateway_pool.py --calls {args.calls}"
     command += f" --rounds {args.rounds} --server {kind}"
     server_name = (
@@ -272,8 +256,7 @@ last column is GatewayClient CPU over the bare httpx pool.
 httpx {httpx.__version__}, aiohttp {aiohttp.__version__}, {platform.machine()}; \
 sniffio installed: {_has_sniffio()}
 """
-    _write_results(section)
-    print("updated bench/RESULTS.md")
+    print(section)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What planning costs: a task-only swarm (planner -> the simulator's default 4-subtask plan ->
 synthesis) against the same DAG given as explicit agents, through real `serve` and simulator
-processes. Planning should add one call to the critical path and nothing else.
+processes. Planning should add one call to the critical path and nothing else. Prints its
+figures (bench/RESULTS.md's "Other workloads" row is updated from them).
 
     .venv/bin/python -m bench.bench_planning [--latency-ms 300] [--runs 5]
 """
@@ -19,7 +20,6 @@ import httpx
 
 from tests.support import free_port, process
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 TASK = "Assess the migration of a payments ledger to a new database"
 # the simulator's default plan for any task: three independent subtasks, one joining two
 PLAN = [("research_1", []), ("analysis_2", []), ("review_3", []),
@@ -80,8 +80,6 @@ def main() -> None:
         f"Planning added {added:.3f} s end to end = {added / (args.latency_ms / 1000):.2f} "
         f"simulator calls of {args.latency_ms:.0f} ms (target: 1 call, nothing else).",
     ]
-    with RESULTS.open("a") as f:
-        f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -42,7 +42,7 @@ from bench.bench_create import (
     tenants_file,
 )
 from bench.bench_engine_cpu import cpu_s
-from bench.bench_table import TERMINAL, run_swarm, swarm_body
+from bench.table_rows import TERMINAL, run_swarm, swarm_body
 from tests.support import free_port, process
 
 Results = dict[str, list[float]]

@@ -5,7 +5,7 @@ and run by 4 workers (`swarm-api worker`) against the simulator in its own proce
 latency is `started_at - created_at` of each swarm, read from the database: the API stamps
 `created_at`, commits and NOTIFYs; an idle worker wakes on the notification, claims, and its
 runner stamps `started_at`. Reported for a paced load (swarms spread over time) and a burst
-(all at once), and appended to bench/RESULTS.md (replacing an older "Scale-out" section).
+(all at once), and printed (bench/RESULTS.md's "Other workloads" row is updated from them).
 
     .venv/bin/python -m bench.bench_scaleout [--swarms 200] [--rate 20 40] [--latency-ms 50]
 """
@@ -17,7 +17,6 @@ import asyncio
 import datetime as dt
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -32,7 +31,6 @@ import httpx
 from app.db.session import asyncpg_dsn
 from tests.support import CLI, free_port, throwaway_db, wait_http
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 TITLE = "## Scale-out: claim latency with LISTEN/NOTIFY"
 
 
@@ -155,13 +153,7 @@ def record(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     command = " ".join([".venv/bin/python -m bench.bench_scaleout", *sys.argv[1:]])
     lines += ["", f"- command: `{command}`", f"- date: {when}; Python {sys.version.split()[0]}",
               ""]
-    section = "\n".join(lines)
-    text = RESULTS.read_text() if RESULTS.exists() else ""
-    pattern = re.compile(rf"^{re.escape(TITLE)}.*?(?=^## |\Z)", re.M | re.S)
-    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else (
-        text.rstrip("\n") + "\n\n" + section)
-    RESULTS.write_text(text.rstrip("\n") + "\n")
-    return section
+    return "\n".join(lines)
 
 
 def main() -> None:

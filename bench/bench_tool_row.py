@@ -7,7 +7,8 @@ it is what the service and the transports add. The simulator (the stub gateway) 
 server run in their own processes, `serve` on PostgreSQL. One `serve` per SWARM_MCP_HTTP_SESSIONS
 value in `--sessions` (1 is one session per server), all up at once and their swarms
 interleaved, so before and after come from one run and one stretch of the machine's load; the
-stdio server has one pipelined session whatever the value. Prints medians, appends nothing.
+stdio server has one pipelined session whatever the value. Prints medians, writes nothing;
+`make bench` (bench/bench_table.py) runs `measure` for its tool row with the build's default.
 
     .venv/bin/python -m bench.bench_tool_row [--agents 100] [--runs 5] [--sessions 1,4]
 """
@@ -34,23 +35,25 @@ TRANSPORTS = {"http": ("web.lookup",), "stdio": ("docs.lookup",)}
 
 
 @contextmanager
-def serving(work: Path, sim: str, sessions: int, agents: int, tool_ms: float,
-            web: HttpServer) -> Iterator[tuple[str, int]]:
-    """A `serve` (its URL and pid) with SWARM_MCP_HTTP_SESSIONS=`sessions`, warmed up."""
+def serving(work: Path, sim: str, sessions: int | None, agents: int, tool_ms: float,
+            web: HttpServer, cli: str = CLI) -> Iterator[tuple[str, int]]:
+    """A `serve` of `cli` (its URL and pid) with SWARM_MCP_HTTP_SESSIONS=`sessions` (None: the
+    build's default), warmed up."""
     slots = {"max_concurrency": agents}
-    config = work / f"mcp-{sessions}.json"
+    label = "default" if sessions is None else str(sessions)
+    config = work / f"mcp-{label}.json"
     config.write_text(json.dumps({"mcpServers": {
         "docs": {"command": sys.executable, "args": [str(SERVER)],
                  "env": {"EXAMPLE_MCP_DELAY_MS": str(tool_ms)}, **slots},
         "web": {"url": web.url, **slots}}}))
     api_port = free_port()
     api = f"http://127.0.0.1:{api_port}"
-    with serve_db(f"swarm_tools_{sessions}") as db, \
-            (work / f"api-{sessions}.log").open("wb") as log:
+    with serve_db(f"swarm_tools_{label}") as db, (work / f"api-{label}.log").open("wb") as log:
         env = {**os.environ, **db, "SWARM_GATEWAY_URL": sim, "SWARM_MCP_CONFIG": str(config),
-               "SWARM_MCP_HTTP_SESSIONS": str(sessions), "SWARM_MAX_INFLIGHT": "256",
-               "SWARM_TENANTS_FILE": str(tenants_file(work))}
-        serve = subprocess.Popen([CLI, "serve", "--port", str(api_port)], env=env,
+               "SWARM_MAX_INFLIGHT": "256", "SWARM_TENANTS_FILE": str(tenants_file(work))}
+        if sessions is not None:
+            env["SWARM_MCP_HTTP_SESSIONS"] = str(sessions)
+        serve = subprocess.Popen([cli, "serve", "--port", str(api_port)], env=env,
                                  stdout=log, stderr=subprocess.STDOUT, cwd=work)
         try:
             wait_ready(f"{api}/readyz", serve)
@@ -60,6 +63,45 @@ def serving(work: Path, sim: str, sessions: int, agents: int, tool_ms: float,
         finally:
             serve.terminate()
             serve.wait(30)
+
+
+# per SWARM_MCP_HTTP_SESSIONS value (None: the build's default), per transport: (wall ÷ floor,
+# serve's CPU seconds) of each run
+ToolRuns = dict[int | None, dict[str, list[tuple[float, float]]]]
+
+
+def measure(work: Path, pool_sizes: list[int | None], *, agents: int = 100,
+            latency_ms: float = 200, tool_ms: float = 50, runs: int = 5, cli: str = CLI,
+            spy: Path | None = None) -> ToolRuns:
+    """The row's runs: a simulator at `latency_ms`, the streamable-HTTP example server, and a
+    `serve` of `cli` per pool size, all up at once, their swarms interleaved run by run."""
+    sim_port = free_port()
+    sim = f"http://127.0.0.1:{sim_port}/v1"
+    web = HttpServer(work / "web.log", delay_ms=tool_ms)
+    floor = (2 * latency_ms + tool_ms) / 1000
+    results: ToolRuns = {n: {t: [] for t in TRANSPORTS} for n in pool_sizes}
+    try:
+        with ExitStack() as stack:
+            stack.enter_context(process(
+                ["simulator", "--port", str(sim_port)],
+                {"SWARM_SIM_LATENCY_MS": str(latency_ms)}, f"{sim}/models", work / "sim.log"))
+            serves = {n: stack.enter_context(serving(work, sim, n, agents, tool_ms, web, cli))
+                      for n in pool_sizes}
+            for i in range(runs):  # interleaved: a drift of the machine hits every variant
+                for n, (api, pid) in serves.items():
+                    for transport, tools in TRANSPORTS.items():
+                        raw = (spy / f"serve-{n}-{transport}.raw"
+                               if spy is not None and i == runs - 1 else None)
+                        with profiled(pid, raw):
+                            before = cpu_s(pid)
+                            wall, _ = run_swarm(api, agents, 1, tools)
+                            results[n][transport].append((wall / floor, cpu_s(pid) - before))
+                        print(f"sessions={n or 'default'} {transport}: {wall:.3f} s = "
+                              f"{wall / floor:.2f}x floor, serve CPU "
+                              f"{results[n][transport][-1][1]:.2f} s", flush=True)
+    finally:
+        web.close()
+    return results
 
 
 def main() -> None:
@@ -73,34 +115,9 @@ def main() -> None:
                     help="directory for py-spy profiles of `serve` during each variant's last run")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-tool-row-"))
-    sim_port = free_port()
-    sim = f"http://127.0.0.1:{sim_port}/v1"
-    web = HttpServer(work / "web.log", delay_ms=args.tool_ms)
-    floor = (2 * args.latency_ms + args.tool_ms) / 1000
-    pool_sizes = [int(v) for v in args.sessions.split(",")]
-    results: dict[int, dict[str, list[tuple[float, float]]]] = {
-        n: {t: [] for t in TRANSPORTS} for n in pool_sizes}
-    try:
-        with ExitStack() as stack:
-            stack.enter_context(process(
-                ["simulator", "--port", str(sim_port)],
-                {"SWARM_SIM_LATENCY_MS": str(args.latency_ms)}, f"{sim}/models",
-                work / "sim.log"))
-            serves = {n: stack.enter_context(serving(work, sim, n, args.agents, args.tool_ms, web))
-                      for n in pool_sizes}
-            for i in range(args.runs):  # interleaved: a drift of the machine hits every variant
-                for n, (api, pid) in serves.items():
-                    for transport, tools in TRANSPORTS.items():
-                        raw = (args.spy / f"serve-{n}-{transport}.raw"
-                               if args.spy is not None and i == args.runs - 1 else None)
-                        with profiled(pid, raw):
-                            before = cpu_s(pid)
-                            wall, _ = run_swarm(api, args.agents, 1, tools)
-                            results[n][transport].append((wall / floor, cpu_s(pid) - before))
-                        print(f"sessions={n} {transport}: {wall:.3f} s = {wall / floor:.2f}x "
-                              f"floor, serve CPU {results[n][transport][-1][1]:.2f} s", flush=True)
-    finally:
-        web.close()
+    pool_sizes: list[int | None] = [int(v) for v in args.sessions.split(",")]
+    results = measure(work, pool_sizes, agents=args.agents, latency_ms=args.latency_ms,
+                      tool_ms=args.tool_ms, runs=args.runs, spy=args.spy)
     for raw in sorted(args.spy.glob("serve-*.raw")) if args.spy is not None else []:
         print(f"\n{raw.name}: frame, self %, inclusive % (Python CPU of `serve`)")
         for frame, own, incl in top_frames(raw, 15):

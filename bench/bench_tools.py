@@ -2,7 +2,7 @@
 server, both the example server with a fixed tool latency) against the simulator at a fixed
 latency, through a real `swarm-api serve`. Compares the wall time with the critical path of one
 agent, (T + 1) gateway calls + T tool latencies (its last turn answers without tools).
-Appends to bench/RESULTS.md.
+Prints its figures (bench/RESULTS.md's "Other workloads" row is updated from them).
 
     .venv/bin/python -m bench.bench_tools [--agents 100] [--turns 3] [--latency-ms 200]
                                           [--tool-ms 50] [--runs 3]
@@ -27,7 +27,6 @@ import httpx
 from tests.mcp_servers import SERVER, HttpServer
 from tests.support import CLI, free_port, process
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -143,8 +142,6 @@ def main() -> None:
         f"| {e2e:.3f} | {swall:.3f} | {longest:.3f} | {ideal:.3f} | {e2e / ideal:.2f} "
         f"| {swall / ideal:.2f} |",
     ]
-    with RESULTS.open("a") as f:
-        f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

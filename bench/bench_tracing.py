@@ -1,6 +1,7 @@
 """Tracing overhead: the same N-agent fan-out through two `swarm-api serve` processes in one
 run, one exporting every span over OTLP/HTTP to a receiver process, one without OTEL_*; runs
-alternate so both see the same machine. Appends to bench/RESULTS.md.
+alternate so both see the same machine. Prints its figures (bench/RESULTS.md's "Other
+workloads" row is updated from them).
 
     .venv/bin/python -m bench.bench_tracing [--agents 100] [--latency-ms 200] [--runs 5]
 """
@@ -15,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.bench_fanout import RESULTS, run_swarm
+from bench.bench_fanout import run_swarm
 from tests.support import free_port, process, wait_http
 
 COLLECTOR = Path(__file__).resolve().parents[1] / "tests" / "otlp_collector.py"
@@ -72,8 +73,6 @@ def main() -> None:
         f"{m_on / floor:.3f} |",
         f"\nOn over off: **{m_on / m_off:.3f}**.",
     ]
-    with RESULTS.open("a") as f:
-        f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -22,7 +22,7 @@ import asyncpg
 import httpx
 
 from bench.bench_rows import serving
-from bench.bench_table import run_swarm, swarm_body
+from bench.table_rows import run_swarm, swarm_body
 
 Results = dict[str, list[float]]
 
