@@ -177,13 +177,15 @@ class ToolRegistry:
                      arguments: dict[str, Any]) -> ToolOutcome:
         from mcp.shared.exceptions import MCPError
 
+        from app.tools.transports import call_tool
+
         timeout = conn.config.timeout_s
         gauge = metrics.tool_calls_in_flight.labels(conn.name)
         gauge.inc()
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout), conn.lease(timeout) as session:
-                result = await session.call_tool(tool, arguments)
+                result = await call_tool(session, tool, arguments)
             text = result_text(result)
             status = ToolCallStatus.error if result.is_error else ToolCallStatus.ok
         except TimeoutError:

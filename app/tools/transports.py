@@ -1,19 +1,20 @@
-"""One MCP client session over a server's transport (stdio or streamable HTTP), opened on an
-exit stack that the caller's task leaves (anyio wants the SDK's context managers entered and
-left in one task)."""
+"""One MCP client session over a server's transport (stdio, or streamable HTTP on aiohttp:
+app/tools/http_transport.py), opened on an exit stack that the caller's task leaves (anyio wants
+the SDK's context managers entered and left in one task)."""
 
 from __future__ import annotations
 
 import asyncio
 from contextlib import AsyncExitStack
+from typing import Any
 
-import httpx2
+import mcp_types as types
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.session import MessageHandlerFnT
 from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
 
 from app.tools.config import ServerConfig
+from app.tools.http_transport import streamable_http
 
 # a stdio server may spend many seconds importing before it answers (the Python SDK alone
 # takes seconds of CPU): starting is not bounded by the tool-call timeout
@@ -29,18 +30,24 @@ async def open_session(stack: AsyncExitStack, cfg: ServerConfig,
         read, write = await stack.enter_async_context(stdio_client(params))
     else:
         assert cfg.url is not None
-        # one connection per call in flight (+ the server's event stream): the SDK's
-        # default pool of 100 breaks the whole session when more calls wait on it
-        slots = cfg.max_concurrency + 2
-        http = await stack.enter_async_context(httpx2.AsyncClient(
-            headers=cfg.headers or None, timeout=httpx2.Timeout(30.0, read=300.0),
-            limits=httpx2.Limits(max_connections=slots, max_keepalive_connections=slots)))
+        # one connection per call in flight (+ the server's event stream, the notices)
         read, write = await stack.enter_async_context(
-            streamable_http_client(cfg.url, http_client=http))
+            streamable_http(cfg.url, cfg.headers, cfg.max_concurrency + 2))
     session = await stack.enter_async_context(
         ClientSession(read, write, message_handler=on_message))
     await asyncio.wait_for(session.initialize(), max(cfg.timeout_s, START_TIMEOUT_S))
     return session
+
+
+async def call_tool(session: ClientSession, name: str,
+                    arguments: dict[str, Any]) -> types.CallToolResult:
+    """`tools/call` as `ClientSession.call_tool` sends it, without its per-call check of the
+    result's structured content against the tool's output schema (listing the tools first on
+    a session that has not): the model reads a result's text, the structured content only as
+    text when there is none, so the check costs every call and protects nothing here."""
+    request = types.CallToolRequest(params=types.CallToolRequestParams(name=name,
+                                                                       arguments=arguments))
+    return await session.send_request(request, types.CallToolResult)
 
 
 def describe(exc: BaseException) -> str:

@@ -52,6 +52,11 @@ class FakeServer(ServerConnection):
     async def session(self, wait_s: float) -> Any:
         return self
 
+    async def send_request(self, request: types.CallToolRequest,
+                           result_type: Any) -> types.CallToolResult:
+        """The registry's `tools/call` (app/tools/transports.call_tool)."""
+        return await self.call_tool(request.params.name, request.params.arguments or {})
+
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         self.calls[name] += 1
         result = self.results[name]()

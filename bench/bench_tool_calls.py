@@ -1,0 +1,72 @@
+"""The tool path alone: a `ToolRegistry` in this process, waves of concurrent calls of a 50 ms
+tool on the example MCP server over streamable HTTP and over stdio, this process's CPU per call
+(user + system) and each wave's wall. No database, gateway or `serve`: what a call costs the
+client, measurable on a loaded machine (CPU time moves far less with the load than wall time).
+
+    .venv/bin/python -m bench.bench_tool_calls [--calls 100] [--waves 20] [--sessions 8]
+
+Another build's registry: run this file with that build's interpreter and its checkout first on
+PYTHONPATH (`PYTHONPATH=/work/wt/base /work/wt/base/.venv/bin/python bench/bench_tool_calls.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from app.tools.config import ServerConfig
+from app.tools.registry import ToolRegistry
+from tests.mcp_servers import HttpServer, stdio_server
+
+
+async def waves(registry: ToolRegistry, server: str, calls: int, n: int
+                ) -> tuple[float, float, list[str]]:
+    """(CPU ms per call, median wave wall s, failed calls' texts) over `n` waves of `calls`
+    concurrent calls."""
+    walls: list[float] = []
+    failed: list[str] = []
+    cpu0 = time.process_time()
+    for w in range(n):
+        t0 = time.perf_counter()
+        outcomes = await asyncio.gather(*(registry.call(server, "lookup", {"query": f"q{w}.{i}"})
+                                          for i in range(calls)))
+        walls.append(time.perf_counter() - t0)
+        failed += [o.text for o in outcomes if o.status != "ok"]
+    return (time.process_time() - cpu0) * 1000 / (calls * n), statistics.median(walls), failed
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--waves", type=int, default=20)
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--tool-ms", type=float, default=50)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-tool-calls-"))
+    web = await asyncio.to_thread(HttpServer, work / "web.log", args.tool_ms)
+    limits = {"max_concurrency": args.calls}
+    registry = ToolRegistry({
+        "web": ServerConfig(url=web.url, **limits),
+        "docs": ServerConfig.model_validate(stdio_server(work / "docs.log", args.tool_ms,
+                                                         **limits))},
+        start_wait_s=120, http_sessions=args.sessions)
+    try:
+        await registry.start()
+        for server in ("web", "docs"):
+            await waves(registry, server, args.calls, 2)  # warm-up: sessions, connections
+        for server, transport in (("web", "http"), ("docs", "stdio")):
+            cpu, wall, failed = await waves(registry, server, args.calls, args.waves)
+            print(f"{transport}: {cpu:.3f} ms CPU per call, wave of {args.calls} "
+                  f"{wall * 1000:.0f} ms (median of {args.waves}; the tool takes "
+                  f"{args.tool_ms:.0f} ms); {len(failed)} failed {failed[:1]}", flush=True)
+    finally:
+        await registry.stop()
+        web.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
