@@ -1,5 +1,5 @@
 """The streamable-HTTP transport of an MCP client session, on aiohttp (docs/decisions/
-0021-mcp-http-transport-on-aiohttp.md).
+0023-mcp-http-transport-on-aiohttp.md).
 
 The SDK's `ClientSession` keeps the protocol (initialize and version negotiation, ids,
 cancellation, result types and their validation); this module carries its messages as the
