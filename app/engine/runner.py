@@ -96,9 +96,10 @@ class SwarmRunner:
             log.info("swarm %s: awaiting approval", self.swarm.id)
         finally:
             metrics.runs_in_progress.dec()
-            if (left := self.journal.unwritten()) and self.ctx.tenants is not None:
+            tenants = self.state.ctx.tenants
+            if (left := self.state.journal.unwritten()) and tenants is not None:
                 # their calls' rows were dropped with their results: no write carried them
-                await run_to_end(self.ctx.tenants.settle_unwritten(left))
+                await run_to_end(tenants.settle_unwritten(left))
 
     @property
     def _taken_over(self) -> bool:
