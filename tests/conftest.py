@@ -71,10 +71,17 @@ def pg_template() -> Iterator[str]:
     asyncio.run(drop_db(name))
 
 
+@pytest.fixture(scope="session")
+def proc_template() -> Iterator[str]:
+    """A migrated Postgres database that nobody connects to: `db_url` copies it."""
+    with throwaway_db("swarm_tpl") as url:
+        yield url.rsplit("/", 1)[1]
+
+
 @pytest.fixture
-def db_url() -> Iterator[str]:
+def db_url(proc_template: str) -> Iterator[str]:
     """A new, migrated Postgres database of its own, for tests that run real processes."""
-    with throwaway_db("swarm_proc") as url:
+    with throwaway_db("swarm_proc", template=proc_template) as url:
         yield url
 
 

@@ -59,19 +59,22 @@ async def drop_db(name: str, timeout: float = 30.0, server: str = PG_URL) -> Non
 
 @contextlib.contextmanager
 def throwaway_db(prefix: str = "swarm_tmp", server: str = PG_URL,
-                 migrate: bool = True) -> Iterator[str]:
+                 migrate: bool = True, template: str | None = None) -> Iterator[str]:
     """A new PostgreSQL database (on `server`), migrated by this checkout unless `migrate` is
     false (the benchmarks leave it to the build they start, which may have other
-    migrations), dropped afterwards (connections and all). It runs its own event loop: use it
-    from synchronous code or a sync fixture."""
+    migrations), dropped afterwards (connections and all). A `template` (a migrated database
+    nobody connects to) is copied instead of migrating: the same tables without the seconds
+    of the migrations. It runs its own event loop: use it from synchronous code or a sync
+    fixture."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    copy = f' TEMPLATE "{template}"' if template else ""
     try:
-        asyncio.run(pg_admin(f'CREATE DATABASE "{name}"', server))
+        asyncio.run(pg_admin(f'CREATE DATABASE "{name}"{copy}', server))
     except (OSError, asyncpg.PostgresError) as exc:
         raise RuntimeError(f"PostgreSQL is not reachable at {server} ({exc!r})") from exc
     url = with_db(server, name)
     try:
-        if migrate:
+        if migrate and not template:
             upgrade_head(url)
         yield url
     finally:

@@ -26,8 +26,7 @@ POLLS_OF_A_MINUTE_S = 3.0  # 60 claim polls at 0.05 s
 async def start(c: Cluster, worker: str) -> tuple[str, str]:
     """Simulator, API replica and worker: (the API's URL, the simulator's)."""
     sim = await c.simulator(latency_ms=0)
-    api = await c.api()
-    await c.worker(worker)
+    api, _ = await asyncio.gather(c.api(), c.worker(worker))  # both start in seconds
     return api, sim
 
 
