@@ -53,7 +53,7 @@ class AttemptRows:
 
     def row(self, attempt: int, outcome: AttemptOutcome, status: int | None, u: Usage,
             cost: Decimal, latency_s: float, at_bound: bool = False) -> dict[str, Any]:
-        """Attempt `attempt`'s row (a `handle.LedgerRow`); `at_bound`: its cost is an upper
+        """Attempt `attempt`'s row (an `owned_swarm.LedgerRow`); `at_bound`: its cost is an upper
         bound, not a usage reported (`unresolved_usd`)."""
         return {
             "swarm_id": self.swarm_id, "tenant": self.tenant, "subtask_name": self.subtask_name,

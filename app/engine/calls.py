@@ -43,7 +43,7 @@ class CallMeter:
     it does not allow raises InvalidTransition.
     """
 
-    handle: OwnedSwarm
+    owned: OwnedSwarm
     sub: Subtask
     worst: Decimal
     key: str
@@ -58,7 +58,7 @@ class CallMeter:
     _rows: AttemptRows = field(init=False)
 
     def __post_init__(self) -> None:
-        swarm = self.handle.swarm
+        swarm = self.owned.swarm
         self._rows = AttemptRows(swarm.id, swarm.tenant, self.sub.name, self.model, self.key,
                                  self.worst)
 
@@ -74,7 +74,7 @@ class CallMeter:
 
     @property
     def _daily(self) -> SharedCap | None:
-        return self.handle.ctx.cap_for(self.handle.swarm.tenant)
+        return self.owned.ctx.cap_for(self.owned.swarm.tenant)
 
     async def prepare(self) -> None:
         """Write the first attempt's row ahead now, before the caller waits for its slots
@@ -94,7 +94,7 @@ class CallMeter:
         like any row ahead). None: nothing was done."""
         if self._daily is not None and not cap_asked:
             return None
-        reservation = self.handle.budget.reserve_now(self.worst)
+        reservation = self.owned.budget.reserve_now(self.worst)
         if reservation is None:
             return None
         return self._open_attempt(reservation)
@@ -108,7 +108,7 @@ class CallMeter:
         reservation is given back, and the call is prepared again at its turn."""
         self._state.withdraw()
         for r in self._held:
-            self.handle.budget.settle(r, Decimal(0))
+            self.owned.budget.settle(r, Decimal(0))
         self._held.clear()
 
     def prepare_now(self) -> asyncio.Future[None] | None:
@@ -116,7 +116,7 @@ class CallMeter:
         queued before the caller's next write, and the future resolves once it is durable.
         None: nothing was done (call `prepare`)."""
         row = self.reserve_ahead()
-        return None if row is None else self.handle.journal.submit(ledger=[row])
+        return None if row is None else self.owned.journal.submit(ledger=[row])
 
     async def before(self, attempt: int) -> None:
         if self._ahead:  # prepared: durable already
@@ -129,18 +129,18 @@ class CallMeter:
 
     async def _write_ahead(self) -> None:
         asked = time.monotonic()
-        reservation = await self.handle.budget.reserve(self.worst)
+        reservation = await self.owned.budget.reserve(self.worst)
         if (waited := time.monotonic() - asked) > 0.001:
             tracing.event("budget_wait", seconds=round(waited, 6), reserved_usd=str(self.worst))
         if self._daily is not None:
             try:
                 self._held_daily.append(await self._daily.reserve(self.worst))
             except BaseException:
-                self.handle.budget.settle(reservation, Decimal(0))
+                self.owned.budget.settle(reservation, Decimal(0))
                 raise
         row = self._open_attempt(reservation)
         try:
-            await self.handle.journal.commit(ledger=[row])  # durable before a byte is sent
+            await self.owned.journal.commit(ledger=[row])  # durable before a byte is sent
         except BaseException:
             # not sent: if the row was (or will be) written anyway, it settles as cancelled
             self._cancel_ahead()
@@ -149,7 +149,7 @@ class CallMeter:
 
     async def after(self, rec: AttemptRecord) -> None:
         u = billable_usage(rec, self.prompt_bound, self.sub.max_tokens, self.label)
-        cost = self.handle.ctx.prices[self.model].cost(u.prompt_tokens, u.completion_tokens,
+        cost = self.owned.ctx.prices[self.model].cost(u.prompt_tokens, u.completion_tokens,
                                                        u.cached_tokens)
         at_bound = not rec.usage_reported  # billed its bounds, not a usage reported
         self._state.settle(rec.outcome)
@@ -167,14 +167,14 @@ class CallMeter:
                 # its row is written anyway, or the daily table would hold money no row has
                 row = self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s, at_bound)
                 self._ride(row, riding)
-                self.handle.journal.commit_soon([self.sub], ledger=[row])
+                self.owned.journal.commit_soon([self.sub], ledger=[row])
                 raise
         row = self._bill(rec.outcome, rec.status_code, u, cost, rec.latency_s, at_bound)
         self._ride(row, riding)
         if rec.outcome == _A.ok:
             self.ok_rows.append(row)
         else:
-            self.handle.journal.commit_soon([self.sub], ledger=[row])
+            self.owned.journal.commit_soon([self.sub], ledger=[row])
 
     async def release(self) -> None:
         """Free what an abandoned call still holds; an attempt cut off after it was sent may
@@ -194,16 +194,16 @@ class CallMeter:
                                              self.worst if cut_off else Decimal(0)))
         finally:
             if cut_off:
-                self.handle.journal.commit_soon([self.sub], ledger=[self._bill(
+                self.owned.journal.commit_soon([self.sub], ledger=[self._bill(
                     _A.unknown, None, Usage(self.prompt_bound, self.sub.max_tokens), self.worst,
                     0.0, at_bound=True)])
             for r in self._held:
-                self.handle.budget.settle(r, Decimal(0))
+                self.owned.budget.settle(r, Decimal(0))
             self._held.clear()
 
     def _ride(self, row: LedgerRow, riding: list[TenantSettle]) -> None:
         if riding:  # before the row is queued: its first write takes them
-            self.handle.journal.with_row(row, riding)
+            self.owned.journal.with_row(row, riding)
 
     def _cancel_ahead(self) -> None:
         """Settle the row written ahead for an attempt never sent: `cancelled`, no cost and
@@ -211,7 +211,7 @@ class CallMeter:
         in this process: the call is abandoned; a takeover numbers from the ledger, where
         the row keeps its number)."""
         self._state.settle(_A.cancelled)
-        self.handle.journal.commit_soon(
+        self.owned.journal.commit_soon(
             ledger=[self._row(_A.cancelled, None, Usage(), Decimal(0), 0.0)])
         self.sub.attempts -= 1
 
@@ -235,16 +235,16 @@ class CallMeter:
         """Settle the swarm budget, add to subtask and swarm totals, and make the settled
         ledger row (synchronous: nothing can commit between the totals and the row's
         queueing). `at_bound`: the cost is an upper bound (`unresolved_usd`)."""
-        handle, sub = self.handle, self.sub
+        owned, sub = self.owned, self.sub
         row = self._row(outcome, status, u, cost, latency_s, at_bound)
         if self._held:
-            handle.budget.settle(self._held.pop(), cost)
+            owned.budget.settle(self._held.pop(), cost)
         else:
-            handle.budget.record(cost)
+            owned.budget.record(cost)
         sub.prompt_tokens += u.prompt_tokens
         sub.completion_tokens += u.completion_tokens
         sub.cost_usd += cost
-        swarm = handle.swarm
+        swarm = owned.swarm
         swarm.prompt_tokens += u.prompt_tokens
         swarm.completion_tokens += u.completion_tokens
         swarm.gateway_calls += 1

@@ -21,18 +21,18 @@ from app.states import SubtaskKind, SubtaskStatus
 class SubtaskExecutor:
     """Executes the subtasks of one swarm: planner, workers, compressors, synthesizer."""
 
-    def __init__(self, handle: OwnedSwarm) -> None:
-        self.handle = handle
-        self.steps = SubtaskSteps(handle)
-        self.turns = TurnLoop(handle, self.steps)
-        self.outputs = OutputLadder(handle, self.steps)
-        self.inputs = SubtaskInputs(handle)
-        self.planner = PlannerCall(handle, self.steps)
-        self.ahead = WrittenAhead(handle, self.steps, self.inputs)
+    def __init__(self, owned: OwnedSwarm) -> None:
+        self.owned = owned
+        self.steps = SubtaskSteps(owned)
+        self.turns = TurnLoop(owned, self.steps)
+        self.outputs = OutputLadder(owned, self.steps)
+        self.inputs = SubtaskInputs(owned)
+        self.planner = PlannerCall(owned, self.steps)
+        self.ahead = WrittenAhead(owned, self.steps, self.inputs)
 
     async def run(self, sub: Subtask) -> Outcome:
         """Never raises but for cancellation and a lost lease."""
-        with tracing.agent_span(sub.name, sub.kind, sub.model, self.handle.swarm.id):
+        with tracing.agent_span(sub.name, sub.kind, sub.model, self.owned.swarm.id):
             outcome = await self._run(sub)
             if sub.status == SubtaskStatus.failed and sub.error:
                 tracing.record_error(str(sub.error.get("code")), sub.error.get("message"))
@@ -88,7 +88,7 @@ class SubtaskExecutor:
         meter = prepared or written or steps.meter(sub, messages, call_no)
         try:
             async with steps.slots(sub, ahead=None if prepared else meter):
-                if self.handle.stopping:  # stopped while it waited: never sent (no cost)
+                if self.owned.stopping:  # stopped while it waited: never sent (no cost)
                     return Outcome.swarm_stopping
                 t0 = steps.begin(sub)
                 crash_point("before_call", sub.name)

@@ -56,18 +56,18 @@ class SubtaskInputs:
     """A swarm's subtasks' messages and inputs; one compressor per input, shared by every
     dependent that needs it."""
 
-    def __init__(self, handle: OwnedSwarm) -> None:
-        self.handle = handle
+    def __init__(self, owned: OwnedSwarm) -> None:
+        self.owned = owned
         self._compressions: dict[str, asyncio.Task[str | None]] = {}
 
     def messages(self, sub: Subtask, inputs: list[Input]) -> list[dict[str, str]]:
         room = fit_chars(self.room_tokens(sub))
         if sub.kind == SubtaskKind.synthesizer:
             fitted = [WorkerResult(i.label, i.text, i.weight, i.truncated) for i in inputs]
-            subs = self.handle.subs
-            missing = [n for n in self.handle.worker_names()
+            subs = self.owned.subs
+            missing = [n for n in self.owned.worker_names()
                        if subs[n].status != SubtaskStatus.succeeded]
-            user = synthesis_prompt(self.handle.swarm.task, fitted, missing, room)
+            user = synthesis_prompt(self.owned.swarm.task, fitted, missing, room)
             system = sub.system_prompt or SYNTHESIZER_SYSTEM
         else:
             user = with_dependencies(self.prompt(sub), [(i.label, i.text) for i in inputs],
@@ -79,32 +79,32 @@ class SubtaskInputs:
 
     def prompt(self, sub: Subtask) -> str:
         """The subtask's own prompt, or the task (stored once, on the swarm)."""
-        return self.handle.swarm.task if sub.prompt is None else sub.prompt
+        return self.owned.swarm.task if sub.prompt is None else sub.prompt
 
     def system(self, sub: Subtask) -> str:
         """The subtask's system prompt; a planned worker's (None) is built from the task."""
         if sub.system_prompt is not None:
             return sub.system_prompt
         if sub.kind == SubtaskKind.worker:
-            return plans.worker_system_prompt(self.handle.swarm.task)
+            return plans.worker_system_prompt(self.owned.swarm.task)
         return ""
 
     def room_tokens(self, sub: Subtask) -> int:
-        return room_tokens(self.handle.ctx.prices[sub.model].context_window, sub.max_tokens,
+        return room_tokens(self.owned.ctx.prices[sub.model].context_window, sub.max_tokens,
                            self.system(sub), self.prompt(sub), CONTEXT_MARGIN_TOKENS)
 
     async def gather(self, sub: Subtask, call: Call) -> list[Input]:
         """Dependency outputs (or, for the synthesizer, every result) fitted to the window:
         oversized ones compressed by a compressor subtask unless `compress` is `never`."""
         if sub.kind == SubtaskKind.synthesizer:
-            given = [Input.of(r) for r in self.handle.worker_results()]
+            given = [Input.of(r) for r in self.owned.worker_results()]
         elif sub.kind == SubtaskKind.worker:
-            given = [Input(d, self.handle.subs[d].output or "") for d in self.handle.deps[sub.name]]
+            given = [Input(d, self.owned.subs[d].output or "") for d in self.owned.deps[sub.name]]
         else:
             return []
         if self.uncompressed(sub, given):
             return given
-        mode = self.handle.spec["synthesis"].get("compress", "auto")
+        mode = self.owned.spec["synthesis"].get("compress", "auto")
         sizes = [approx_tokens(i.text) for i in given]
         room = self.room_tokens(sub)
         shares = fair_shares(sizes, room)
@@ -120,7 +120,7 @@ class SubtaskInputs:
 
     def uncompressed(self, sub: Subtask, given: list[Input]) -> bool:
         """Whether the inputs go as they are (they fit the window, or `compress` says so)."""
-        mode = self.handle.spec["synthesis"].get("compress", "auto")
+        mode = self.owned.spec["synthesis"].get("compress", "auto")
         if not given or mode == "never":
             return True
         sizes = sum(approx_tokens(i.text) for i in given)
@@ -137,20 +137,20 @@ class SubtaskInputs:
 
     async def _compress(self, name: str, text: str, target: int, call: Call) -> str | None:
         cname = f"{COMPRESSOR_PREFIX}{name}"
-        sub = self.handle.subs.get(cname)
+        sub = self.owned.subs.get(cname)
         if sub is None:
-            cheapest = self.handle.ctx.prices.cheapest()
+            cheapest = self.owned.ctx.prices.cheapest()
             # its own input fits its window beside its output: cut (visibly) past that
             target = min(target, cheapest.context_window // 2)
             head = f"Compress the result of agent {name!r} to at most {target} tokens:\n\n"
             room = (cheapest.context_window - target - approx_tokens(COMPRESSOR_SYSTEM)
                     - approx_tokens(head) - CONTEXT_MARGIN_TOKENS)
             sub = new_subtask(
-                self.handle.swarm.id, cname, len(self.handle.subs), SubtaskKind.compressor,
+                self.owned.swarm.id, cname, len(self.owned.subs), SubtaskKind.compressor,
                 cheapest.name, target, depends_on=[name], system_prompt=COMPRESSOR_SYSTEM,
                 prompt=head + truncate_marked(text, fit_chars(room)))
-            self.handle.add_subtasks([sub])
-            await self.handle.journal.commit(new=[sub])
+            self.owned.add_subtasks([sub])
+            await self.owned.journal.commit(new=[sub])
         if sub.status == SubtaskStatus.pending:
             sub.ready_at = utcnow()
             await call(sub, [{"role": "system", "content": self.system(sub)},

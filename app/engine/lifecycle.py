@@ -88,9 +88,9 @@ class Slots:
 class SubtaskSteps:
     """The steps of one swarm's subtasks, written through its OwnedSwarm."""
 
-    def __init__(self, handle: OwnedSwarm) -> None:
-        self.handle = handle
-        self.schemas = schemas_of(handle.spec)  # subtasks with an output schema (SPEC §15)
+    def __init__(self, owned: OwnedSwarm) -> None:
+        self.owned = owned
+        self.schemas = schemas_of(owned.spec)  # subtasks with an output schema (SPEC §15)
 
     def slots(self, sub: Subtask, ahead: CallMeter | None = None) -> Slots:
         """The swarm's slot, a per-model one (when the model table limits it), the tenant's
@@ -99,12 +99,12 @@ class SubtaskSteps:
         (`CallMeter.prepare`), by at most `ahead_slots` of the swarm's calls at a time: the
         write-ahead commit then overlaps the calls in flight instead of idling a slot
         (docs/decisions/0003-attempts-written-ahead.md)."""
-        ctx = self.handle.ctx
+        ctx = self.owned.ctx
         # the tenant's slot before the process's: a tenant at its limit holds none
-        sems = [self.handle.call_slots, ctx.model_slots.get(sub.model),
-                ctx.tenant_slot(self.handle.swarm.tenant), ctx.inflight]
+        sems = [self.owned.call_slots, ctx.model_slots.get(sub.model),
+                ctx.tenant_slot(self.owned.swarm.tenant), ctx.inflight]
         return Slots([s for s in sems if s is not None],
-                     None if ahead is None else (self.handle.ahead_slots, ahead))
+                     None if ahead is None else (self.owned.ahead_slots, ahead))
 
     def begin(self, sub: Subtask) -> float:
         """Start the subtask (written soon); returns its monotonic start for its latency."""
@@ -115,22 +115,22 @@ class SubtaskSteps:
         waited = max((started - (sub.ready_at or started)).total_seconds(), 0.0)
         metrics.child(metrics.queue_wait, sub.kind).observe(waited)
         tracing.event("queue_wait", seconds=waited)
-        self.handle.journal.started(sub, self.handle.event(event))
+        self.owned.journal.started(sub, self.owned.event(event))
         return time.monotonic()
 
     def meter(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
               tools: list[dict[str, Any]] | None = None) -> CallMeter:
         """The meter of one logical call on the subtask's model: its key, its label, its
         worst case at that model's prices."""
-        handle, ctx = self.handle, self.handle.ctx
-        key = idempotency_key(handle.swarm.id, sub.name, call_no)
+        owned, ctx = self.owned, self.owned.ctx
+        key = idempotency_key(owned.swarm.id, sub.name, call_no)
         label = metric_model_label(sub.model, ctx.prices)
         bound = (estimate_prompt_tokens(messages) if tools is None
                  else estimate_request_tokens(messages, tools))
         if (schema := self.schemas.get(sub.name)) is not None:  # sent as response_format
             bound += schema_tokens(schema)
         worst = ctx.prices[sub.model].worst_case(bound, sub.max_tokens)
-        return CallMeter(handle, sub, worst, key, label, bound, sub.model)
+        return CallMeter(owned, sub, worst, key, label, bound, sub.model)
 
     async def gateway(self, sub: Subtask, messages: list[dict[str, Any]], call_no: int,
                       response_format: dict[str, Any] | None = None,
@@ -156,7 +156,7 @@ class SubtaskSteps:
                         tools: list[dict[str, Any]] | None, meter: CallMeter
                         ) -> tuple[ChatResult, list[LedgerRow]]:
         """The call on the meter's model, retried by the §4 policy."""
-        handle, ctx = self.handle, self.handle.ctx
+        owned, ctx = self.owned, self.owned.ctx
         key, label = meter.key, meter.label
         if response_format is None and (schema := self.schemas.get(sub.name)) is not None:
             response_format = schema_format(schema, sub.name)
@@ -166,9 +166,9 @@ class SubtaskSteps:
                 ChatRequest(model=meter.model, messages=messages, max_tokens=sub.max_tokens,
                             temperature=sub.temperature, response_format=response_format,
                             idempotency_key=key, tools=tools, on_delta=self._deltas(sub)),
-                max_attempts=int(handle.limits["max_attempts"]),
-                timeout_s=float(handle.limits["subtask_timeout_s"]),
-                deadline=handle.deadline, before_attempt=meter.before, after_attempt=meter.after)
+                max_attempts=int(owned.limits["max_attempts"]),
+                timeout_s=float(owned.limits["subtask_timeout_s"]),
+                deadline=owned.deadline, before_attempt=meter.before, after_attempt=meter.after)
         finally:
             metrics.child(metrics.subtasks_in_flight, label).dec()
             await meter.release()
@@ -186,22 +186,22 @@ class SubtaskSteps:
         at = chain.index(sub.model) + 1
         if at >= len(chain):
             return False
-        prices = self.handle.ctx.prices
+        prices = self.owned.ctx.prices
         was, sub.model, sub.fallbacks = sub.model, chain[at], at
         metrics.child(metrics.model_fallbacks, metric_model_label(was, prices),
                       metric_model_label(sub.model, prices)).inc()
         tracing.event("model_fallback", from_model=was, to_model=sub.model,
                       outcome=exc.outcome)
-        self.handle.journal.commit_soon([sub])
+        self.owned.journal.commit_soon([sub])
         return True
 
     def _deltas(self, sub: Subtask) -> Callable[[str], None] | None:
         """Where a worker's tokens go as they come, when its swarm streams them (SPEC §10)."""
-        handle, notifier = self.handle, self.handle.ctx.notifier
+        owned, notifier = self.owned, self.owned.ctx.notifier
         if (notifier is None or sub.kind is not SubtaskKind.worker
-                or not handle.limits.get("stream_tokens")):
+                or not owned.limits.get("stream_tokens")):
             return None
-        hub, swarm_id, name = notifier.deltas, handle.swarm.id, sub.name
+        hub, swarm_id, name = notifier.deltas, owned.swarm.id, sub.name
         return lambda text: hub.publish(swarm_id, name, text)
 
     def failing(self, sub: Subtask, exc: Exception) -> None:
@@ -213,7 +213,7 @@ class SubtaskSteps:
         if isinstance(exc, GatewayUnavailable) and exc.deadline_hit:
             return
         if isinstance(exc, GatewayRejected | GatewayUnavailable | WriteRejected):
-            self.handle.failing(sub.name, _error_of(exc))
+            self.owned.failing(sub.name, _error_of(exc))
 
     async def call_failed(self, sub: Subtask, t0: float, exc: Exception) -> Outcome:
         """Map a call's failure onto the subtask and, where it must, the swarm."""
@@ -227,11 +227,11 @@ class SubtaskSteps:
                 return await self.fail(sub, t0, failure(code, str(exc), **scope))
             return self.stop_swarm(sub, failure(code, str(exc), **scope))
         if isinstance(exc, GatewayUnavailable) and exc.deadline_hit:
-            return self.stop_swarm(sub, None, self.handle.deadline_error())
+            return self.stop_swarm(sub, None, self.owned.deadline_error())
         assert isinstance(exc, GatewayRejected | GatewayUnavailable | WriteRejected)
         err = _error_of(exc)
         if isinstance(exc, GatewayRejected) and exc.status_code in (401, 403):
-            self.handle.stop_with(SwarmStatus.failed, err)
+            self.owned.stop_with(SwarmStatus.failed, err)
         return await self.fail(sub, t0, err)
 
     def stop_swarm(self, sub: Subtask, err: dict[str, Any] | None,
@@ -239,7 +239,7 @@ class SubtaskSteps:
         """This subtask's failure ends the swarm (failed); the swarm's end cancels it."""
         if err is not None:
             sub.error = err
-        self.handle.stop_with(SwarmStatus.failed, swarm_err or err)
+        self.owned.stop_with(SwarmStatus.failed, swarm_err or err)
         return Outcome.swarm_stopping
 
     async def succeed(self, sub: Subtask, t0: float, output: str, rows: list[LedgerRow],
@@ -250,24 +250,24 @@ class SubtaskSteps:
                              sanitized=sub.sanitized, **_moved(sub), **_structured(sub))
         assert event is not None
         sub.output = output
-        row = self.handle.event(event)
-        self.handle.answered(sub)
-        if sub.kind is SubtaskKind.synthesizer or (not new and self.handle.last_answer(sub)):
+        row = self.owned.event(event)
+        self.owned.answered(sub)
+        if sub.kind is SubtaskKind.synthesizer or (not new and self.owned.last_answer(sub)):
             # the swarm's last result (its synthesizer's, or without one its last worker's):
             # written with the swarm's end, one commit where there were two (the runner's
             # `SwarmEnds.finish`, which fails it if it is refused)
-            self.handle.journal.write_with_end([sub], rows, [row])
+            self.owned.journal.write_with_end([sub], rows, [row])
             return Outcome.succeeded
         try:
-            await self.handle.journal.commit([sub], rows, [row], new=new or [])
+            await self.owned.journal.commit([sub], rows, [row], new=new or [])
             crash_point("after_commit", sub.name)  # one held for the end: in `SwarmEnds.finish`
         except WriteRejected as exc:
             # nothing of that write is stored but its ledger rows: the move never happened,
             # and this subtask fails alone
-            self.handle.forget_subtasks(new or [])
+            self.owned.forget_subtasks(new or [])
             self._latency(sub, t0, SubtaskStatus.failed)
             refused_result(sub, row, unstorable(exc))
-            await self.handle.journal.commit([sub], events=[row])
+            await self.owned.journal.commit([sub], events=[row])
             return Outcome.failed
         return Outcome.succeeded
 
@@ -278,13 +278,13 @@ class SubtaskSteps:
                              **_moved(sub), **_structured(sub))
         assert event is not None
         sub.error = err
-        self.handle.answered(sub)
-        await self.handle.journal.commit([sub], rows or [], [self.handle.event(event)])
+        self.owned.answered(sub)
+        await self.owned.journal.commit([sub], rows or [], [self.owned.event(event)])
         return Outcome.failed
 
     def _latency(self, sub: Subtask, t0: float, status: SubtaskStatus) -> float:
         sub.latency_ms = round((time.monotonic() - t0) * 1000, 1)
-        label = metric_model_label(sub.model, self.handle.ctx.prices)
+        label = metric_model_label(sub.model, self.owned.ctx.prices)
         metrics.child(metrics.subtask_duration, sub.kind, label, status).observe(
             sub.latency_ms / 1000)
         return sub.latency_ms

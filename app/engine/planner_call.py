@@ -16,17 +16,17 @@ from app.states import SubtaskKind
 class PlannerCall:
     """Runs a swarm's planner subtask (in its slots, which the executor holds)."""
 
-    def __init__(self, handle: OwnedSwarm, steps: SubtaskSteps) -> None:
-        self.handle = handle
+    def __init__(self, owned: OwnedSwarm, steps: SubtaskSteps) -> None:
+        self.owned = owned
         self.steps = steps
 
     async def run(self, sub: Subtask) -> Outcome:
         """The orchestrator call; an invalid or truncated plan gets exactly one repair call."""
-        spec = self.handle.spec
+        spec = self.owned.spec
         limits = spec["orchestrator"]
         offered = spec.get("tools") or []
-        first = plans.planner_messages(self.handle.swarm.task, limits["max_subtasks"],
-                                       limits["max_depth"], self.handle.ctx.prices.names(),
+        first = plans.planner_messages(self.owned.swarm.task, limits["max_subtasks"],
+                                       limits["max_depth"], self.owned.ctx.prices.names(),
                                        sub.system_prompt or "", offered)
         t0 = self.steps.begin(sub)
         rows: list[LedgerRow] = []
@@ -38,7 +38,7 @@ class PlannerCall:
                                         limits["max_subtasks"], limits["max_depth"], offered)
             except plans.PlanInvalid as bad:
                 # the first call is billed either way
-                self.handle.journal.commit_soon([sub], ledger=rows)
+                self.owned.journal.commit_soon([sub], ledger=rows)
                 rows = []
                 repair = plans.repair_messages(first, result.content, bad)
                 result, ok = await self.steps.gateway(sub, repair, 2, plans.JSON_OBJECT)
@@ -51,7 +51,7 @@ class PlannerCall:
             return await self.steps.fail(sub, t0, err, rows)
         except CALL_FAILURES as exc:
             if rows:
-                self.handle.journal.commit_soon([sub], ledger=rows)
+                self.owned.journal.commit_soon([sub], ledger=rows)
             return await self.steps.call_failed(sub, t0, exc)
         sub.sanitized = result.sanitized
         new = self.lay_out(plan)
@@ -62,9 +62,9 @@ class PlannerCall:
 
     def lay_out(self, plan: list[plans.PlannedSubtask]) -> list[Subtask]:
         """Worker subtasks for the plan (hinted models only when priced) and the synthesizer."""
-        spec, swarm_id = self.handle.spec, self.handle.swarm.id
-        base = len(self.handle.subs)
-        prices = self.handle.ctx.prices
+        spec, swarm_id = self.owned.spec, self.owned.swarm.id
+        base = len(self.owned.subs)
+        prices = self.owned.ctx.prices
         routed = spec.get("orchestrator", {}).get("routing", "auto") == "auto"
         subs: list[Subtask] = [
             new_subtask(swarm_id, p.id, base + i, SubtaskKind.worker,
@@ -79,7 +79,7 @@ class PlannerCall:
         synth = synthesizer_for(swarm_id, spec, base + len(plan), [p.id for p in plan])
         if synth is not None:
             subs.append(synth)
-        self.handle.add_subtasks(subs)
+        self.owned.add_subtasks(subs)
         return subs
 
 

@@ -26,8 +26,8 @@ from app.gateway.chat import ChatResult
 class OutputLadder:
     """Settles the answers of one swarm's subtasks that carry an output schema."""
 
-    def __init__(self, handle: OwnedSwarm, steps: SubtaskSteps) -> None:
-        self.handle = handle
+    def __init__(self, owned: OwnedSwarm, steps: SubtaskSteps) -> None:
+        self.owned = owned
         self.steps = steps
 
     def schema(self, sub: Subtask) -> dict[str, Any] | None:
@@ -59,7 +59,7 @@ class OutputLadder:
         status = {"whole": "valid", "extracted": "repaired"}.get(judged.how or "")
         if status is None:
             # the first answer is billed either way
-            self.handle.journal.commit_soon([sub], ledger=rows)
+            self.owned.journal.commit_soon([sub], ledger=rows)
             repair = repair_messages(messages, answer.content, judged.errors)
             got = await self._ask(sub, t0, repair, call_no + 1, fmt)
             if isinstance(got, Outcome):
@@ -74,7 +74,7 @@ class OutputLadder:
             metrics.structured_outputs.labels("invalid").inc()
             err = failure("output_invalid", "the answer is not valid for the output schema "
                           "after one repair turn", errors=judged.errors)
-            self.handle.failing(sub.name, err)
+            self.owned.failing(sub.name, err)
             return await self.steps.fail(sub, t0, err, rows)
         sub.output_json, sub.output_status = judged.value, status
         metrics.structured_outputs.labels(status).inc()
@@ -88,7 +88,7 @@ class OutputLadder:
         steps = self.steps
         try:
             async with steps.slots(sub):
-                if self.handle.stopping:
+                if self.owned.stopping:
                     return Outcome.swarm_stopping
                 return await steps.gateway(sub, messages, call_no, fmt)
         except CALL_FAILURES as exc:

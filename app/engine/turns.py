@@ -89,20 +89,20 @@ def _calls_of(message: Message) -> list[ToolCallRequest]:
 class TurnLoop:
     """Runs the tool-using subtasks of one swarm; counts the swarm's tool calls."""
 
-    def __init__(self, handle: OwnedSwarm, steps: SubtaskSteps) -> None:
-        self.handle = handle
+    def __init__(self, owned: OwnedSwarm, steps: SubtaskSteps) -> None:
+        self.owned = owned
         self.steps = steps
-        self.used = sum(s.tool_calls for s in handle.subs.values())
-        self.outputs = OutputLadder(handle, steps)
+        self.used = sum(s.tool_calls for s in owned.subs.values())
+        self.outputs = OutputLadder(owned, steps)
 
     async def run(self, sub: Subtask, first: list[Message]) -> Outcome:
         """Never raises but for cancellation and a lost lease."""
-        steps, handle = self.steps, self.handle
-        registry = handle.ctx.tools
+        steps, owned = self.steps, self.owned
+        registry = owned.ctx.tools
         tools = registry.expand(sub.tools) if registry is not None else []
         offered = {function_name(t): t for t in tools}
         spec = openai_tools(tools)
-        priority = dag.chain_below(handle.deps).get(sub.name, 1)
+        priority = dag.chain_below(owned.deps).get(sub.name, 1)
         t0 = steps.begin(sub)
         convo = await self._history(sub, first)
         asked = max((k for k, m in convo.items() if m["role"] == "assistant"), default=None)
@@ -137,22 +137,22 @@ class TurnLoop:
             convo[seq] = reply
             if not result.tool_calls:
                 sub.truncated = result.finish_reason == "length"
-                handle.journal.commit_soon([sub], ledger=rows, tools=([], rows_t),
+                owned.journal.commit_soon([sub], ledger=rows, tools=([], rows_t),
                                    events=[self._event(sub, turn, [])])
                 return await self._answered(sub, t0, convo, seq, result, turn)
             if turn >= sub.max_turns:
-                handle.journal.commit_soon([sub], ledger=rows, tools=([], rows_t))
+                owned.journal.commit_soon([sub], ledger=rows, tools=([], rows_t))
                 return await steps.fail(sub, t0, failure(
                     "max_turns_exceeded", f"still calling tools after {turn} turns "
                     f"(max_turns {sub.max_turns})", max_turns=sub.max_turns))
-            limit = int(handle.limits.get("max_tool_calls", 1000))
+            limit = int(owned.limits.get("max_tool_calls", 1000))
             if self.used + len(result.tool_calls) > limit:
-                handle.journal.commit_soon([sub], ledger=rows, tools=([], rows_t))
+                owned.journal.commit_soon([sub], ledger=rows, tools=([], rows_t))
                 return steps.stop_swarm(sub, failure(
                     "tool_budget_exceeded", f"the swarm reached max_tool_calls ({limit})",
                     max_tool_calls=limit))
             self.used += len(result.tool_calls)
-            handle.journal.commit_soon([sub], ledger=rows, tools=([], rows_t))
+            owned.journal.commit_soon([sub], ledger=rows, tools=([], rows_t))
             pending = [(seq + 1 + i, c, key) for i, (c, key) in enumerate(
                 zip(result.tool_calls, ledger_ids(result.tool_calls), strict=True))]
             await self._end_turn(sub, convo, await self._run_calls(
@@ -171,7 +171,7 @@ class TurnLoop:
     async def _history(self, sub: Subtask, first: list[Message]) -> dict[int, Message]:
         """seq -> message: the committed transcript after a takeover, else the opening."""
         if sub.turns:
-            async with self.handle.ctx.writer.sessions() as session, session.begin():
+            async with self.owned.ctx.writer.sessions() as session, session.begin():
                 rows = await get_transcript(session, sub.swarm_id, sub.name)
             if rows:
                 return {m.seq: m.message for m in rows}
@@ -182,7 +182,7 @@ class TurnLoop:
                         done: list[tuple[int, Message, dict[str, str]]], turn: int) -> None:
         for seq, message, _ in done:
             convo[seq] = message
-        await self.handle.journal.commit(
+        await self.owned.journal.commit(
             [sub], events=[self._event(sub, turn, [d for *_, d in done])])
 
     async def _run_calls(self, sub: Subtask, turn: int,
@@ -212,14 +212,14 @@ class TurnLoop:
                       "call_id": key, "server": server[:64], "tool": name[:128],
                       "status": outcome.status, "latency_ms": round(outcome.latency_s * 1000, 3),
                       "result_bytes": outcome.result_bytes, "created_at": utcnow()}
-            self.handle.journal.commit_soon(
+            self.owned.journal.commit_soon(
                 [sub], tools=([ledger], [self._row(sub, seq, turn, message)]))
             return seq, message, {"name": call.name, "status": outcome.status}
 
         return list(await asyncio.gather(*(one(*p) for p in pending)))
 
     async def _call(self, tool: ToolInfo, arguments: str, priority: int) -> ToolOutcome:
-        registry = self.handle.ctx.tools
+        registry = self.owned.ctx.tools
         assert registry is not None  # offered tools come from it
         try:  # the model's arguments are outside text: bounded, parsed, cleaned
             args = parse_arguments(arguments, registry.args_max_bytes)
@@ -232,5 +232,5 @@ class TurnLoop:
                 "message": message, "created_at": utcnow()}
 
     def _event(self, sub: Subtask, turn: int, calls: list[dict[str, str]]) -> EventRow:
-        return self.handle.event(Event("subtask.turn",
+        return self.owned.event(Event("subtask.turn",
                                        {"name": sub.name, "turn": turn, "tools": calls}))

@@ -34,8 +34,8 @@ class WrittenAhead:
     """A swarm's calls written ahead: the first wave's (by worker) and the prepared
     synthesizer's; `SubtaskExecutor` sends them at their turn."""
 
-    def __init__(self, handle: OwnedSwarm, steps: SubtaskSteps, inputs: SubtaskInputs) -> None:
-        self.handle = handle
+    def __init__(self, owned: OwnedSwarm, steps: SubtaskSteps, inputs: SubtaskInputs) -> None:
+        self.owned = owned
         self.steps = steps
         self.inputs = inputs
         self._prepared: asyncio.Task[Prepared | None] | None = None
@@ -60,16 +60,16 @@ class WrittenAhead:
         too. Until it is sent, each is released like any row written ahead; if the creation fails,
         nothing was written. None behind the process-wide daily cap (a statement of its
         own), nor with the latency devices off, nor past what the swarm's budget holds now."""
-        handle = self.handle
-        cap = handle.ctx.cap_for(handle.swarm.tenant)
-        if (not handle.ctx.settings.latency_devices or PLANNER in handle.subs
+        owned = self.owned
+        cap = owned.ctx.cap_for(owned.swarm.tenant)
+        if (not owned.ctx.settings.latency_devices or PLANNER in owned.subs
                 or (cap is not None and not isinstance(cap, TenantDailyCap))):
             return Ahead([])
         rows: list[LedgerRow] = []
-        ready = sorted((s for s in handle.subs.values() if s.kind == SubtaskKind.worker
+        ready = sorted((s for s in owned.subs.values() if s.kind == SubtaskKind.worker
                         and s.status == SubtaskStatus.pending and not s.depends_on
                         and not s.tools), key=lambda s: s.position)
-        for sub in ready[:int(handle.limits["concurrency"])]:
+        for sub in ready[:int(owned.limits["concurrency"])]:
             messages = self.inputs.messages(sub, [])
             meter = self.steps.meter(sub, messages, 1)
             row = meter.reserve_ahead(cap_asked=cap is not None)
@@ -87,7 +87,7 @@ class WrittenAhead:
         its reservation against the tenant's cap; one the cap refused was never written, and
         is prepared again at its turn."""
         checks = ahead.checks if ahead is not None else None
-        cap = self.handle.ctx.cap_for(self.handle.swarm.tenant)
+        cap = self.owned.ctx.cap_for(self.owned.swarm.tenant)
         for k, (name, (_, meter)) in enumerate(list(self._first.items())):
             if checks is not None:
                 check = checks[k]
@@ -108,9 +108,9 @@ class WrittenAhead:
         only if what they stored is what it was built on. (No `ahead_slots` permit: no call is
         waiting for its slots any more.)"""
         if (self._prepared is not None or synth.tools
-                or not self.handle.ctx.settings.latency_devices):
+                or not self.owned.ctx.settings.latency_devices):
             return
-        results = self.handle.worker_results()
+        results = self.owned.worker_results()
         inputs = [Input.of(r) for r in results]
         try:
             if not results or not self.inputs.uncompressed(synth, inputs):
@@ -154,7 +154,7 @@ class WrittenAhead:
         task, self._prepared = self._prepared, None
         assert task is not None
         prepared = await task
-        if prepared is None or prepared.results == self.handle.worker_results():
+        if prepared is None or prepared.results == self.owned.worker_results():
             return prepared
         await prepared.meter.release()
         return None
