@@ -5,6 +5,7 @@ not a facade error, not a span."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -87,13 +88,20 @@ def test_text_without_the_key_is_unchanged(text: str) -> None:
 FORM_MARK = re.compile(r"FORM=(\w+)")
 
 
-def _echoing(status: int) -> httpx.MockTransport:
+def _echoing(status: int, together: int = 1) -> httpx.MockTransport:
     """A gateway refusing every call with a message echoing the key in the form its request
-    names (`FORM=<name>` in the messages)."""
+    names (`FORM=<name>` in the messages), once `together` calls are in (a 401 stops the
+    swarm: the calls not yet sent then never are)."""
+    arrived: list[str] = []
+    all_in = asyncio.Event()
 
-    def handle(request: httpx.Request) -> httpx.Response:
+    async def handle(request: httpx.Request) -> httpx.Response:
         found = FORM_MARK.search(request.content.decode())
         form = found.group(1) if found else "lower"
+        arrived.append(form)
+        if len(arrived) >= together:
+            all_in.set()
+        await asyncio.wait_for(all_in.wait(), 10)
         return httpx.Response(status, json={"error": {"message": message(form)}})
 
     return httpx.MockTransport(handle)
@@ -120,7 +128,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 async def test_subtask_errors_events_and_spans_hold_no_transformed_key(
         database_url: str, spans: InMemorySpanExporter) -> None:
-    gateway = GatewayClient(BASE, KEY, transport=_echoing(401))
+    gateway = GatewayClient(BASE, KEY, transport=_echoing(401, together=len(FORMS)))
     agents = [{"name": form, "prompt": f"FORM={form}"} for form in FORMS]
     async with app_on(make_settings(database_url), gateway) as c:
         r = await c.post("/swarms", json={"task": "t", "agents": agents,

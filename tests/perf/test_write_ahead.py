@@ -15,10 +15,11 @@ from prometheus_client import REGISTRY
 from sqlalchemy import insert, select, update
 
 from app.db import leases
+from app.db.changes import SwarmWrite
 from app.db.tables import DailyReservation, DailySpend, GatewayCall, Subtask, Swarm
 from app.db.tenant_tables import TenantDailySpend
 from app.db.types import utcnow
-from app.engine.tenancy import TenantDailyCap
+from app.engine.writer import StateWriter
 from app.gateway.chat import ChatRequest
 from app.gateway.client import GatewayClient
 from app.pricing import PriceTable
@@ -155,29 +156,32 @@ async def test_an_answer_is_in_the_tenants_day_before_the_swarm_answers(
         harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """A swarm ended while an answer's cost is being settled against the tenant's daily cap
     waits for that settlement: once the swarm is answered, the tenant's daily spend equals
-    its ledger (the end used to commit the row and answer while the settlement still ran:
-    the tenant-cap property test saw it once)."""
-    real = TenantDailyCap._apply
+    its ledger. The settlement rides the group commit of the answer's ledger row
+    (`SwarmWrite.settles`): a slow commit carrying it is the window a cancel meets."""
+    real = StateWriter._apply
     settling = asyncio.Event()
 
-    async def slow_settles(cap: TenantDailyCap, reserves: Any, settles: Any) -> Any:
-        if settles:
+    async def slow_settles(writer: StateWriter, writes: list[SwarmWrite]) -> Any:
+        if any(w.settles for w in writes):
             settling.set()
             await asyncio.sleep(0.5)
-        return await real(cap, reserves, settles)
+        return await real(writer, writes)
 
-    monkeypatch.setattr(TenantDailyCap, "_apply", slow_settles)
-    body = {"task": "t", "agents": [agent("a")], "synthesis": {"strategy": "none"}}
+    monkeypatch.setattr(StateWriter, "_apply", slow_settles)
+    # b is still in flight when a's answer is written: a's write is not the swarm's end
+    body = {"task": "t", "synthesis": {"strategy": "none"},
+            "agents": [agent("a"), agent("b", "[[sim latency_ms=5000]]")]}
     swarm_id = (await harness.post(body)).json()["id"]
-    await asyncio.wait_for(settling.wait(), 10)  # the answer is in, its cost being settled
+    await asyncio.wait_for(settling.wait(), 10)  # a's answer is in, its cost being settled
     assert (await harness.client.post(f"/swarms/{swarm_id}/cancel")).status_code == 202
     data = await harness.wait(swarm_id)
-    (row,) = await rows(harness, swarm_id)
+    ledger = {r.subtask_name: r for r in await rows(harness, swarm_id)}
     async with harness.app.state.sessions() as s:
         day = (await s.execute(select(TenantDailySpend.spent_usd).where(
             TenantDailySpend.tenant == "default"))).scalar_one()
-    assert data["status"] == "cancelled" and row.outcome == "ok"
-    assert day == row.cost_usd == Decimal(data["usage"]["cost_usd"]) > 0
+    assert data["status"] == "cancelled" and ledger["a"].outcome == "ok"
+    assert ledger["a"].cost_usd > 0
+    assert day == sum(r.cost_usd for r in ledger.values()) == Decimal(data["usage"]["cost_usd"])
 
 
 async def test_a_plan_nested_10000_deep_is_an_invalid_plan_not_a_crash(harness: Harness
