@@ -481,6 +481,9 @@ def test_failed_swarm_shows_why_and_retries_with_lineage(driver: WebDriver,
     wait_for(driver, "document.querySelector('.node[data-name=fine][data-reused]')")
     assert "reused" in driver.find_element(By.CSS_SELECTOR, '.node[data-name="fine"]').text
     assert not driver.find_elements(By.CSS_SELECTOR, '.node[data-name="broken"][data-reused]')
+    # the page redraws the graph while the retry runs: the click goes to the graph it ends with
+    ended = api.get(f"/swarms/{new_id}", params={"wait": 30}).json()["status"]
+    wait_for(driver, f"document.title.includes({' · ' + ended + ' · '!r})")
     driver.find_element(By.CSS_SELECTOR, '.node[data-name="fine"]').click()
     wait_for(driver, "document.getElementById('panel').innerText.includes('no call was made')")
     screenshot(driver, "ui-retry")
