@@ -11,34 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from app.api.deps import DEFAULT_TENANT
 from app.db import changes
 from tests.conftest import Harness, make_settings, start_harness
-from tests.helpers import record_batches
+from tests.helpers import capped, daily_cap, record_batches
 from tests.mcp_servers import stdio_server, write_config
-
-# no daily cap (every tenant has one by default): nothing to ask before the row is queued
-UNCAPPED = """[defaults]
-max_agents = 1000
-"""
 
 
 @pytest.fixture(params=["uncapped", "capped"])
 async def h(request: pytest.FixtureRequest, database_url: str, tmp_path: Path
             ) -> AsyncIterator[Harness]:
-    kw = {"mcp_config": write_config(tmp_path / "mcp.json",
-                                     {"docs": stdio_server(tmp_path / "docs.log")})}
-    if request.param == "uncapped":
-        (tmp_path / "tenants.toml").write_text(UNCAPPED)
-        kw["tenants_file"] = str(tmp_path / "tenants.toml")
-    harness, close = await start_harness(make_settings(database_url, **kw))
+    config = write_config(tmp_path / "mcp.json", {"docs": stdio_server(tmp_path / "docs.log")})
+    harness, close = await start_harness(make_settings(
+        database_url, mcp_config=config, **daily_cap(request.param, tmp_path)))
     yield harness
     await close()
-
-
-def capped(h: Harness) -> bool:
-    limits = h.app.state.settings.tenant_limits(DEFAULT_TENANT)
-    return bool(limits.daily_budget_usd is not None)
 
 
 def _turn_ends(w: changes.SwarmWrite) -> list[int]:
