@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -20,15 +21,22 @@ from pathlib import Path
 
 from app.tools.config import ServerConfig
 from app.tools.registry import ToolRegistry
+from bench.bench_create import cpu_s
 from tests.mcp_servers import HttpServer, stdio_server
 
 
-async def waves(registry: ToolRegistry, server: str, calls: int, n: int
-                ) -> tuple[float, float, list[str]]:
-    """(CPU ms per call, median wave wall s, failed calls' texts) over `n` waves of `calls`
-    concurrent calls."""
+def server_cpu_s(pid: int | None) -> float:
+    """CPU seconds so far of the MCP server process `pid` (None: none known)."""
+    return 0.0 if pid is None else cpu_s(pid)
+
+
+async def waves(registry: ToolRegistry, server: str, calls: int, n: int,
+                pid: int | None = None) -> tuple[float, float, list[str], float]:
+    """(CPU ms per call, median wave wall s, failed calls' texts, the server process's CPU
+    ms per call) over `n` waves of `calls` concurrent calls."""
     walls: list[float] = []
     failed: list[str] = []
+    theirs = server_cpu_s(pid)
     cpu0 = time.process_time()
     for w in range(n):
         t0 = time.perf_counter()
@@ -36,7 +44,22 @@ async def waves(registry: ToolRegistry, server: str, calls: int, n: int
                                           for i in range(calls)))
         walls.append(time.perf_counter() - t0)
         failed += [o.text for o in outcomes if o.status != "ok"]
-    return (time.process_time() - cpu0) * 1000 / (calls * n), statistics.median(walls), failed
+    ours = (time.process_time() - cpu0) * 1000 / (calls * n)
+    return (ours, statistics.median(walls), failed,
+            (server_cpu_s(pid) - theirs) * 1000 / (calls * n))
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of process `pid`."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid:
+            out.append(int(stat.parent.name))
+    return out
 
 
 async def main() -> None:
@@ -58,9 +81,13 @@ async def main() -> None:
         await registry.start()
         for server in ("web", "docs"):
             await waves(registry, server, args.calls, 2)  # warm-up: sessions, connections
+        children = [p for p in child_pids(os.getpid()) if p != web.popen.pid]
+        pids = {"web": web.popen.pid, "docs": children[0] if len(children) == 1 else None}
         for server, transport in (("web", "http"), ("docs", "stdio")):
-            cpu, wall, failed = await waves(registry, server, args.calls, args.waves)
-            print(f"{transport}: {cpu:.3f} ms CPU per call, wave of {args.calls} "
+            cpu, wall, failed, theirs = await waves(registry, server, args.calls, args.waves,
+                                                    pids[server])
+            print(f"{transport}: {cpu:.3f} ms CPU per call (the server process "
+                  f"{theirs:.3f} ms), wave of {args.calls} "
                   f"{wall * 1000:.0f} ms (median of {args.waves}; the tool takes "
                   f"{args.tool_ms:.0f} ms); {len(failed)} failed {failed[:1]}", flush=True)
     finally:

@@ -11,6 +11,7 @@ stdio server has one pipelined session whatever the value. Prints medians, write
 `make bench` (bench/bench_table.py) runs `measure` for its tool row with the build's default.
 
     .venv/bin/python -m bench.bench_tool_row [--agents 100] [--runs 5] [--sessions 1,4]
+        [--cli before=/work/wt/base/.venv/bin/swarm-api --cli after=.venv/bin/swarm-api]
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
-from bench.bench_create import cpu_s, profiled, serve_db, tenants_file, top_frames
+from bench.bench_create import PY_SPY, cpu_s, serve_db, tenants_file, top_frames
 from bench.bench_tools import run_swarm, wait_ready
 from tests.mcp_servers import SERVER, HttpServer
 from tests.support import CLI, free_port, process
@@ -36,11 +40,12 @@ TRANSPORTS = {"http": ("web.lookup",), "stdio": ("docs.lookup",)}
 
 @contextmanager
 def serving(work: Path, sim: str, sessions: int | None, agents: int, tool_ms: float,
-            web: HttpServer, cli: str = CLI) -> Iterator[tuple[str, int]]:
+            web: HttpServer, cli: str = CLI, label: str | None = None
+            ) -> Iterator[tuple[str, int]]:
     """A `serve` of `cli` (its URL and pid) with SWARM_MCP_HTTP_SESSIONS=`sessions` (None: the
     build's default), warmed up."""
     slots = {"max_concurrency": agents}
-    label = "default" if sessions is None else str(sessions)
+    label = label or ("default" if sessions is None else str(sessions))
     config = work / f"mcp-{label}.json"
     config.write_text(json.dumps({"mcpServers": {
         "docs": {"command": sys.executable, "args": [str(SERVER)],
@@ -48,7 +53,8 @@ def serving(work: Path, sim: str, sessions: int | None, agents: int, tool_ms: fl
         "web": {"url": web.url, **slots}}}))
     api_port = free_port()
     api = f"http://127.0.0.1:{api_port}"
-    with serve_db(f"swarm_tools_{label}") as db, (work / f"api-{label}.log").open("wb") as log:
+    db_name = f"swarm_tools_{label.replace('-', '_')}"
+    with serve_db(db_name) as db, (work / f"api-{label}.log").open("wb") as log:
         env = {**os.environ, **db, "SWARM_GATEWAY_URL": sim, "SWARM_MCP_CONFIG": str(config),
                "SWARM_MAX_INFLIGHT": "256", "SWARM_TENANTS_FILE": str(tenants_file(work))}
         if sessions is not None:
@@ -65,43 +71,82 @@ def serving(work: Path, sim: str, sessions: int | None, agents: int, tool_ms: fl
             serve.wait(30)
 
 
-# per SWARM_MCP_HTTP_SESSIONS value (None: the build's default), per transport: (wall ÷ floor,
-# serve's CPU seconds) of each run
-ToolRuns = dict[int | None, dict[str, list[tuple[float, float]]]]
+# per variant (a SWARM_MCP_HTTP_SESSIONS value, None the build's default; with `clis`, a
+# (build name, value) pair), per transport: (wall ÷ floor, serve's CPU seconds) of each run
+ToolRuns = dict[Any, dict[str, list[tuple[float, float]]]]
+
+
+def spied(pid: int, out: Path | None) -> Callable[[], None]:
+    """py-spy (sampling, collapsed stacks) on `pid` from now; the returned function stops it
+    (nothing runs when `out` is None)."""
+    if out is None:
+        return lambda: None
+    rate = os.environ.get("BENCH_SPY_RATE", "200")
+    spy = subprocess.Popen([str(PY_SPY), "record", "-p", str(pid), "-f", "raw", "-r", rate,
+                            "--gil", "-o", str(out)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the load starts
+
+    def stop() -> None:
+        if spy.poll() is None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+    return stop
 
 
 def measure(work: Path, pool_sizes: list[int | None], *, agents: int = 100,
             latency_ms: float = 200, tool_ms: float = 50, runs: int = 5, cli: str = CLI,
-            spy: Path | None = None) -> ToolRuns:
+            spy: Path | None = None, clis: dict[str, str] | None = None) -> ToolRuns:
     """The row's runs: a simulator at `latency_ms`, the streamable-HTTP example server, and a
-    `serve` of `cli` per pool size, all up at once, their swarms interleaved run by run."""
+    `serve` of `cli` (of each of `clis`) per pool size, all up at once, their swarms
+    interleaved run by run. Serve's CPU and the profile stop at the swarm's end (the
+    transcript checks after it are not the swarm's)."""
     sim_port = free_port()
     sim = f"http://127.0.0.1:{sim_port}/v1"
     web = HttpServer(work / "web.log", delay_ms=tool_ms)
     floor = (2 * latency_ms + tool_ms) / 1000
-    results: ToolRuns = {n: {t: [] for t in TRANSPORTS} for n in pool_sizes}
+    variants: dict[Any, tuple[str, int | None]] = (
+        {(name, n): (path, n) for name, path in clis.items() for n in pool_sizes}
+        if clis else {n: (cli, n) for n in pool_sizes})
+    results: ToolRuns = {v: {t: [] for t in TRANSPORTS} for v in variants}
     try:
         with ExitStack() as stack:
             stack.enter_context(process(
                 ["simulator", "--port", str(sim_port)],
                 {"SWARM_SIM_LATENCY_MS": str(latency_ms)}, f"{sim}/models", work / "sim.log"))
-            serves = {n: stack.enter_context(serving(work, sim, n, agents, tool_ms, web, cli))
-                      for n in pool_sizes}
+            serves = {v: stack.enter_context(serving(work, sim, n, agents, tool_ms, web, path,
+                                                     label=_label(v)))
+                      for v, (path, n) in variants.items()}
             for i in range(runs):  # interleaved: a drift of the machine hits every variant
-                for n, (api, pid) in serves.items():
+                for v, (api, pid) in serves.items():
                     for transport, tools in TRANSPORTS.items():
-                        raw = (spy / f"serve-{n}-{transport}.raw"
+                        raw = (spy / f"serve-{_label(v)}-{transport}.raw"
                                if spy is not None and i == runs - 1 else None)
-                        with profiled(pid, raw):
-                            before = cpu_s(pid)
-                            wall, _ = run_swarm(api, agents, 1, tools)
-                            results[n][transport].append((wall / floor, cpu_s(pid) - before))
-                        print(f"sessions={n or 'default'} {transport}: {wall:.3f} s = "
+                        stop = spied(pid, raw)
+                        cpu: list[float] = [cpu_s(pid)]
+
+                        def ended(stop: Callable[[], None] = stop, cpu: list[float] = cpu,
+                                  pid: int = pid) -> None:
+                            cpu.append(cpu_s(pid))
+                            stop()
+                        try:
+                            wall, _ = run_swarm(api, agents, 1, tools, on_end=ended)
+                        finally:
+                            stop()
+                        results[v][transport].append((wall / floor, cpu[1] - cpu[0]))
+                        print(f"{_label(v)} {transport}: {wall:.3f} s = "
                               f"{wall / floor:.2f}x floor, serve CPU "
-                              f"{results[n][transport][-1][1]:.2f} s", flush=True)
+                              f"{results[v][transport][-1][1]:.2f} s", flush=True)
     finally:
         web.close()
     return results
+
+
+def _label(variant: Any) -> str:
+    if isinstance(variant, tuple):
+        name, n = variant
+        return f"{name}-{n or 'default'}"
+    return "default" if variant is None else str(variant)
 
 
 def main() -> None:
@@ -111,26 +156,32 @@ def main() -> None:
     ap.add_argument("--tool-ms", type=float, default=50)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--sessions", default="1,4", help="SWARM_MCP_HTTP_SESSIONS values")
+    ap.add_argument("--cli", action="append", default=[], metavar="NAME=PATH",
+                    help="compare builds: each one's `swarm-api serve`, swarms interleaved")
     ap.add_argument("--spy", type=Path, default=None,
                     help="directory for py-spy profiles of `serve` during each variant's last run")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-tool-row-"))
     pool_sizes: list[int | None] = [int(v) for v in args.sessions.split(",")]
     results = measure(work, pool_sizes, agents=args.agents, latency_ms=args.latency_ms,
-                      tool_ms=args.tool_ms, runs=args.runs, spy=args.spy)
+                      tool_ms=args.tool_ms, runs=args.runs, spy=args.spy,
+                      clis=dict(c.split("=", 1) for c in args.cli) or None)
     for raw in sorted(args.spy.glob("serve-*.raw")) if args.spy is not None else []:
         print(f"\n{raw.name}: frame, self %, inclusive % (Python CPU of `serve`)")
         for frame, own, incl in top_frames(raw, 15):
             print(f"  {own:5.1f} {incl:5.1f}  {frame}")
     print(f"\n{args.agents} agents x (turn, one {args.tool_ms:.0f} ms tool, turn) at "
           f"{args.latency_ms:.0f} ms; medians of {args.runs} runs")
-    print("| SWARM_MCP_HTTP_SESSIONS | transport | wall / floor (runs) | serve CPU s |")
+    print("| build-SWARM_MCP_HTTP_SESSIONS | transport | wall / floor (runs) "
+          "| serve CPU s (runs) |")
     print("|---|---|---|---|")
-    for sessions, by_transport in results.items():
+    for variant, by_transport in results.items():
         for transport, runs in by_transport.items():
             ratios = ", ".join(f"{r:.2f}" for r, _ in runs)
-            print(f"| {sessions} | {transport} | **{statistics.median(r for r, _ in runs):.2f}x** "
-                  f"({ratios}) | {statistics.median(c for _, c in runs):.2f} |")
+            cpus = ", ".join(f"{c:.2f}" for _, c in runs)
+            print(f"| {_label(variant)} | {transport} | "
+                  f"**{statistics.median(r for r, _ in runs):.2f}x** ({ratios}) | "
+                  f"{statistics.median(c for _, c in runs):.2f} ({cpus}) |")
 
 
 if __name__ == "__main__":

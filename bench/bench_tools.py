@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,10 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def run_swarm(api: str, agents: int, turns: int,
-              tools: tuple[str, ...] = ("docs.lookup", "web.lookup")
-              ) -> tuple[float, dict[str, Any]]:
+              tools: tuple[str, ...] = ("docs.lookup", "web.lookup"),
+              on_end: Callable[[], None] | None = None) -> tuple[float, dict[str, Any]]:
+    """(wall, the swarm's view) of one swarm; `on_end` runs as its end is seen, before the
+    transcripts are checked (what `serve` spends on those reads is not the swarm's)."""
     body = {"task": "benchmark tools", "synthesis": {"strategy": "none"}, "max_tokens": 200,
             "limits": {"concurrency": agents, "max_tool_calls": 100_000},
             "agents": [{"name": f"agent_{i}", "tools": list(tools),
@@ -50,6 +53,8 @@ def run_swarm(api: str, agents: int, turns: int,
             if data["status"] in TERMINAL:
                 break
         wall = time.perf_counter() - t0
+    if on_end is not None:
+        on_end()
     assert data["status"] == "succeeded", data["error"]
     assert all(s["tool_calls"] == len(tools) * turns for s in data["subtasks"])
     with httpx.Client(timeout=60) as c:  # every call answered, none an `error: …`

@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
+from app.api.deps import DEFAULT_TENANT
 from app.db import changes
 from app.db.session import make_db_engine
 from app.db.tables import GatewayCall, Swarm
@@ -262,3 +264,24 @@ def record_batches(h: Harness, monkeypatch: pytest.MonkeyPatch) -> list[list[cha
 
     monkeypatch.setattr(writer, "_apply", recorded)
     return batches
+
+
+# no daily cap (every tenant has one by default): nothing to ask before a row is written ahead
+UNCAPPED = """[defaults]
+max_agents = 1000
+"""
+
+
+def daily_cap(param: str, tmp_path: Path) -> dict[str, str]:
+    """Settings for a harness whose tenant has SPEC §8's daily cap ("capped") or none
+    ("uncapped": a tenants file without one)."""
+    if param != "uncapped":
+        return {}
+    (tmp_path / "tenants.toml").write_text(UNCAPPED)
+    return {"tenants_file": str(tmp_path / "tenants.toml")}
+
+
+def capped(h: Harness) -> bool:
+    """Whether the swarms' tenant has a daily cap (asked before a row is written ahead)."""
+    limits = h.app.state.settings.tenant_limits(DEFAULT_TENANT)
+    return bool(limits.daily_budget_usd is not None)

@@ -91,6 +91,10 @@ class SwarmJournal:
         """Queue ledger rows now; the future resolves once they are durable."""
         return self.write((), ledger, (), ())
 
+    def queue(self, subs: Sequence[Subtask], events: Sequence[EventRow]) -> asyncio.Future[None]:
+        """Queue a write now for the next commit; the future resolves once it is durable."""
+        return self.write(subs, (), events, ())
+
     def commit_soon(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
                     events: Sequence[EventRow] = (), tools: ToolRows | None = None) -> None:
         """Queue a write nobody waits for (a later awaited write of this swarm commits after it);

@@ -95,6 +95,10 @@ class Journal(Protocol):
     def submit(self, ledger: Sequence[LedgerRow]) -> asyncio.Future[None]:
         """Ledger rows queued now; the future resolves once they are durable."""
 
+    def queue(self, subs: Sequence[Subtask], events: Sequence[EventRow]) -> asyncio.Future[None]:
+        """A write queued now for the next commit (it does not linger); the future resolves
+        once it is durable (or raises LeaseLost)."""
+
     def commit_soon(self, subs: Sequence[Subtask] = (), ledger: Sequence[LedgerRow] = (),
                     events: Sequence[EventRow] = (), tools: ToolRows | None = None) -> None:
         """A write nobody waits for (a later awaited write of the swarm commits after it)."""

@@ -7,9 +7,10 @@ per-tool slots, critical path first); no gateway slot or reservation is held mea
 
 Durability: the conversation is appended to `transcript_messages` once, message by message
 (`seq` = position in the conversation): the assistant message with its calls as soon as it
-arrives, each tool result as soon as it is back, and the turn's end is awaited before the next
-turn. A takeover reloads the transcript, runs only the calls of the last turn that have no
-committed result, and goes on from there (a call in flight at a crash may run twice).
+arrives, each tool result as soon as it is back, and the turn's end in the commit that writes
+the next turn's call ahead, durable before that call is sent. A takeover reloads the
+transcript, runs only the calls of the last turn that have no committed result, and goes on
+from there (a call in flight at a crash may run twice).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from app.engine.faults import crash_point
 from app.engine.lifecycle import CALL_FAILURES, SubtaskSteps
 from app.engine.owned_swarm import EventRow, Outcome, OwnedSwarm, TranscriptRow, failure
 from app.engine.repair import OutputLadder
+from app.engine.writer import retrieve_exception
 from app.gateway.chat import ChatResult, ToolCallRequest, Usage
 from app.states import Event, ToolCallStatus
 from app.tools.arguments import ArgumentsRefused, parse_arguments
@@ -94,6 +96,7 @@ class TurnLoop:
         self.steps = steps
         self.used = sum(s.tool_calls for s in owned.subs.values())
         self.outputs = OutputLadder(owned, steps)
+        self._below: tuple[tuple[tuple[str, tuple[str, ...]], ...], dict[str, int]] | None = None
 
     async def run(self, sub: Subtask, first: list[Message]) -> Outcome:
         """Never raises but for cancellation and a lost lease."""
@@ -102,9 +105,10 @@ class TurnLoop:
         tools = registry.expand(sub.tools) if registry is not None else []
         offered = {function_name(t): t for t in tools}
         spec = openai_tools(tools)
-        priority = dag.chain_below(owned.deps).get(sub.name, 1)
+        priority = self._priority(sub)
         t0 = steps.begin(sub)
         convo = await self._history(sub, first)
+        ended: asyncio.Future[None] | None = None  # the last turn's end, being committed
         asked = max((k for k, m in convo.items() if m["role"] == "assistant"), default=None)
         if sub.turns and asked is not None:  # taken over after turn `sub.turns` began
             last = convo[asked]
@@ -117,16 +121,29 @@ class TurnLoop:
             pending = [(asked + 1 + i, c, key) for i, (c, key)
                        in enumerate(zip(calls, ledger_ids(calls), strict=True))
                        if asked + 1 + i not in convo]
-            await self._end_turn(sub, convo, await self._run_calls(
+            ended = self._end_turn(sub, convo, await self._run_calls(
                 sub, sub.turns, pending, offered, priority), sub.turns)
         while True:
             turn = sub.turns + 1
             messages = [convo[k] for k in sorted(convo)]
+            meter = steps.meter(sub, messages, turn, spec or None)
             try:
                 async with steps.slots(sub):
-                    result, rows = await steps.gateway(sub, messages, turn, tools=spec or None)
+                    if ended is not None:
+                        # the call's attempt is written ahead while the last turn's end is
+                        # queued: one commit for both on every agent's path from its tool
+                        # results to its next call, not one each; the end is durable before
+                        # the call is sent (its budget reserved in its slots, as every retry's)
+                        await meter.prepare()
+                        await ended
+                        ended = None
+                        crash_point("between_turns", sub.name)
+                    result, rows = await steps.gateway(sub, messages, turn, tools=spec or None,
+                                                       meter=meter)
             except CALL_FAILURES as exc:
                 return await steps.call_failed(sub, t0, exc)
+            finally:
+                await meter.release()  # written ahead but never sent: no cost
             sub.turns = turn
             sub.sanitized = sub.sanitized or result.sanitized
             seq = max(convo) + 1
@@ -155,9 +172,8 @@ class TurnLoop:
             owned.journal.commit_soon([sub], ledger=rows, tools=([], rows_t))
             pending = [(seq + 1 + i, c, key) for i, (c, key) in enumerate(
                 zip(result.tool_calls, ledger_ids(result.tool_calls), strict=True))]
-            await self._end_turn(sub, convo, await self._run_calls(
+            ended = self._end_turn(sub, convo, await self._run_calls(
                 sub, turn, pending, offered, priority), turn)
-            crash_point("between_turns", sub.name)
 
     async def _answered(self, sub: Subtask, t0: float, convo: dict[int, Message], seq: int,
                         result: ChatResult, turn: int) -> Outcome:
@@ -178,12 +194,25 @@ class TurnLoop:
             sub.turns = 0  # counted but nothing durable: start over
         return dict(enumerate(first))
 
-    async def _end_turn(self, sub: Subtask, convo: dict[int, Message],
-                        done: list[tuple[int, Message, dict[str, str]]], turn: int) -> None:
+    def _end_turn(self, sub: Subtask, convo: dict[int, Message],
+                  done: list[tuple[int, Message, dict[str, str]]], turn: int
+                  ) -> asyncio.Future[None]:
+        """The turn's results in the conversation and its end queued for the next commit
+        (awaited before the next turn's call is sent)."""
         for seq, message, _ in done:
             convo[seq] = message
-        await self.owned.journal.commit(
+        ended = self.owned.journal.queue(
             [sub], events=[self._event(sub, turn, [d for *_, d in done])])
+        ended.add_done_callback(retrieve_exception)  # a call failing first never awaits it
+        return ended
+
+    def _priority(self, sub: Subtask) -> int:
+        """The length of the dependency chain behind `sub` (its calls' slot priority), computed
+        once per shape of the swarm's graph, not once per agent."""
+        shape = tuple(zip(self.owned.deps, map(tuple, self.owned.deps.values()), strict=True))
+        if self._below is None or self._below[0] != shape:
+            self._below = (shape, dag.chain_below(self.owned.deps))
+        return self._below[1].get(sub.name, 1)
 
     async def _run_calls(self, sub: Subtask, turn: int,
                          pending: list[tuple[int, ToolCallRequest, str]],

@@ -12,35 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from app.api.deps import DEFAULT_TENANT
 from app.db import changes
 from tests.conftest import Harness, make_settings, start_harness
-from tests.helpers import agent, by_name, ledger, record_batches
+from tests.helpers import agent, by_name, capped, daily_cap, ledger, record_batches
 
 pytestmark = pytest.mark.latency_devices
-
-# no daily cap (every tenant has one by default): nothing to ask before the row is queued
-UNCAPPED = """[defaults]
-max_agents = 1000
-"""
-
 
 @pytest.fixture(params=["uncapped", "capped"])
 async def h(request: pytest.FixtureRequest, database_url: str, tmp_path: Path
             ) -> AsyncIterator[Harness]:
-    kw = {}
-    if request.param == "uncapped":
-        (tmp_path / "tenants.toml").write_text(UNCAPPED)
-        kw["tenants_file"] = str(tmp_path / "tenants.toml")
-    harness, close = await start_harness(make_settings(database_url, **kw))
+    harness, close = await start_harness(
+        make_settings(database_url, **daily_cap(request.param, tmp_path)))
     yield harness
     await close()
-
-
-def capped(h: Harness) -> bool:
-    """Whether the swarms' tenant has a daily cap (asked before a row is written ahead)."""
-    limits = h.app.state.settings.tenant_limits(DEFAULT_TENANT)
-    return bool(limits.daily_budget_usd is not None)
 
 
 def refuse_result_of(name: str, h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
