@@ -53,3 +53,36 @@ async def alongside(coro: Coroutine[Any, Any, T], work: Callable[[], U]) -> tupl
         task.cancel()
         raise
     return await task, done
+
+
+class Within:
+    """`asyncio.timeout(delay)` for a block whose deadline never moves: the task is cancelled
+    when `delay` runs out, and that cancellation leaves the block as TimeoutError; any other
+    cancellation stays one. One timer handle and no state machine: the standard one's
+    rescheduling and states are paid on every gateway attempt of the engine's hot path."""
+
+    __slots__ = ("_cancelling", "_delay", "_fired", "_handle", "_task")
+
+    def __init__(self, delay: float) -> None:
+        self._delay = delay
+        self._fired = False
+
+    async def __aenter__(self) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("Within must be used inside a task")
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._handle = asyncio.get_running_loop().call_later(self._delay, self._fire)
+
+    def _fire(self) -> None:
+        self._fired = True
+        self._task.cancel()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: object) -> None:
+        self._handle.cancel()
+        # as asyncio.timeout: its own cancellation is taken back whatever the block raised
+        if (self._fired and self._task.uncancel() <= self._cancelling
+                and exc_type is asyncio.CancelledError):
+            raise TimeoutError from exc

@@ -14,6 +14,7 @@ import pydantic_core
 from tenacity import AsyncRetrying
 
 from app import tracing
+from app.aio import Within
 from app.gateway.answers import (
     _any_choice,
     _classify,
@@ -248,7 +249,7 @@ class GatewayClient:
         started = time.perf_counter()
         try:
             # httpx's timeouts are per read (and ASGITransport ignores them): one for the attempt
-            async with asyncio.timeout(timeout):
+            async with Within(timeout):
                 answer = await self._post(call, headers, timeout)
         except TimeoutError:
             outcome = Outcome.timeout

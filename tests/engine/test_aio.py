@@ -1,4 +1,5 @@
-"""app.aio: what a cancelled caller of run_to_end waits for; alongside's order."""
+"""app.aio: what a cancelled caller of run_to_end waits for; alongside's order; Within's
+timeout against an outside cancellation."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.aio import alongside, run_to_end
+from app.aio import Within, alongside, run_to_end
 
 
 async def test_a_cancelled_caller_goes_on_only_after_the_work_ended() -> None:
@@ -86,3 +87,36 @@ async def test_alongside_runs_the_coroutines_first_step_then_the_work() -> None:
         await alongside(never_answered(), failing)
     await asyncio.sleep(0)
     assert started and started[0].cancelled()
+
+
+async def test_within_times_out_a_block_that_runs_past_its_delay() -> None:
+    t0 = asyncio.get_running_loop().time()
+    with pytest.raises(TimeoutError):
+        async with Within(0.02):
+            await asyncio.sleep(10)
+    assert asyncio.get_running_loop().time() - t0 < 5
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    await asyncio.sleep(0)  # no cancellation left pending on the task
+
+
+async def test_within_leaves_a_block_that_ends_in_time_alone() -> None:
+    async with Within(10):
+        got = await asyncio.sleep(0.01, "done")
+    assert got == "done"
+    await asyncio.sleep(0.03)  # its timer is gone: nothing cancels the task later
+
+
+async def test_within_keeps_an_outside_cancellation_a_cancellation() -> None:
+    entered = asyncio.Event()
+
+    async def guarded() -> None:
+        async with Within(10):
+            entered.set()
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(guarded())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+

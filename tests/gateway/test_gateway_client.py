@@ -17,6 +17,7 @@ import pytest
 
 from app.gateway import client as client_module
 from app.gateway import wire
+from app.gateway.answers import _loads
 from app.gateway.chat import AttemptRecord, ChatRequest, Usage
 from app.gateway.client import GatewayClient
 from app.gateway.errors import GatewayRejected, GatewayUnavailable
@@ -720,3 +721,18 @@ async def test_idle_connections_are_closed_before_the_server_closes_them(
             await client.aclose()
     assert [a.outcome for a in result.attempts] == ["connection_error", "ok"][-attempts:]
     assert (server.connections, server.answered) == (connections, 2)
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"a": 1, "a": 2}', b"[NaN, Infinity, -Infinity]", b"1e400", b"123456789012345678901234567890",
+    b'"\\ud800"',  # a lone surrogate escape: pydantic-core refuses it, json reads it
+    b"\xef\xbb\xbf{}",  # a BOM
+    '{"a": "\u00e9"}'.encode("utf-16"),  # json detects UTF-16
+    b"[1,]", b"01", b"1" * 5000, b"[" * 3000 + b"]" * 3000, b"\xff", b"",
+])
+def test_an_answer_reads_as_the_standard_library_reads_it(raw: bytes) -> None:
+    try:
+        expected = json.loads(raw)
+    except (ValueError, RecursionError):
+        expected = None
+    assert repr(_loads(raw)) == repr(expected)
