@@ -254,6 +254,18 @@ def test_cancel_button_cancels_the_running_swarm(driver: WebDriver,
     assert driver.execute_script(last_tick) != first
     screenshot(driver, "ui-timeline-running")
     driver.find_element(By.CSS_SELECTOR, '[data-view="graph"]').click()
+    # the cancel's answer (the swarm before its end) comes after the end's events and read:
+    # the page keeps the ended swarm (its clock stopped, the cut-off call billed)
+    driver.execute_script("""
+      const real = window.fetch;
+      window.fetch = async (url, opts) => {
+        const r = await real(url, opts);
+        if (String(url).endsWith('/cancel')) {
+          await new Promise((ok) => setTimeout(ok, 2500));
+          setTimeout(() => { window.cancelAnswered = true; }, 0);
+        }
+        return r;
+      };""")
     driver.find_element(By.ID, "cancel").click()
     wait_for(driver, "document.getElementById('confirm-cancel').open")
     driver.find_element(By.CSS_SELECTOR, "#confirm-cancel button[value=yes]").click()
@@ -273,8 +285,10 @@ def test_cancel_button_cancels_the_running_swarm(driver: WebDriver,
     panel = driver.find_element(By.ID, "panel").text
     assert "reserved (upper bound, not billed usage)" in panel, panel
     assert f"≤ {cut['usage']['completion_tokens']} out (reserved)" in panel, panel
+    wait_for(driver, "window.cancelAnswered === true", 30)
     stats = driver.find_element(By.ID, "stats").text
     assert "reserved (upper bound" in stats, stats
+    assert "start to finish" in stats, stats
     # a cancelled swarm can be retried; the panel says what was cancelled
     assert driver.find_element(By.ID, "retry").is_displayed()
     assert "Cancelled" in driver.find_element(By.ID, "failures").text

@@ -73,6 +73,12 @@ function decided(fresh) {
 }
 
 function merge(fresh) {
+  if (swarm && TERMINAL.has(swarm.status) && !TERMINAL.has(fresh.status)) {
+    // a snapshot taken before the end (a cancel's answer that arrives after the end's
+    // events and read) would bring back its running clock and unbilled usage
+    if (swarm.endedHere) refetch();
+    return;
+  }
   if (swarm) {
     const live = new Map(swarm.subtasks.map((s) => [s.name, s.status]));
     for (const s of fresh.subtasks) {
