@@ -6,6 +6,9 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 # pytest workers: half the suite's time is processes, leases and restarts waited on, not CPU
 TEST_WORKERS ?= 2
+# a failed test runs once more before the run fails, and the summary names it (R): a failure
+# that repeats is a failure; one that does not is a flake to chase, said and not hidden
+SUITE := -n $(TEST_WORKERS) --dist worksteal --reruns 1 --reruns-delay 1
 
 .PHONY: run test test-plain test-encrypted lint install bench clean interop chaos
 
@@ -32,12 +35,12 @@ lint: $(VENV)/.installed-test
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/pytest $(SUITE)
 
 # the suite with the latency devices off (SWARM_LATENCY_DEVICES, docs/OPERATIONS.md): they
 # change how often a swarm writes, never what it answers (CI runs it after `make test`)
 test-plain: $(VENV)/.installed-test
-	SWARM_LATENCY_DEVICES=off $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
+	SWARM_LATENCY_DEVICES=off $(BIN)/pytest $(SUITE)
 
 # the suite again with content encrypted at rest (SPEC §16): two test keys (not secrets), the
 # first encrypts; every Settings a test builds and every process it starts reads them. The
@@ -48,7 +51,7 @@ ENCRYPTED_TEST_IGNORE := $(foreach m,test_docs test_doc_links test_api_guide tes
 	--ignore=tests/interop
 
 test-encrypted: $(VENV)/.installed-test
-	SWARM_ENCRYPTION_KEYS=$(ENCRYPTION_TEST_KEYS) $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal \
+	SWARM_ENCRYPTION_KEYS=$(ENCRYPTION_TEST_KEYS) $(BIN)/pytest $(SUITE) \
 		$(ENCRYPTED_TEST_IGNORE)
 
 # the LangGraph peer of bench_table runs in its own virtualenv: never a dependency of the service
@@ -76,7 +79,7 @@ bench: $(VENV)/.installed-test .venv-bench/bin/python
 		'@modelcontextprotocol/server-filesystem@2026.8.31' || echo "npm missing: the filesystem MCP server's test is skipped"
 
 interop: $(VENV)/.installed-test .venv-litellm/bin/litellm .venv-mcp/bin/mcp-server-git .interop-npm/node_modules/.bin/mcp-server-filesystem
-	SWARM_INTEROP=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal tests/interop
+	SWARM_INTEROP=1 $(BIN)/pytest $(SUITE) tests/interop
 
 # the chaos suite with real processes on PostgreSQL (churn: kill -9 every half second, a rolling
 # SIGTERM; kills under budgets; a poison swarm; a 20 s SIGSTOP), minutes long: skipped by
