@@ -284,4 +284,4 @@ def daily_cap(param: str, tmp_path: Path) -> dict[str, str]:
 def capped(h: Harness) -> bool:
     """Whether the swarms' tenant has a daily cap (asked before a row is written ahead)."""
     limits = h.app.state.settings.tenant_limits(DEFAULT_TENANT)
-    return bool(limits.daily_budget_usd is not None)
+    return limits.daily_budget_usd is not None
