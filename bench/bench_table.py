@@ -27,6 +27,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -96,7 +97,19 @@ def tool_row(cli: str, runs: int, quick: bool, work: Path) -> Row:
     return Row(what, "; ".join(cells), "-", "<= 1.25x both")
 
 
-def intro(args: argparse.Namespace, loads: tuple[float, float]) -> str:
+def host_speed() -> float:
+    """Seconds a pure-Python loop of 10^7 additions takes here, best of three: a shared host's
+    speed moves from day to day and within minutes, and every CPU-bound row with it."""
+    best = float("inf")
+    for _ in range(3):
+        t0, total = time.perf_counter(), 0
+        for i in range(10_000_000):
+            total += i
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def intro(args: argparse.Namespace, loads: tuple[float, float], speed: float) -> str:
     options = f"{' --quick' if args.quick else ''}" + "".join(f" --cli {c}" for c in args.cli)
     builds = ("" if len(args.cli) < 2 else
               " Each build runs every row in turn, one column each: a cell is that build's "
@@ -104,7 +117,10 @@ def intro(args: argparse.Namespace, loads: tuple[float, float]) -> str:
     return (
         f"Command: `make bench` (= `.venv/bin/python -m bench.bench_table --runs {args.runs}"
         f"{options}`), {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, 1-min load average "
-        f"{loads[0]:.1f} at the start and {loads[1]:.1f} at the end. One simulator process "
+        f"{loads[0]:.1f} at the start and {loads[1]:.1f} at the end; the host's speed: a "
+        f"Python loop of 10^7 additions in {speed:.2f} s (best of 3, before the rows: a "
+        "shared host's speed moves from day to day, and CPU-bound rows with it). One "
+        "simulator process "
         "(latency per request by directive), one `swarm-api serve` on a throwaway PostgreSQL "
         "database and the peers from the bench process, all on one machine "
         f"({os.cpu_count()} cores, {platform.machine()}, Python "
@@ -129,13 +145,13 @@ def main() -> None:
                          "one column each (default: this checkout's)")
     args = ap.parse_args()
     builds = [tuple(c.split("=", 1)) for c in args.cli] or [("", CLI)]
-    start = os.getloadavg()[0]
+    speed, start = host_speed(), os.getloadavg()[0]
     results: dict[str, list[Row]] = {}
     for name, cli in builds:
         results[name] = table(str(Path(cli).absolute()) if name else cli, args.runs,
                               args.quick, Path(tempfile.mkdtemp(prefix="bench-table-")))
         print(f"build {name or 'this'}: done", file=sys.stderr, flush=True)
-    text = section(intro(args, (start, os.getloadavg()[0])), results)
+    text = section(intro(args, (start, os.getloadavg()[0]), speed), results)
     print(text)
     if not args.quick:  # a smoke run's figures are not results
         RESULTS.write_text(rewrite(RESULTS.read_text(), text))
