@@ -79,6 +79,11 @@ class Within:
         self._fired = True
         self._task.cancel()
 
+    def expired(self) -> bool:
+        """The delay ran out (as `asyncio.Timeout.expired`): a TimeoutError out of the block
+        was this timer's, not one raised inside it."""
+        return self._fired
+
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: object) -> None:
         self._handle.cancel()

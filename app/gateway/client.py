@@ -247,13 +247,16 @@ class GatewayClient:
                     AttemptRecord(number, None, Outcome.timeout, _NO_USAGE, 0.0, error, None)
                 )
         started = time.perf_counter()
+        within = Within(timeout)
         try:
             # httpx's timeouts are per read (and ASGITransport ignores them): one for the attempt
-            async with Within(timeout):
+            async with within:
                 answer = await self._post(call, headers, timeout)
         except TimeoutError:
             outcome = Outcome.timeout
-            error = f"no response within {timeout:.3g} s"
+            # the wire's own timer is the connect timeout's: the error names the one that ran out
+            error = (f"no response within {timeout:.3g} s" if within.expired() else
+                     f"no connection within {self._connect_timeout_s:.3g} s")
         except WireError as exc:
             if exc.undecodable:  # a body whose Content-Encoding does not decode
                 outcome, error = Outcome.invalid_response, "undecodable body"

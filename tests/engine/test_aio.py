@@ -99,10 +99,24 @@ async def test_within_times_out_a_block_that_runs_past_its_delay() -> None:
     await asyncio.sleep(0)  # no cancellation left pending on the task
 
 
+async def test_within_says_whose_timeout_left_the_block() -> None:
+    mine = Within(0.02)
+    with pytest.raises(TimeoutError):
+        async with mine:
+            await asyncio.sleep(10)
+    assert mine.expired()
+    theirs = Within(10)  # a TimeoutError raised inside (a connect timer's) is not Within's
+    with pytest.raises(TimeoutError):
+        async with theirs:
+            raise TimeoutError("connect")
+    assert not theirs.expired()
+
+
 async def test_within_leaves_a_block_that_ends_in_time_alone() -> None:
-    async with Within(10):
+    block = Within(10)
+    async with block:
         got = await asyncio.sleep(0.01, "done")
-    assert got == "done"
+    assert got == "done" and not block.expired()
     await asyncio.sleep(0.03)  # its timer is gone: nothing cancels the task later
 
 

@@ -655,6 +655,8 @@ async def test_a_connection_that_never_opens_is_a_timeout(waits: list[float]) ->
             sock.close()
     assert [a.outcome for a in caught.value.attempts] == ["timeout", "timeout"]
     assert all(a.latency_s < 2 for a in caught.value.attempts)  # the connect timer, not 5 s
+    # the stored error names the timer that ran out, not the attempt's 5 s
+    assert all(a.error == "no connection within 0.2 s" for a in caught.value.attempts)
 
 
 async def test_wait_hints_arrive_over_the_network_in_any_case() -> None:
