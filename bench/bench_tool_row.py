@@ -7,8 +7,10 @@ it is what the service and the transports add. The simulator (the stub gateway) 
 server run in their own processes, `serve` on PostgreSQL. One `serve` per SWARM_MCP_HTTP_SESSIONS
 value in `--sessions` (1 is one session per server), all up at once and their swarms
 interleaved, so before and after come from one run and one stretch of the machine's load; the
-stdio server has one pipelined session whatever the value. Prints medians, writes nothing;
-`make bench` (bench/bench_table.py) runs `measure` for its tool row with the build's default.
+stdio server has one pipelined session whatever the value. With `--cli`, each build runs its own
+checkout's example server (`<checkout>/.venv/bin/swarm-api` beside `<checkout>/examples/`).
+Prints medians, writes nothing; `make bench` (bench/bench_table.py) runs `measure` for its
+tool row with the build's default.
 
     .venv/bin/python -m bench.bench_tool_row [--agents 100] [--runs 5] [--sessions 1,4]
         [--cli before=/work/wt/base/.venv/bin/swarm-api --cli after=.venv/bin/swarm-api]
@@ -38,17 +40,24 @@ from tests.support import CLI, free_port, process
 TRANSPORTS = {"http": ("web.lookup",), "stdio": ("docs.lookup",)}
 
 
+def example_server(cli: str) -> Path:
+    """The example MCP server of the checkout whose venv holds `cli` (`<checkout>/.venv/bin/
+    swarm-api`), else this checkout's: each build is measured with its own server."""
+    theirs = Path(cli).resolve().parents[2] / "examples" / "mcp" / "server.py"
+    return theirs if theirs.is_file() else SERVER
+
+
 @contextmanager
 def serving(work: Path, sim: str, sessions: int | None, agents: int, tool_ms: float,
             web: HttpServer, cli: str = CLI, label: str | None = None
             ) -> Iterator[tuple[str, int]]:
     """A `serve` of `cli` (its URL and pid) with SWARM_MCP_HTTP_SESSIONS=`sessions` (None: the
-    build's default), warmed up."""
+    build's default), warmed up; its stdio server is `cli`'s checkout's example server."""
     slots = {"max_concurrency": agents}
     label = label or ("default" if sessions is None else str(sessions))
     config = work / f"mcp-{label}.json"
     config.write_text(json.dumps({"mcpServers": {
-        "docs": {"command": sys.executable, "args": [str(SERVER)],
+        "docs": {"command": sys.executable, "args": [str(example_server(cli))],
                  "env": {"EXAMPLE_MCP_DELAY_MS": str(tool_ms)}, **slots},
         "web": {"url": web.url, **slots}}}))
     api_port = free_port()
@@ -97,24 +106,29 @@ def spied(pid: int, out: Path | None) -> Callable[[], None]:
 def measure(work: Path, pool_sizes: list[int | None], *, agents: int = 100,
             latency_ms: float = 200, tool_ms: float = 50, runs: int = 5, cli: str = CLI,
             spy: Path | None = None, clis: dict[str, str] | None = None) -> ToolRuns:
-    """The row's runs: a simulator at `latency_ms`, the streamable-HTTP example server, and a
-    `serve` of `cli` (of each of `clis`) per pool size, all up at once, their swarms
-    interleaved run by run. Serve's CPU and the profile stop at the swarm's end (the
-    transcript checks after it are not the swarm's)."""
+    """The row's runs: a simulator at `latency_ms`, the streamable-HTTP example server (one
+    per build's checkout), and a `serve` of `cli` (of each of `clis`) per pool size, all up at
+    once, their swarms interleaved run by run. Serve's CPU and the profile stop at the swarm's
+    end (the transcript checks after it are not the swarm's)."""
     sim_port = free_port()
     sim = f"http://127.0.0.1:{sim_port}/v1"
-    web = HttpServer(work / "web.log", delay_ms=tool_ms)
     floor = (2 * latency_ms + tool_ms) / 1000
     variants: dict[Any, tuple[str, int | None]] = (
         {(name, n): (path, n) for name, path in clis.items() for n in pool_sizes}
         if clis else {n: (cli, n) for n in pool_sizes})
     results: ToolRuns = {v: {t: [] for t in TRANSPORTS} for v in variants}
+    webs: dict[Path, HttpServer] = {}
     try:
+        for path, _ in variants.values():
+            server = example_server(path)
+            if server not in webs:
+                webs[server] = HttpServer(work / f"web-{len(webs)}.log", tool_ms, server)
         with ExitStack() as stack:
             stack.enter_context(process(
                 ["simulator", "--port", str(sim_port)],
                 {"SWARM_SIM_LATENCY_MS": str(latency_ms)}, f"{sim}/models", work / "sim.log"))
-            serves = {v: stack.enter_context(serving(work, sim, n, agents, tool_ms, web, path,
+            serves = {v: stack.enter_context(serving(work, sim, n, agents, tool_ms,
+                                                     webs[example_server(path)], path,
                                                      label=_label(v)))
                       for v, (path, n) in variants.items()}
             for i in range(runs):  # interleaved: a drift of the machine hits every variant
@@ -138,7 +152,8 @@ def measure(work: Path, pool_sizes: list[int | None], *, agents: int = 100,
                               f"{wall / floor:.2f}x floor, serve CPU "
                               f"{results[v][transport][-1][1]:.2f} s", flush=True)
     finally:
-        web.close()
+        for web in webs.values():
+            web.close()
     return results
 
 

@@ -27,15 +27,16 @@ def free_port() -> int:
 
 
 class HttpServer:
-    """`server.py --http PORT` as a subprocess, logging its calls to `log`."""
+    """`server.py --http PORT` (`server`: another checkout's) as a subprocess, logging its
+    calls to `log`."""
 
-    def __init__(self, log: Path, delay_ms: float = 0) -> None:
+    def __init__(self, log: Path, delay_ms: float = 0, server: Path = SERVER) -> None:
         self.log = log
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         env = {**os.environ, "EXAMPLE_MCP_LOG": str(log), "EXAMPLE_MCP_DELAY_MS": str(delay_ms)}
-        self._out = (log.parent / "http-server.out").open("wb")
-        self.popen = subprocess.Popen([sys.executable, str(SERVER), "--http", str(self.port)],
+        self._out = (log.parent / f"{log.stem}-http-server.out").open("wb")
+        self.popen = subprocess.Popen([sys.executable, str(server), "--http", str(self.port)],
                                       env=env, stdout=self._out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60  # importing the SDK is slow on a loaded machine
         while time.monotonic() < deadline:

@@ -11,9 +11,12 @@ call's error alone.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.text import storable
+
+if TYPE_CHECKING:
+    import mcp_types as types
 
 MAX_DEPTH = 64  # nesting of objects and arrays (the SDK's serialiser stops at a few hundred)
 
@@ -55,13 +58,16 @@ def _cleaned(value: Any, depth: int) -> Any:
     return value
 
 
-def check_sendable(tool: str, arguments: dict[str, Any]) -> None:
-    """Serialise the call's request as the transports do; ArgumentsRefused when it fails."""
+def check_sendable(tool: str, arguments: dict[str, Any]) -> types.CallToolRequest:
+    """The call's request, serialised once as the transports do (the request is what is sent:
+    it is built once); ArgumentsRefused when it fails."""
     import mcp_types as types  # the SDK loads only in a process with tool servers
 
     try:
-        types.CallToolRequest(params=types.CallToolRequestParams(
-            name=tool, arguments=arguments)).model_dump_json(by_alias=True, exclude_unset=True)
+        request = types.CallToolRequest(params=types.CallToolRequestParams(
+            name=tool, arguments=arguments))
+        request.model_dump_json(by_alias=True, exclude_unset=True)
+        return request
     except Exception as exc:  # any failure to encode is this call's, never the session's
         raise ArgumentsRefused(
             f"the arguments cannot be sent: {type(exc).__name__}: {str(exc)[:200]}") from None

@@ -8,6 +8,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import Counter, Gauge, Histogram
+
 from app import metrics
 from app.states import ToolCallStatus
 from app.text import storable
@@ -90,6 +92,10 @@ class ToolRegistry:
         self._server_slots = {n: PrioritySemaphore(c.max_concurrency)
                               for n, c in servers.items()}
         self._tool_slots: dict[tuple[str, str], PrioritySemaphore] = {}
+        # each call's metric series, looked up once: prometheus' labels() (a lock, the label
+        # values checked and joined) costs more than the update
+        self._in_flight: dict[str, Gauge] = {}
+        self._series: dict[tuple[str, str, ToolCallStatus], tuple[Counter, Histogram]] = {}
 
     @classmethod
     def from_file(cls, path: str, *, result_max_bytes: int = 16384,
@@ -158,14 +164,13 @@ class ToolRegistry:
         arguments the server cannot be sent fail this call alone, before it takes a slot."""
         conn = self.connections[server]
         try:
-            arguments = cleaned_arguments(arguments)
-            check_sendable(tool, arguments)
+            request = check_sendable(tool, cleaned_arguments(arguments))
         except ArgumentsRefused as exc:
             return self._settled(conn, tool, ToolCallStatus.error, str(exc), 0.0)
         limit = conn.config.tool_concurrency.get(tool)
         slots = [self._tool_slot(server, tool, limit)] if limit else []
         async with held(*slots, self._server_slots[server], priority=priority):
-            return await self._timed(conn, tool, arguments)
+            return await self._timed(conn, tool, request)
 
     def _tool_slot(self, server: str, tool: str, limit: int) -> PrioritySemaphore:
         slot = self._tool_slots.get((server, tool))
@@ -174,18 +179,20 @@ class ToolRegistry:
         return slot
 
     async def _timed(self, conn: ServerConnection, tool: str,
-                     arguments: dict[str, Any]) -> ToolOutcome:
+                     request: types.CallToolRequest) -> ToolOutcome:
         from mcp.shared.exceptions import MCPError
 
         from app.tools.transports import call_tool
 
         timeout = conn.config.timeout_s
-        gauge = metrics.tool_calls_in_flight.labels(conn.name)
+        gauge = self._in_flight.get(conn.name)
+        if gauge is None:
+            gauge = self._in_flight[conn.name] = metrics.tool_calls_in_flight.labels(conn.name)
         gauge.inc()
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout), conn.lease(timeout) as session:
-                result = await call_tool(session, tool, arguments)
+                result = await call_tool(session, request)
             text = result_text(result)
             status = ToolCallStatus.error if result.is_error else ToolCallStatus.ok
         except TimeoutError:
@@ -204,8 +211,13 @@ class ToolRegistry:
                  latency: float) -> ToolOutcome:
         """The call's metrics, and its outcome as the model reads it."""
         label = tool if tool in conn.tools else UNKNOWN_TOOL_LABEL
-        metrics.tool_calls_total.labels(conn.name, label, status).inc()
-        metrics.tool_call_duration.labels(conn.name, label).observe(latency)
+        series = self._series.get((conn.name, label, status))
+        if series is None:
+            series = self._series[(conn.name, label, status)] = (
+                metrics.tool_calls_total.labels(conn.name, label, status),
+                metrics.tool_call_duration.labels(conn.name, label))
+        series[0].inc()
+        series[1].observe(latency)
         # the text goes to the transcript: what no database stores (NUL, lone surrogates,
         # which UTF-8 cannot even encode) is replaced where it enters, as for gateway content
         text = storable(text)[0]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AsyncExitStack
-from typing import Any
 
 import mcp_types as types
 from mcp import ClientSession, StdioServerParameters
@@ -39,14 +38,13 @@ async def open_session(stack: AsyncExitStack, cfg: ServerConfig,
     return session
 
 
-async def call_tool(session: ClientSession, name: str,
-                    arguments: dict[str, Any]) -> types.CallToolResult:
-    """`tools/call` as `ClientSession.call_tool` sends it, without its per-call check of the
-    result's structured content against the tool's output schema (listing the tools first on
-    a session that has not): the model reads a result's text, the structured content only as
-    text when there is none, so the check costs every call and protects nothing here."""
-    request = types.CallToolRequest(params=types.CallToolRequestParams(name=name,
-                                                                       arguments=arguments))
+async def call_tool(session: ClientSession,
+                    request: types.CallToolRequest) -> types.CallToolResult:
+    """`tools/call` (the request `check_sendable` built) as `ClientSession.call_tool` sends it,
+    without its per-call check of the result's structured content against the tool's output
+    schema (listing the tools first on a session that has not): the model reads a result's
+    text, the structured content only as text when there is none, so the check costs every
+    call and protects nothing here."""
     return await session.send_request(request, types.CallToolResult)
 
 

@@ -17,30 +17,86 @@ import argparse
 import asyncio
 import json
 import os
+import stat
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
+from typing import Any
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.stdio import stdio_server
 
 ROOT = Path(os.environ.get("EXAMPLE_MCP_ROOT") or Path(__file__).with_name("data")).resolve()
 DELAY_S = float(os.environ.get("EXAMPLE_MCP_DELAY_MS", "0")) / 1000
 LOG = os.environ.get("EXAMPLE_MCP_LOG")
+RACY_NS = 1_000_000_000  # file times move in clock ticks (milliseconds), not nanoseconds
 
 server = MCPServer("example", instructions="Look things up in a local folder of text files.",
                    log_level="WARNING")  # a log line per request costs more than the call
 _in_flight: Counter[str] = Counter()
+_log_fd: int | None = None
 
 
 def _record(event: str, tool: str, args: dict[str, object], session: str | None) -> None:
+    global _log_fd
     if LOG:
         line = json.dumps({"event": event, "tool": tool, "args": args, "pid": os.getpid(),
                            "session": session,
                            "in_flight": sum(_in_flight.values()),
                            "tool_in_flight": _in_flight[tool], "t": time.time()})
-        with open(LOG, "a", encoding="utf-8") as f:  # one append a line: none interleave
-            f.write(line + "\n")
+        if _log_fd is None:  # opened once: an open and a close a line cost more than the call
+            _log_fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(_log_fd, (line + "\n").encode())  # one append a line: none interleave
+
+
+class _Folder:
+    """The folder's `*.txt` lines, read once and again only for a file whose mtime or size
+    changed (or when the folder's own mtime says files came or went): a stat a file a call,
+    not a read. A file or folder changed within RACY_NS of now is read again every call, as
+    a later change in the same clock tick could leave its mtime as it is."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._folder_mtime = -1
+        self._names: list[str] = []
+        # name -> ((mtime_ns, size), [(line lower-cased, "name: line")])
+        self._files: dict[str, tuple[tuple[int, int], list[tuple[str, str]]]] = {}
+        self._all: list[tuple[str, str]] = []
+
+    def lines(self) -> list[tuple[str, str]]:
+        now = time.time_ns()
+        try:
+            mtime = os.stat(self.root).st_mtime_ns
+        except FileNotFoundError:  # no folder: nothing matches
+            mtime = -1
+        if mtime != self._folder_mtime or now - mtime < RACY_NS:
+            self._folder_mtime = mtime
+            self._names = sorted(p.name for p in self.root.glob("*.txt")) if mtime >= 0 else []
+        files: dict[str, tuple[tuple[int, int], list[tuple[str, str]]]] = {}
+        for name in self._names:
+            path = self.root / name
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            key = (st.st_mtime_ns, st.st_size)
+            cached = self._files.get(name)
+            if cached is None or cached[0] != key or now - st.st_mtime_ns < RACY_NS:
+                text = path.read_text(encoding="utf-8")
+                cached = (key, [(line.lower(), f"{name}: {line}") for line in text.splitlines()])
+            files[name] = cached
+        if files != self._files:
+            self._files = files
+            self._all = [line for _, lines in files.values() for line in lines]
+        return self._all
+
+
+_folder = _Folder(ROOT)
 
 
 def _session(ctx: Context) -> str | None:
@@ -66,8 +122,7 @@ async def lookup(query: str, ctx: Context) -> str:
     await _enter("lookup", {"query": query}, ctx)
     try:
         needle = query.lower()
-        hits = [f"{p.name}: {line}" for p in sorted(ROOT.glob("*.txt"))
-                for line in p.read_text(encoding="utf-8").splitlines() if needle in line.lower()]
+        hits = [shown for lower, shown in _folder.lines() if needle in lower]
         return f"lookup {query!r}: " + ("; ".join(hits) if hits else "no match")
     finally:
         _leave("lookup", {"query": query}, ctx)
@@ -107,16 +162,106 @@ async def sleep(ctx: Context, seconds: float = 5.0) -> str:
         _leave("sleep", {"seconds": seconds}, ctx)
 
 
+class _PipeIn:
+    """Lines of a pipe read on the event loop, for the SDK's stdio transport: its own reads
+    each line in a worker thread (as it writes and flushes each answer), and those thread hops
+    cost a stdio call more CPU than the tool."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+
+    def __aiter__(self) -> _PipeIn:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self._reader.readline()
+        if not line:
+            raise StopAsyncIteration
+        return line.decode("utf-8", errors="replace")  # as the SDK's own reader decodes
+
+
+class _PipeOut:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    async def write(self, text: str) -> None:
+        self._writer.write(text.encode())
+
+    async def flush(self) -> None:
+        await self._writer.drain()
+
+
+def _is_pipe(fd: int) -> bool:
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+@asynccontextmanager
+async def _stdio_pipes() -> AsyncIterator[tuple[Any, Any]]:
+    """(stdin, stdout) for `stdio_server` when both are pipes (as a client starts the server),
+    else (None, None): the SDK's own. As the SDK's claim of the standard streams does, fd 0
+    reads the null device and fd 1 writes to stderr meanwhile, so nothing stray reaches the
+    wire."""
+    if not (_is_pipe(0) and _is_pipe(1)):
+        yield None, None
+        return
+    wire_in, wire_out = os.dup(0), os.dup(1)
+    saved_in, saved_out = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    try:
+        os.dup2(2, 1)
+    except OSError:  # no stderr: stray output goes nowhere
+        os.dup2(null, 1)
+    os.close(null)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 28, loop=loop)  # a request is one line
+    read_transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(wire_in, "rb", 0))
+    write_transport, protocol = await loop.connect_write_pipe(
+        lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), loop=loop),
+        os.fdopen(wire_out, "wb", 0))
+    writer = asyncio.StreamWriter(write_transport, protocol, None, loop)
+    try:
+        yield _PipeIn(reader), _PipeOut(writer)
+    finally:
+        read_transport.close()
+        write_transport.close()
+        os.dup2(saved_in, 0)
+        os.dup2(saved_out, 1)
+        os.close(saved_in)
+        os.close(saved_out)
+
+
+async def _serve_stdio() -> None:
+    """`server.run()`'s stdio loop, on `_stdio_pipes`."""
+    low = server._lowlevel_server
+    async with _stdio_pipes() as (stdin, stdout), stdio_server(stdin, stdout) as (read, write):
+        await low.run(read, write, low.create_initialization_options())
+
+
+def _run(serve: Callable[[], Awaitable[None]]) -> None:
+    """`serve` on uvloop when it is installed (the SDK runs on anyio, which takes it as an
+    option of its asyncio backend): a call's event-loop work costs less."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        anyio.run(serve)
+    else:
+        anyio.run(serve, backend_options={"use_uvloop": True})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP")
     parser.add_argument("--host", default="127.0.0.1")
     opts = parser.parse_args()
     if opts.http is None:
-        server.run()
+        _run(_serve_stdio)
     else:
         # plain JSON answers (no SSE stream per call): several times the calls per second
-        server.run("streamable-http", host=opts.host, port=opts.http, json_response=True)
+        _run(partial(server.run_streamable_http_async, host=opts.host, port=opts.http,
+                     json_response=True))
 
 
 if __name__ == "__main__":
