@@ -103,18 +103,18 @@ class _Simulator:
                 bounded_put(stats.max_in_flight_by_swarm, swarm, now)
         try:
             response = await self._answer(receive, auth, idem, swarm, received_at, arrived)
-            if isinstance(response, bytes):  # a complete answer: the common case, sent bare
-                await send({"type": "http.response.start", "status": 200, "headers": [
-                    (b"content-length", b"%d" % len(response)), _JSON_TYPE]})
-                await send({"type": "http.response.body", "body": response})
-            else:
-                await response(scope, receive, send)
-        finally:
+        finally:  # out of flight once answered: a stream's sending is not counted
             stats.in_flight -= 1
             if swarm is not None:
                 left = stats.swarm_in_flight.pop(swarm, 1) - 1
                 if left > 0:
                     stats.swarm_in_flight[swarm] = left
+        if isinstance(response, bytes):  # a complete answer: the common case, sent bare
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-length", b"%d" % len(response)), _JSON_TYPE]})
+            await send({"type": "http.response.body", "body": response})
+        else:
+            await response(scope, receive, send)
 
     async def _answer(self, receive: Receive, auth: str | None, idem: str | None,
                       swarm: str | None, received_at: float, arrived: float

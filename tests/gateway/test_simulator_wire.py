@@ -90,3 +90,31 @@ async def test_the_latency_runs_from_the_arrival() -> None:
         started = loop.time()
         assert await _wait(receive, seconds, started - (seconds - 0.05))
         assert loop.time() - started < 0.25
+
+
+async def test_a_call_is_out_of_flight_while_its_stream_is_sent() -> None:
+    """As when Starlette sent the response after the handler returned: a paced stream's
+    sending is not counted in flight."""
+    app = create_simulator(SimulatorConfig(latency_ms=0))
+    body = json.dumps({"model": "m", "stream": True, "messages": [
+        {"role": "user", "content": "[[sim stream_ms=100]]"}]}).encode()
+    incoming = [{"type": "http.request", "body": body, "more_body": False}]
+    seen: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        if incoming:
+            return incoming.pop(0)
+        await asyncio.sleep(10)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            seen.append(app.state.stats.in_flight)
+
+    scope = {"type": "http", "method": "POST", "path": URL, "raw_path": URL.encode(),
+             "query_string": b"", "headers": [(b"idempotency-key", b"s:a:1")],
+             "http_version": "1.1", "scheme": "http", "server": ("sim", 80),
+             "client": ("test", 1), "root_path": ""}
+    await asyncio.wait_for(app(scope, receive, send), 5)
+    assert len(seen) > 2 and set(seen) == {0}
+    assert app.state.stats.ok == 1 and app.state.stats.swarm_in_flight == {}
