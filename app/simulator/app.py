@@ -14,10 +14,10 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import Receive
+from starlette.types import Receive, Scope, Send
 from uvicorn.config import LOGGING_CONFIG
 
 from app.simulator.config import SimulatorConfig, SimulatorStats, bounded_put
@@ -25,6 +25,7 @@ from app.simulator.directives import Directives, parse_directives, parse_request
 from app.simulator.responses import (
     JSON,
     chat_completion,
+    completion_body,
     dumps,
     error,
     stream_events,
@@ -34,13 +35,29 @@ from app.simulator.responses import (
 log = logging.getLogger(__name__)
 MODELS = ("kimi-k2.5", "deepseek-v3.2", "gpt-4.1", "claude-sonnet-4.5", "gemini-2.5-flash")
 _WATCH_DISCONNECT_S = 1.0  # waits this long or longer also watch for a client disconnect
+CHAT_PATH = "/v1/chat/completions"
+_JSON_TYPE = (b"content-type", JSON.encode())
 _HTML_502 = b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"
 
 
-async def _wait(receive: Receive, seconds: float) -> bool:
-    """Sleep; long waits end early (False) when the client disconnects, as a real server would."""
+async def _body(receive: Receive) -> bytes:
+    """The request's body, as Starlette's `Request.body` reads it."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _wait(receive: Receive, seconds: float, arrived: float) -> bool:
+    """Sleep until `seconds` after `arrived` (the loop's clock); long waits end early (False)
+    when the client disconnects, as a real server would."""
+    left = seconds - (asyncio.get_running_loop().time() - arrived)
     if seconds < _WATCH_DISCONNECT_S:
-        await asyncio.sleep(max(seconds, 0.0))
+        await asyncio.sleep(max(left, 0.0))
         return True
 
     async def disconnected() -> None:
@@ -49,20 +66,32 @@ async def _wait(receive: Receive, seconds: float) -> bool:
 
     watcher = asyncio.ensure_future(disconnected())
     try:
-        done, _ = await asyncio.wait({watcher}, timeout=seconds)
+        done, _ = await asyncio.wait({watcher}, timeout=max(left, 0.0))
         return not done
     finally:
         watcher.cancel()
 
 
 class _Simulator:
+    """`POST /v1/chat/completions` as a plain ASGI app: a gateway stand-in answers a whole
+    fan-out wave on one core, so routing, a Request object and middleware per call would be
+    CPU in every benchmark's wall that a real gateway spends on other machines (decision
+    0029)."""
+
     def __init__(self, config: SimulatorConfig) -> None:
         self.config = config
         self.stats = SimulatorStats()
 
-    async def chat(self, request: Request) -> Response:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrived = asyncio.get_running_loop().time()
         received_at = time.time()
-        stats, idem = self.stats, request.headers.get("idempotency-key")
+        auth = idem = None
+        for name, value in scope["headers"]:
+            if name == b"authorization" and auth is None:
+                auth = value.decode("latin-1")
+            elif name == b"idempotency-key" and idem is None:
+                idem = value.decode("latin-1")
+        stats = self.stats
         swarm = idem.split(":", 1)[0] if idem else None
         stats.calls += 1
         stats.in_flight += 1
@@ -73,21 +102,28 @@ class _Simulator:
                 stats.max_in_flight_by_swarm.pop(swarm, None)  # re-insert: keeps eviction LRU-ish
                 bounded_put(stats.max_in_flight_by_swarm, swarm, now)
         try:
-            return await self._answer(request, idem, swarm, received_at)
-        finally:
+            response = await self._answer(receive, auth, idem, swarm, received_at, arrived)
+        finally:  # out of flight once answered: a stream's sending is not counted
             stats.in_flight -= 1
             if swarm is not None:
                 left = stats.swarm_in_flight.pop(swarm, 1) - 1
                 if left > 0:
                     stats.swarm_in_flight[swarm] = left
+        if isinstance(response, bytes):  # a complete answer: the common case, sent bare
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-length", b"%d" % len(response)), _JSON_TYPE]})
+            await send({"type": "http.response.body", "body": response})
+        else:
+            await response(scope, receive, send)
 
-    async def _answer(self, request: Request, idem: str | None, swarm: str | None,
-                      received_at: float) -> Response:
+    async def _answer(self, receive: Receive, auth: str | None, idem: str | None,
+                      swarm: str | None, received_at: float, arrived: float
+                      ) -> Response | bytes:
+        """The answer: a complete chat.completion's bytes, or any other response."""
         cfg = self.config
-        auth = request.headers.get("authorization")
         if cfg.api_key is not None and auth != f"Bearer {cfg.api_key}":
             return error(401, "invalid or missing API key")
-        raw = await request.body()
+        raw = await _body(receive)
         try:
             req = parse_request(raw)
             d = parse_directives(req.texts, cfg.flags)
@@ -98,14 +134,9 @@ class _Simulator:
         key = idem or hashlib.blake2b(raw, digest_size=16).hexdigest()
         attempt = self.stats.record(key, req.model, req.messages, received_at)
         fault = "503" if d.is_down(req.model) else self._fault(d, key, attempt)
-        if fault == "timeout":
-            wait = d.hang_s if d.hang_s is not None else cfg.timeout_s
-        elif d.latency_ms is not None:
-            wait = d.latency_ms / 1000
-        else:
-            jitter = cfg.latency_jitter_ms * (2 * unit(cfg.seed, key, attempt, "jitter") - 1)
-            wait = max(0.0, cfg.latency_ms + jitter) / 1000
-        if not await _wait(request.receive, wait):
+        # the wait runs from the request's arrival: the simulator's own reading of it is
+        # inside the latency asked for, not added to it
+        if not await _wait(receive, self._latency(d, fault, key, attempt), arrived):
             return Response(status_code=499)  # nobody is listening any more
         _exit_if_asked(d, key)
         if fault == "html502":
@@ -126,11 +157,23 @@ class _Simulator:
                 return StreamingResponse(self._paced(events, d.stream_ms / 1000, key),
                                          media_type="text/event-stream")
             return StreamingResponse(iter(events), media_type="text/event-stream")
-        body = dumps(completion)
+        body = completion_body(completion)
         if fault == "truncated":
             return Response(body[: len(body) // 2], media_type=JSON)
         self._count_ok(key, swarm, completion)
-        return Response(body, media_type=JSON)
+        return body
+
+    def _latency(self, d: Directives, fault: str | None, key: str, attempt: int) -> float:
+        """Seconds from the request's arrival to its answer."""
+        cfg = self.config
+        if fault == "timeout":
+            return d.hang_s if d.hang_s is not None else cfg.timeout_s
+        if d.latency_ms is not None:
+            return d.latency_ms / 1000
+        jitter = 0.0
+        if cfg.latency_jitter_ms:  # the draw costs a hash: none when there is nothing to draw
+            jitter = cfg.latency_jitter_ms * (2 * unit(cfg.seed, key, attempt, "jitter") - 1)
+        return max(0.0, cfg.latency_ms + jitter) / 1000
 
     async def _paced(self, events: list[bytes], over_s: float, key: str
                      ) -> AsyncIterator[bytes]:
@@ -211,18 +254,31 @@ def _exit_if_asked(d: Directives, key: str) -> None:
         os._exit(d.exit)
 
 
+class SimulatorApp(Starlette):
+    """The routes as Starlette serves them, with the chat route's plain path taken first."""
+
+    def __init__(self, sim: _Simulator) -> None:
+        super().__init__(routes=[
+            Route(CHAT_PATH, sim, methods=["POST"]),  # a root_path or a stray method: as before
+            Route("/v1/models", sim.models_endpoint, methods=["GET"]),
+            Route("/v1/_stats", sim.stats_endpoint, methods=["GET"]),
+            Route("/v1/_reset", sim.stats_endpoint, methods=["POST"]),
+        ])
+        self.chat = sim
+        self.state.stats = sim.stats
+        self.state.config = sim.config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["path"] == CHAT_PATH
+                and scope["method"] == "POST" and not scope.get("root_path")):
+            await self.chat(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
 def create_simulator(config: SimulatorConfig | None = None) -> Starlette:
     """The simulator as an ASGI app; `app.state.stats` is its SimulatorStats."""
-    sim = _Simulator(config or SimulatorConfig())
-    app = Starlette(routes=[
-        Route("/v1/chat/completions", sim.chat, methods=["POST"]),
-        Route("/v1/models", sim.models_endpoint, methods=["GET"]),
-        Route("/v1/_stats", sim.stats_endpoint, methods=["GET"]),
-        Route("/v1/_reset", sim.stats_endpoint, methods=["POST"]),
-    ])
-    app.state.stats = sim.stats
-    app.state.config = sim.config
-    return app
+    return SimulatorApp(_Simulator(config or SimulatorConfig()))
 
 
 def run_simulator(host: str, port: int, config: SimulatorConfig | None = None,
@@ -232,4 +288,6 @@ def run_simulator(host: str, port: int, config: SimulatorConfig | None = None,
     # raced clients that reuse a pooled connection the server is closing: httpx.ReadError)
     uvicorn.run(create_simulator(config or SimulatorConfig.from_env()), host=host, port=port,
                 access_log=False, log_level="warning", timeout_keep_alive=75,
+                # no proxy sits in front of a stand-in gateway: no X-Forwarded-* pass per call
+                proxy_headers=False,
                 log_config=LOGGING_CONFIG if log_config is None else log_config)

@@ -3,6 +3,7 @@ its messages carry (faults, latency, answers, plans, tool turns)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field, fields
@@ -67,20 +68,13 @@ def parse_directives(texts: list[str], flags: set[str] | None = None) -> Directi
         if "[[sim" not in text:
             continue
         for block in DIRECTIVE.finditer(text):
-            pairs = _PAIR.findall(block.group(1))
-            when = [bare or _UNESCAPE.sub(r"\1", quoted) for name, quoted, bare in pairs
-                    if name == "when"]
-            if any(flag not in (flags or set()) for flag in when):
+            when, pairs, problem = _block(block.group(1))
+            if any(flag not in (flags or ()) for flag in when):
                 continue
-            for name, quoted, bare in pairs:
-                if name == "when":
-                    continue
-                if name not in _CONVERTERS:
-                    raise ValueError(f"unknown simulator directive {name!r}")
-                try:
-                    setattr(d, name, _CONVERTERS[name](bare or _UNESCAPE.sub(r"\1", quoted)))
-                except ValueError:
-                    raise ValueError(f"bad value for simulator directive {name}") from None
+            if problem is not None:
+                raise ValueError(problem)
+            for name, value in pairs:
+                setattr(d, name, value)
     fail = d.fail
     status_ok = fail is None or fail in FAIL_KINDS or (fail.isdigit() and 400 <= int(fail) < 600)
     if not status_ok:
@@ -90,6 +84,27 @@ def parse_directives(texts: list[str], flags: set[str] | None = None) -> Directi
     if d.output is not None and d.output not in OUTPUT_KINDS:
         raise ValueError(f"bad simulator directive output={d.output}")
     return d
+
+
+@functools.lru_cache(maxsize=4096)
+def _block(inside: str) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...], str | None]:
+    """One block's `when` flags, its other pairs converted, and the refusal its first bad pair
+    earns (raised only where the block applies). A block's text is the same in every call of
+    a swarm, so each is read once: the regexes and converters stay off the request path."""
+    found = [(name, bare or _UNESCAPE.sub(r"\1", quoted))
+             for name, quoted, bare in _PAIR.findall(inside)]
+    when = tuple(value for name, value in found if name == "when")
+    pairs: list[tuple[str, Any]] = []
+    for name, value in found:
+        if name == "when":
+            continue
+        if name not in _CONVERTERS:
+            return when, (), f"unknown simulator directive {name!r}"
+        try:
+            pairs.append((name, _CONVERTERS[name](value)))
+        except ValueError:
+            return when, (), f"bad value for simulator directive {name}"
+    return when, tuple(pairs), None
 
 
 def refuse_format(req: ChatRequest, d: Directives) -> None:
