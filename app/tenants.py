@@ -83,6 +83,12 @@ class TenantLimits(BaseModel):
         return float(self.burst if self.burst is not None
                      else max(1, math.floor(self.requests_per_minute)))
 
+    @property
+    def admission_locks(self) -> bool:
+        """Whether a creation of this tenant holds a lock of the tenant's to its commit: the
+        bucket's row, or the active-swarm count's lock (app/api/admission.py)."""
+        return self.requests_per_minute is not None or self.max_active_swarms is not None
+
     def agents_limit(self, global_max: int) -> int:
         """Subtasks one swarm may have: never above SWARM_MAX_AGENTS."""
         return global_max if self.max_agents is None else min(self.max_agents, global_max)

@@ -6,12 +6,14 @@ of `swarm-api` back to back (an A/B in one run on a noisy machine), optionally p
     .venv/bin/python -m bench.bench_create [--clients 200] [--each 10] [--single 200]
         [--cli base=/path/to/old/.venv/bin/swarm-api] [--cli new=.venv/bin/swarm-api]
         [--modes engine,api,split] [--rounds 1] [--workers 1,2] [--profile DIR]
-        [--client httpx,aiohttp]
+        [--client httpx,aiohttp] [--quotas lifted,checked]
 
 Every (build, mode) gets its own throwaway PostgreSQL database and `serve` process, started and
 stopped in turn (never two at once), with `BENCH_TENANTS` as SWARM_TENANTS_FILE (SPEC §8's
 rate, active-swarm and daily limits lifted: a 429 would measure the token bucket, not the API;
-`--checked`: every key set but none reached, so each request pays for the quota checks).
+`--checked`: every key set but none reached, so each request pays for the quota checks;
+`--quotas lifted,checked`: each build with both, in alternating order by round, and each
+build's checked ÷ lifted throughput printed, the ratio issue 53 sets a goal for).
 Errors are counted by kind: an HTTP status other than 202, or the client's exception. The
 load generator runs on the same two cores as `serve` and PostgreSQL: `--client aiohttp` takes
 less of them than httpx (each client in its own `serve`).
@@ -65,6 +67,7 @@ max_budget_usd = "100"
 daily_budget_usd = "1000000"
 max_streams = 10000
 """
+QUOTAS = ("lifted", "checked")  # --quotas: BENCH_TENANTS, CHECKED_TENANTS
 BODY: dict[str, Any] = {"task": "benchmark", "agents": [
     {"name": "agent_0", "system_prompt": "You are agent 0. [[sim latency_ms=0]]"}],
     "synthesis": {"strategy": "none"}, "max_tokens": 200,
@@ -276,12 +279,14 @@ def run(label: str, cli: str, mode: str, args: argparse.Namespace,
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     extra = ["--no-engine"] if mode in ("api", "split") else []
-    workers = label.partition("/w")[2]
-    label = label.replace("/", "-")  # a file name below
+    workers = label.partition("/w")[2].partition("/")[0]
+    label = label.replace("/", "-")  # a file name below (its last part may be a quota)
     if workers:
         extra += ["--workers", workers]
     with serve_db("swarm_bench") as db, contextlib.ExitStack() as stack:
-        tenants = tenants_file(work, CHECKED_TENANTS if args.checked else BENCH_TENANTS)
+        quota = label.rpartition("-")[2] if "-" in label else ""
+        checked = quota == "checked" if quota in QUOTAS else args.checked
+        tenants = tenants_file(work, CHECKED_TENANTS if checked else BENCH_TENANTS)
         env = {**db, "SWARM_GATEWAY_URL": args.sim,
                "SWARM_TENANTS_FILE": str(tenants), "SWARM_MAX_INFLIGHT": "256",
                "SWARM_MAX_RUNNING_SWARMS": "64"}
@@ -296,6 +301,21 @@ def run(label: str, cli: str, mode: str, args: argparse.Namespace,
         return asyncio.run(measure(url, args.clients, args.each, args.single, pids,
                                    prof, engine=mode != "api", client=client,
                                    keyed=args.keyed))
+
+
+def quota_ratios(got: dict[tuple[str, str], list[dict[str, dict[str, Any]]]]) -> str:
+    """Each build's checked ÷ lifted load throughput, round by round and their median."""
+    lines = []
+    for (label, mode), runs in got.items():
+        build, _, quota = label.rpartition("/")
+        lifted = got.get((f"{build}/lifted", mode))
+        if quota != "checked" or not lifted:
+            continue
+        ratios = [c["load"]["per_s"] / x["load"]["per_s"]
+                  for c, x in zip(runs, lifted, strict=False)]
+        lines.append(f"{build} {mode}: checked ÷ lifted " + ", ".join(
+            f"{r:.2f}" for r in ratios) + f"; median {statistics.median(ratios):.2f}")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -313,6 +333,9 @@ def main() -> None:
                     help="every SPEC §8 quota set (none reached): admission's cost included")
     ap.add_argument("--profile", default="",
                     help="directory for py-spy raw profiles (BENCH_SPY_RATE samples/s, 200)")
+    ap.add_argument("--quotas", default="",
+                    help="a comma list of lifted, checked: each build run with each, their "
+                         "order alternating by round (prints checked ÷ lifted per build)")
     ap.add_argument("--keyed", action="store_true",
                     help="a fresh Idempotency-Key on every POST, as the typed client sends")
     ap.add_argument("--client", default="httpx",
@@ -322,6 +345,8 @@ def main() -> None:
         or {"this": CLI}
     if args.workers:  # "this/w2": the build `this` served by two processes
         builds = {f"{k}/w{n}": v for k, v in builds.items() for n in args.workers.split(",")}
+    if args.quotas:  # "main/checked": the build `main` with every quota checked
+        builds = {f"{k}/{q}": v for k, v in builds.items() for q in args.quotas.split(",")}
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-create-"))
@@ -361,6 +386,8 @@ def main() -> None:
         errs = sum(x["load"]["errors"] for x in runs)
         print(f"| {label} | {mode} | {med['per_s']:.0f}/s | {med['p50'] * 1000:.0f} ms | "
               f"{med['p99'] * 1000:.0f} ms | {errs} | {one * 1000:.1f} ms |")
+    if args.quotas:
+        print(quota_ratios(got))
     if args.profile:
         for raw in sorted(Path(args.profile).glob("*.raw")):
             print(f"\n{raw.name}:")

@@ -59,11 +59,20 @@ class WrittenAhead:
         would make two). The tenant's daily cap, when it has one, is asked in that statement
         too. Until it is sent, each is released like any row written ahead; if the creation fails,
         nothing was written. None behind the process-wide daily cap (a statement of its
-        own), nor with the latency devices off, nor past what the swarm's budget holds now."""
+        own), nor with the latency devices off, nor past what the swarm's budget holds now;
+        nor when the tenant's cap would be asked by a creation that holds the tenant's
+        admission lock (its bucket's row, its count's lock) to its commit: the cap's day row,
+        which every group commit settling the tenant's calls holds through its own commit,
+        would then queue all the tenant's creations behind each settlement
+        (docs/decisions/0030-quota-checked-creation.md); its calls reserve in the cap's
+        batches and are written ahead as any call is."""
         owned = self.owned
-        cap = owned.ctx.cap_for(owned.swarm.tenant)
-        if (not owned.ctx.settings.latency_devices or PLANNER in owned.subs
-                or (cap is not None and not isinstance(cap, TenantDailyCap))):
+        tenant = owned.swarm.tenant
+        cap = owned.ctx.cap_for(tenant)
+        settings = owned.ctx.settings
+        if (not settings.latency_devices or PLANNER in owned.subs
+                or (cap is not None and not isinstance(cap, TenantDailyCap))
+                or (cap is not None and settings.tenant_limits(tenant).admission_locks)):
             return Ahead([])
         rows: list[LedgerRow] = []
         ready = sorted((s for s in owned.subs.values() if s.kind == SubtaskKind.worker

@@ -3,9 +3,11 @@ creation's statement (`SwarmRunner.first_wave`): the workers it sends first (no 
 tools, as many as its concurrency) go out as soon as it starts, without a write-ahead commit of
 their own. Every such row is still in the ledger before its call is sent, is settled by the
 answer as any row written ahead, and one whose call is never sent settles `cancelled` at no
-cost. With the tenant's daily cap (SPEC §8's defaults), each row's reservation is made in that
-statement too. A creation that fails leaves none; with the latency devices off
-(SWARM_LATENCY_DEVICES) the engine writes every call ahead. SQLite and PostgreSQL."""
+cost. With the tenant's daily cap, each row's reservation is made in that statement too, unless
+the creation holds the tenant's admission lock to its commit (a token bucket or an active-swarm
+count, as SPEC §8's defaults have): its calls then reserve in the cap's batches. A creation
+that fails leaves none; with the latency devices off (SWARM_LATENCY_DEVICES) the engine writes
+every call ahead. SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -163,11 +165,15 @@ async def daily_rows(h: Harness) -> tuple[list[Decimal], list[Decimal]]:
     return held, spent
 
 
-async def test_the_tenants_daily_cap_is_reserved_with_the_creation(database_url: str) -> None:
-    """SPEC §8's defaults: every tenant has a daily cap. The first call's reservation against
-    it is made by the creation's statement, which writes its row: when the call is on the
-    wire both are there, at the same worst case; the answer settles the cap to the cost."""
-    h, close = await start_harness(make_settings(database_url))
+async def test_the_tenants_daily_cap_is_reserved_with_the_creation(
+        database_url: str, tmp_path: Path) -> None:
+    """A tenant with a daily cap and no admission lock (no bucket, no active-swarm count):
+    the first call's reservation against the cap is made by the creation's statement, which
+    writes its row: when the call is on the wire both are there, at the same worst case; the
+    answer settles the cap to the cost."""
+    path = tmp_path / "tenants.toml"
+    path.write_text(NO_DAILY_CAP + 'daily_budget_usd = "500"\n')
+    h, close = await start_harness(make_settings(database_url, tenants_file=str(path)))
     try:
         r = await h.post({"task": "t", "agents": [agent("a", SLOW)],
                           "synthesis": {"strategy": "none"}})
@@ -210,17 +216,20 @@ async def test_a_first_call_the_tenants_cap_cannot_hold_is_not_written(
         await close()
 
 
-@pytest.mark.parametrize("why", ["global daily cap", "planner", "tools"])
+@pytest.mark.parametrize("why", ["global daily cap", "admission lock", "planner", "tools"])
 async def test_no_first_wave_where_a_call_needs_more_than_the_creation(
         database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, why: str) -> None:
     """The process-wide daily cap (SWARM_DAILY_BUDGET_USD) is asked in a statement of its own;
-    a planned swarm starts with its planner; a tool-using worker runs a turn loop: their
-    first rows are the engine's."""
+    so is the tenant's when its creation holds the tenant's admission lock (SPEC §8's
+    defaults: a bucket, an active-swarm count, a daily cap); a planned swarm starts with its
+    planner; a tool-using worker runs a turn loop: their first rows are the engine's."""
     extra: dict[str, Any] = {}
     body: dict[str, Any] = {"task": "t", "agents": [agent("a")],
                             "synthesis": {"strategy": "none"}}
     if why == "global daily cap":
         extra["daily_budget_usd"] = Decimal("5")
+    elif why == "admission lock":
+        pass  # SPEC §8's defaults (below)
     elif why == "planner":
         body = {"task": "t", "orchestrator": {"max_subtasks": 2, "max_depth": 1},
                 "synthesis": {"strategy": "concatenate"}}
@@ -228,15 +237,20 @@ async def test_no_first_wave_where_a_call_needs_more_than_the_creation(
         extra["mcp_config"] = write_config(tmp_path / "mcp.json", {
             "docs": stdio_server(tmp_path / "docs.log")})
         body["agents"] = [{"name": "a", "tools": ["docs.lookup"]}]
-    h, close = await start_harness(uncapped(database_url, tmp_path, **extra))
+    settings = (make_settings(database_url) if why == "admission lock"
+                else uncapped(database_url, tmp_path, **extra))
+    h, close = await start_harness(settings)
     batches = record_batches(h, monkeypatch)
     try:
         data = await h.run(body, timeout=60)
+        rows = await daily_rows(h)
     finally:
         await close()
     assert data["status"] == "succeeded", data["error"]
     first = "@planner" if why == "planner" else "a"
     assert first in written_ahead(batches, data["id"])
+    if why == "admission lock":  # reserved in the cap's batch, settled to the cost
+        assert rows == ([], [Decimal(data["usage"]["cost_usd"])])
 
 
 async def test_a_cancel_that_ends_a_lapsed_creators_swarm_bills_its_first_calls(
