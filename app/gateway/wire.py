@@ -149,7 +149,7 @@ class ReqwestWire:
                    .max_connections(self._limit)
                    .pool_max_idle_per_host(self._limit)
                    .pool_idle_timeout(timedelta(seconds=self._keepalive_s))
-                   # the attempt's whole deadline is the caller's asyncio.timeout
+                   # the call's whole deadline is set on each request (post)
                    .connect_timeout(timedelta(seconds=self._connect_timeout_s))
                    # a redirect is the gateway's answer, not an address to send the caller's
                    # body and our key to (a 3xx fails as client_error, as on the streaming path)
@@ -165,17 +165,19 @@ class ReqwestWire:
 
     async def post(self, body: bytes, headers: Mapping[str, str] | None, timeout: float,
                    limit: int = MAX_ANSWER_BYTES) -> Answer:
-        """One POST; the caller's asyncio.timeout bounds it as a whole (`timeout` is unused):
-        a cancelled call drops its request, which aborts it and its connection."""
+        """One POST, bounded as a whole by the caller's asyncio.timeout and by reqwest's timer
+        of the same `timeout`: cancelling the await does not stop reqwest's task (pyreqwest
+        lets it run on), its own timer does, closing the connection and freeing its slot."""
         client = self._client or self._open()
-        request = client.post(self._url).body_bytes(body)
+        request = (client.post(self._url).body_bytes(body)
+                   .timeout(timedelta(seconds=max(timeout, 0.001))))
         if headers:
             request = request.headers(headers)
         try:
             async with request.build_streamed() as response:
                 return Answer(response.status, response.headers, await _read(response, limit))
         except RequestTimeoutError:
-            raise  # reqwest's own timer (connecting) ran out: a timeout, not a broken connection
+            raise  # reqwest's own timer ran out (connecting, or the call's): a timeout
         except RequestError as exc:
             message, undecodable = _described(exc), _undecodable(exc)
         raise WireError(message, undecodable=undecodable)  # unchained: see aclose
