@@ -9,8 +9,8 @@ The httpx path serves the in-process simulator (ASGITransport) and tests' MockTr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import gc
 import os
 import ssl
 import urllib.request
@@ -26,6 +26,7 @@ import httpx
 import pydantic_core
 from pyreqwest.client import Client, ClientBuilder
 from pyreqwest.exceptions import BodyDecodeError, RequestError, RequestTimeoutError
+from pyreqwest.logging import flush_logs
 from pyreqwest.proxy import ProxyBuilder
 from pyreqwest.response import Response
 
@@ -84,6 +85,10 @@ def limit_of(body: bytes) -> int:
 
 def too_large(limit: int) -> WireError:
     return WireError(f"answer over its bound of {limit} bytes", too_large=True)
+
+
+# how long a closed client's threads are given to let go of Python's objects (aclose)
+_SETTLE_S = 0.05
 
 
 def _trusted_certificates() -> list[bytes]:
@@ -168,28 +173,39 @@ class ReqwestWire:
         """One POST, bounded as a whole by the caller's asyncio.timeout and by reqwest's timer
         of the same `timeout`: cancelling the await does not stop reqwest's task (pyreqwest
         lets it run on), its own timer does, closing the connection and freeing its slot."""
+        # reqwest's errors are raised again as our own, unchained, from this frame, which
+        # holds none of pyreqwest's objects: an error's frames (held by an asyncio task that
+        # failed, in a reference cycle) would keep a request or a client to be dropped by the
+        # collection at interpreter exit, while Python is finalizing, which aborts the process
+        try:
+            return await self._exchange(body, headers, timeout, limit)
+        except RequestTimeoutError as exc:  # reqwest's timer (connecting, or the call's)
+            message, timed_out, undecodable = _described(exc), True, False
+        except RequestError as exc:
+            message, timed_out, undecodable = _described(exc), False, _undecodable(exc)
+        if timed_out:
+            raise TimeoutError(message)
+        raise WireError(message, undecodable=undecodable)
+
+    async def _exchange(self, body: bytes, headers: Mapping[str, str] | None, timeout: float,
+                        limit: int) -> Answer:
         client = self._client or self._open()
         request = (client.post(self._url).body_bytes(body)
                    .timeout(timedelta(seconds=max(timeout, 0.001))))
         if headers:
             request = request.headers(headers)
-        try:
-            async with request.build_streamed() as response:
-                return Answer(response.status, response.headers, await _read(response, limit))
-        except RequestTimeoutError:
-            raise  # reqwest's own timer ran out (connecting, or the call's): a timeout
-        except RequestError as exc:
-            message, undecodable = _described(exc), _undecodable(exc)
-        raise WireError(message, undecodable=undecodable)  # unchained: see aclose
+        async with request.build_streamed() as response:
+            return Answer(response.status, response.headers, await _read(response, limit))
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
-            # pyreqwest's objects left in reference cycles (an error's frames hold a request
-            # and its client) are collected now: dropped by the collection at interpreter
-            # exit, while Python is finalizing, they abort the process
-            gc.collect()
+            # reqwest's threads finish with what they still hold of Python's (a failed call's
+            # response, its log records) while Python runs: at interpreter exit, while it is
+            # finalizing, a thread handing such an object back aborts the process
+            await asyncio.sleep(_SETTLE_S)
+            flush_logs()
 
 
 def _causes(exc: RequestError) -> list[str]:
