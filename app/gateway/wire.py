@@ -2,7 +2,7 @@
 
 reqwest (Rust, through pyreqwest) is the network path because of what one call costs the event
 loop: its connections, parser and TLS run on a Tokio thread, so the loop's thread only hands
-over the body and takes the answer, under half of what aiohttp spends there, and that CPU
+over the body and takes the answer, a fraction of what aiohttp spent there, and that CPU
 bounds the engine (docs/decisions/0027-gateway-wire-on-reqwest.md).
 The httpx path serves the in-process simulator (ASGITransport) and tests' MockTransports.
 """
