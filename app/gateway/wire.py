@@ -175,8 +175,8 @@ class ReqwestWire:
         lets it run on), its own timer does, closing the connection and freeing its slot."""
         # reqwest's errors are raised again as our own, unchained, from this frame, which
         # holds none of pyreqwest's objects: an error's frames (held by an asyncio task that
-        # failed, in a reference cycle) would keep a request or a client to be dropped by the
-        # collection at interpreter exit, while Python is finalizing, which aborts the process
+        # failed, in a reference cycle) would keep a request or a client for the collection at
+        # interpreter exit, and one dropped while Python is finalizing can abort the process
         try:
             return await self._exchange(body, headers, timeout, limit)
         except RequestTimeoutError as exc:  # reqwest's timer (connecting, or the call's)
