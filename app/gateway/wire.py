@@ -87,6 +87,12 @@ def too_large(limit: int) -> WireError:
     return WireError(f"answer over its bound of {limit} bytes", too_large=True)
 
 
+# reqwest's timer runs past the caller's deadline by this much: the caller's asyncio timeout
+# (in the loop's time) decides a call's outcome, reqwest's (in real time, on its own thread)
+# only ends a call whose await was cancelled, so a busy loop never sees an answer that had
+# arrived in time turned into a timeout
+_BACKSTOP_S = 1.0
+
 # how long a closed client's threads are given to let go of Python's objects (aclose)
 _SETTLE_S = 0.05
 
@@ -171,8 +177,9 @@ class ReqwestWire:
     async def post(self, body: bytes, headers: Mapping[str, str] | None, timeout: float,
                    limit: int = MAX_ANSWER_BYTES) -> Answer:
         """One POST, bounded as a whole by the caller's asyncio.timeout and by reqwest's timer
-        of the same `timeout`: cancelling the await does not stop reqwest's task (pyreqwest
-        lets it run on), its own timer does, closing the connection and freeing its slot."""
+        of `timeout` (and a backstop): cancelling the await does not stop reqwest's task
+        (pyreqwest lets it run on), its own timer does, closing the connection and freeing its
+        slot."""
         # reqwest's errors are raised again as our own, unchained, from this frame, which
         # holds none of pyreqwest's objects: an error's frames (held by an asyncio task that
         # failed, in a reference cycle) would keep a request or a client for the collection at
@@ -191,7 +198,7 @@ class ReqwestWire:
                         limit: int) -> Answer:
         client = self._client or self._open()
         request = (client.post(self._url).body_bytes(body)
-                   .timeout(timedelta(seconds=max(timeout, 0.001))))
+                   .timeout(timedelta(seconds=timeout + _BACKSTOP_S)))
         if headers:
             request = request.headers(headers)
         async with request.build_streamed() as response:

@@ -37,7 +37,7 @@ async def test_a_cancelled_call_is_aborted_by_its_deadline_and_the_pool_serves_t
         how: str) -> None:
     """The caller's deadline ends the call: its connection is closed then (the gateway stops
     working for nobody) and its pool slot is free for the next call. A call cancelled before
-    its deadline runs on in reqwest's thread until that deadline, no longer."""
+    its deadline runs on in reqwest's thread until that deadline (and a backstop), no longer."""
     server = ScriptedServer(None, OK)
     async with server as url:
         wire = _wire(f"{url}/chat/completions", limit=1)
@@ -54,7 +54,7 @@ async def test_a_cancelled_call_is_aborted_by_its_deadline_and_the_pool_serves_t
                 with pytest.raises(asyncio.CancelledError):
                     await call
             await asyncio.wait_for(server.abandoned.wait(), 10)
-            assert time.monotonic() - started < 5  # its deadline (0.3 s), not never
+            assert time.monotonic() - started < 6  # its deadline (0.3 s) and backstop (1 s)
             answer = await asyncio.wait_for(wire.post(b"{}", None, 2), 2)
         finally:
             await wire.aclose()
