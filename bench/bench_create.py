@@ -41,6 +41,8 @@ from typing import Any
 import aiohttp
 import httpx
 
+from bench.builds import add_builds
+from bench.builds import builds as bench_builds
 from tests.support import free_port, process, throwaway_db, wait_http
 
 CLI = str(Path(sys.executable).with_name("swarm-api"))
@@ -323,8 +325,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=200)
     ap.add_argument("--each", type=int, default=10)
     ap.add_argument("--single", type=int, default=200)
-    ap.add_argument("--cli", action="append", default=[],
-                    help="label=path of a swarm-api to measure (repeatable)")
+    add_builds(ap, "a build of swarm-api to measure (repeatable; default this checkout's)")
     ap.add_argument("--modes", default="engine,api")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--workers", default="",
@@ -341,8 +342,7 @@ def main() -> None:
     ap.add_argument("--client", default="httpx",
                     help="the load generator's HTTP client, or a comma list: httpx, aiohttp")
     args = ap.parse_args()
-    builds = {k: str(Path(v).absolute()) for k, v in (c.split("=", 1) for c in args.cli)} \
-        or {"this": CLI}
+    builds = bench_builds(args, ("this", CLI))
     if args.workers:  # "this/w2": the build `this` served by two processes
         builds = {f"{k}/w{n}": v for k, v in builds.items() for n in args.workers.split(",")}
     if args.quotas:  # "main/checked": the build `main` with every quota checked

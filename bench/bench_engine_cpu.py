@@ -30,6 +30,8 @@ from pathlib import Path
 import httpx
 
 from bench.bench_create import postgres_cpu_s, profiled, serve_db, top_frames
+from bench.builds import add_builds
+from bench.builds import builds as bench_builds
 from bench.table_rows import run_swarm, swarm_body
 from tests.support import free_port, process
 
@@ -78,7 +80,7 @@ def one_round(cli: str, agents: int, in_flight: int, latency_ms: float, work: Pa
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cli", action="append", required=True, help="name=path/to/swarm-api")
+    add_builds(ap, "a build of swarm-api to measure (repeatable)", required=True)
     ap.add_argument("--agents", type=int, default=1000)
     ap.add_argument("--in-flight", type=int, default=64)
     ap.add_argument("--latency-ms", type=float, default=0)
@@ -90,7 +92,7 @@ def main() -> None:
     spy = Path(args.profile) if args.profile else None
     if spy is not None:
         spy.mkdir(parents=True, exist_ok=True)
-    builds = {n: str(Path(p).absolute()) for n, p in (c.split("=", 1) for c in args.cli)}
+    builds = bench_builds(args)
     cpu: dict[str, list[float]] = {n: [] for n in builds}
     db: dict[str, list[float]] = {n: [] for n in builds}
     wall: dict[str, list[float]] = {n: [] for n in builds}

@@ -33,6 +33,8 @@ from app.engine.subtask_rows import new_subtask
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
 from bench.bench_create import cpu_s, serve_db
 from bench.bench_rows import serving
+from bench.builds import add_builds
+from bench.builds import builds as bench_builds
 
 TENANT = "default"  # the tenant of a service without SWARM_API_KEYS
 PER_SWARM = 1000
@@ -158,11 +160,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="rounds of every build, taken in turn (a shared machine's load "
                          "then weighs on each alike)")
-    ap.add_argument("--cli", action="append",
-                    help="name=path/to/swarm-api (repeatable); default this checkout's")
+    add_builds(ap, "a build of swarm-api to measure (repeatable; default this checkout's)")
     args = ap.parse_args()
-    builds = dict(c.split("=", 1) for c in args.cli or [
-        f"this={Path('.venv/bin/swarm-api').resolve()}"])
+    builds = bench_builds(args, ("this", str(Path(".venv/bin/swarm-api").resolve())))
     p50s: dict[str, list[float]] = {name: [] for name in builds}
     cpus: dict[str, list[float]] = {}
     for r in range(args.rounds):

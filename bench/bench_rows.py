@@ -42,6 +42,8 @@ from bench.bench_create import (
     tenants_file,
 )
 from bench.bench_engine_cpu import cpu_s
+from bench.builds import add_builds
+from bench.builds import builds as bench_builds
 from bench.table_rows import TERMINAL, run_swarm, swarm_body
 from tests.support import free_port, process
 
@@ -198,7 +200,7 @@ def one_round(cli: str, work: Path, out: Results | None, look: str = "wide",
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cli", action="append", required=True, help="name=path/to/swarm-api")
+    add_builds(ap, "a build of swarm-api to measure (repeatable)", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--anatomy", nargs="?", const="wide", choices=("wide", "fanout"),
                     help="a timeline: one 1,000-agent swarm's (wide), or the fan-out row's")
@@ -208,8 +210,8 @@ def main() -> None:
     quotas = args.quotas.split(",")
     if unknown := set(quotas) - QUOTAS.keys():
         ap.error(f"--quotas: unknown {sorted(unknown)}")
-    builds = {(f"{n}/{q}" if len(quotas) > 1 else n, q): str(Path(p).absolute())
-              for n, p in (c.split("=", 1) for c in args.cli) for q in quotas}
+    builds = {(f"{n}/{q}" if len(quotas) > 1 else n, q): p
+              for n, p in bench_builds(args).items() for q in quotas}
     if args.anatomy:
         for (name, quota), cli in builds.items():
             print(f"{name}:")

@@ -27,6 +27,8 @@ import tempfile
 from pathlib import Path
 
 from bench.bench_create import CLI, cpu_s, profiled, top_frames
+from bench.builds import add_builds
+from bench.builds import builds as bench_builds
 from bench.table_rows import bare_gather
 from tests.support import free_port, process
 
@@ -89,14 +91,13 @@ async def profile(sims: dict[str, tuple[str, int]], calls: int, folder: Path) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cli", action="append", default=[],
-                        help="NAME=/path/to/swarm-api (repeatable; default this checkout's)")
+    add_builds(parser, "a build whose simulator to measure (repeatable; default this "
+                       "checkout's)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--profile", type=Path, default=None)
     args = parser.parse_args()
-    builds = {name: str(Path(cli).absolute()) for name, cli in
-              (c.split("=", 1) for c in args.cli)} or {"this": CLI}
+    builds = bench_builds(args, ("this", CLI))
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         sims: dict[str, tuple[str, int]] = {}
         for name, cli in builds.items():

@@ -33,6 +33,8 @@ from pathlib import Path
 
 from bench import bench_tool_row
 from bench.bench_create import serve_db, tenants_file
+from bench.builds import add_builds
+from bench.builds import builds as bench_builds
 from bench.table_creation import (
     CLIENTS,
     READY_S,
@@ -110,7 +112,8 @@ def host_speed() -> float:
 
 
 def intro(args: argparse.Namespace, loads: tuple[float, float], speed: float) -> str:
-    options = f"{' --quick' if args.quick else ''}" + "".join(f" --cli {c}" for c in args.cli)
+    options = f"{' --quick' if args.quick else ''}" + "".join(
+        f" --cli {name}={path}" for name, path in args.cli)
     builds = ("" if len(args.cli) < 2 else
               " Each build runs every row in turn, one column each: a cell is that build's "
               "figure and the peers of its own run.")
@@ -140,16 +143,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--quick", action="store_true",
                     help="smaller sizes, bench/RESULTS.md untouched (a smoke run)")
-    ap.add_argument("--cli", action="append", default=[], metavar="NAME=PATH",
-                    help="compare builds: each one's `swarm-api` runs every row, in order, "
-                         "one column each (default: this checkout's)")
+    add_builds(ap, "compare builds: each one's `swarm-api` runs every row, in order, "
+                   "one column each (default: this checkout's)")
     args = ap.parse_args()
-    builds = [tuple(c.split("=", 1)) for c in args.cli] or [("", CLI)]
     speed, start = host_speed(), os.getloadavg()[0]
     results: dict[str, list[Row]] = {}
-    for name, cli in builds:
-        results[name] = table(str(Path(cli).absolute()) if name else cli, args.runs,
-                              args.quick, Path(tempfile.mkdtemp(prefix="bench-table-")))
+    # this checkout's build is the one unnamed column
+    for name, cli in bench_builds(args, ("", CLI)).items():
+        results[name] = table(cli, args.runs, args.quick,
+                              Path(tempfile.mkdtemp(prefix="bench-table-")))
         print(f"build {name or 'this'}: done", file=sys.stderr, flush=True)
     text = section(intro(args, (start, os.getloadavg()[0]), speed), results)
     print(text)

@@ -34,6 +34,8 @@ from typing import Any
 
 from bench.bench_create import PY_SPY, cpu_s, serve_db, tenants_file, top_frames
 from bench.bench_tools import run_swarm, wait_ready
+from bench.builds import add_builds
+from bench.builds import builds as bench_builds
 from tests.mcp_servers import SERVER, HttpServer
 from tests.support import CLI, free_port, process
 
@@ -171,8 +173,7 @@ def main() -> None:
     ap.add_argument("--tool-ms", type=float, default=50)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--sessions", default="1,4", help="SWARM_MCP_HTTP_SESSIONS values")
-    ap.add_argument("--cli", action="append", default=[], metavar="NAME=PATH",
-                    help="compare builds: each one's `swarm-api serve`, swarms interleaved")
+    add_builds(ap, "compare builds: each one's `swarm-api serve`, swarms interleaved")
     ap.add_argument("--spy", type=Path, default=None,
                     help="directory for py-spy profiles of `serve` during each variant's last run")
     args = ap.parse_args()
@@ -180,7 +181,7 @@ def main() -> None:
     pool_sizes: list[int | None] = [int(v) for v in args.sessions.split(",")]
     results = measure(work, pool_sizes, agents=args.agents, latency_ms=args.latency_ms,
                       tool_ms=args.tool_ms, runs=args.runs, spy=args.spy,
-                      clis=dict(c.split("=", 1) for c in args.cli) or None)
+                      clis=bench_builds(args) or None)
     for raw in sorted(args.spy.glob("serve-*.raw")) if args.spy is not None else []:
         print(f"\n{raw.name}: frame, self %, inclusive % (Python CPU of `serve`)")
         for frame, own, incl in top_frames(raw, 15):

@@ -22,6 +22,8 @@ import asyncpg
 import httpx
 
 from bench.bench_rows import serving
+from bench.builds import add_builds
+from bench.builds import builds as bench_builds
 from bench.table_rows import run_swarm, swarm_body
 
 Results = dict[str, list[float]]
@@ -63,11 +65,11 @@ def one_round(cli: str, gets: int, out: Results) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cli", action="append", required=True, help="name=path/to/swarm-api")
+    add_builds(ap, "a build of swarm-api to measure (repeatable)", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gets", type=int, default=20)
     args = ap.parse_args()
-    builds = {n: str(Path(p).absolute()) for n, p in (c.split("=", 1) for c in args.cli)}
+    builds = bench_builds(args)
     results: dict[str, Results] = {n: {} for n in builds}
     for _ in range(args.rounds):
         for name, cli in builds.items():
