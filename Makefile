@@ -8,7 +8,7 @@ PORT   ?= 8000
 TEST_WORKERS ?= 2
 # a failed test runs once more before the run fails, and the summary names it (R): a failure
 # that repeats is a failure; one that does not is a flake to chase, said and not hidden
-SUITE := -n $(TEST_WORKERS) --dist worksteal --reruns 1 --reruns-delay 1 -rR
+SUITE := -n $(TEST_WORKERS) --dist worksteal --reruns 1 --reruns-delay 1 -raR
 
 .PHONY: run test test-plain test-encrypted lint install bench clean interop chaos
 
