@@ -246,7 +246,7 @@ The gateway is {server_name} under uvicorn in its own process, so its CPU is not
 counted (but it shares the machine's {os.cpu_count()} cores, which bounds calls/s).
 "httpx, one pool of N" is a bare `AsyncClient.post` + `json.loads` with `max_connections = N`;
 "aiohttp, one session" the same over an aiohttp session of N connections; "GatewayClient" is
-the full client (body building, classification, tenacity, records; reqwest underneath). The
+the full client (body building, classification, tenacity, records; aiohttp underneath). The
 last column is GatewayClient CPU over the bare httpx pool.
 
 {table}

@@ -36,9 +36,9 @@ from app.gateway.chat import (
 from app.gateway.deltas import REFUSED, post_streamed
 from app.gateway.redact import Redactor
 from app.gateway.wire import (
+    AiohttpWire,
     Answer,
     HttpxWire,
-    ReqwestWire,
     Wire,
     WireError,
     answer_limit,
@@ -57,7 +57,7 @@ async def _sleep(seconds: float) -> None:
 class GatewayClient:
     """POSTs chat completions to one gateway, at most `max_inflight` connections per pool.
 
-    Buffered calls go over a reqwest pool (app/gateway/wire.py says why); streamed ones over
+    Buffered calls go over an aiohttp pool (app/gateway/wire.py says why); streamed ones over
     an httpx pool, for the event-stream parser they use (httpx-sse). A `transport` handed in
     carries both.
     """
@@ -95,8 +95,9 @@ class GatewayClient:
         if transport is not None:
             self._wire = HttpxWire(self._url, self.stream_client(), connect_timeout_s)
         else:
-            self._wire = ReqwestWire(self._url, self._headers, limit=max_inflight,
-                                     keepalive_s=keepalive_s, connect_timeout_s=connect_timeout_s)
+            self._wire = AiohttpWire(self._url, self._headers, limit=max_inflight,
+                                     keepalive_s=keepalive_s, connect_timeout_s=connect_timeout_s,
+                                     ssl_context=self._ssl_context)  # loaded at first call
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:  # CA certificates loaded once (httpx's: certifi, SSL_CERT_FILE)
