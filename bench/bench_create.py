@@ -69,7 +69,8 @@ max_budget_usd = "100"
 daily_budget_usd = "1000000"
 max_streams = 10000
 """
-QUOTAS = ("lifted", "checked")  # --quotas: BENCH_TENANTS, CHECKED_TENANTS
+# the tenants files by the name `--quotas` (and bench_rows, the table) give them
+QUOTAS = {"lifted": BENCH_TENANTS, "checked": CHECKED_TENANTS}
 BODY: dict[str, Any] = {"task": "benchmark", "agents": [
     {"name": "agent_0", "system_prompt": "You are agent 0. [[sim latency_ms=0]]"}],
     "synthesis": {"strategy": "none"}, "max_tokens": 200,
@@ -282,13 +283,13 @@ def run(label: str, cli: str, mode: str, args: argparse.Namespace,
     url = f"http://127.0.0.1:{port}"
     extra = ["--no-engine"] if mode in ("api", "split") else []
     workers = label.partition("/w")[2].partition("/")[0]
-    label = label.replace("/", "-")  # a file name below (its last part may be a quota)
+    quota = label.rpartition("/")[2]  # "main/checked": `--quotas`' tenants file
+    label = label.replace("/", "-")  # a file name below
     if workers:
         extra += ["--workers", workers]
     with serve_db("swarm_bench") as db, contextlib.ExitStack() as stack:
-        quota = label.rpartition("-")[2] if "-" in label else ""
-        checked = quota == "checked" if quota in QUOTAS else args.checked
-        tenants = tenants_file(work, CHECKED_TENANTS if checked else BENCH_TENANTS)
+        tenants = tenants_file(work, QUOTAS.get(quota)
+                               or (CHECKED_TENANTS if args.checked else BENCH_TENANTS))
         env = {**db, "SWARM_GATEWAY_URL": args.sim,
                "SWARM_TENANTS_FILE": str(tenants), "SWARM_MAX_INFLIGHT": "256",
                "SWARM_MAX_RUNNING_SWARMS": "64"}
@@ -320,6 +321,19 @@ def quota_ratios(got: dict[tuple[str, str], list[dict[str, dict[str, Any]]]]) ->
     return "\n".join(lines)
 
 
+def variants(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """Each build, per `--workers` and `--quotas` value: its label and its `swarm-api`."""
+    builds = bench_builds(args, ("this", CLI))
+    if args.workers:  # "this/w2": the build `this` served by two processes
+        builds = {f"{k}/w{n}": v for k, v in builds.items() for n in args.workers.split(",")}
+    if args.quotas:  # "main/checked": the build `main` with every quota checked
+        quotas = args.quotas.split(",")
+        if unknown := set(quotas) - QUOTAS.keys():
+            ap.error(f"--quotas: unknown {sorted(unknown)}")
+        builds = {f"{k}/{q}": v for k, v in builds.items() for q in quotas}
+    return builds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=200)
@@ -342,11 +356,7 @@ def main() -> None:
     ap.add_argument("--client", default="httpx",
                     help="the load generator's HTTP client, or a comma list: httpx, aiohttp")
     args = ap.parse_args()
-    builds = bench_builds(args, ("this", CLI))
-    if args.workers:  # "this/w2": the build `this` served by two processes
-        builds = {f"{k}/w{n}": v for k, v in builds.items() for n in args.workers.split(",")}
-    if args.quotas:  # "main/checked": the build `main` with every quota checked
-        builds = {f"{k}/{q}": v for k, v in builds.items() for q in args.quotas.split(",")}
+    builds = variants(ap, args)
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-create-"))

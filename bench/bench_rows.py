@@ -36,7 +36,7 @@ import httpx
 
 from bench.bench_create import (
     BENCH_TENANTS,
-    CHECKED_TENANTS,
+    QUOTAS,
     post_load,
     serve_db,
     tenants_file,
@@ -183,8 +183,6 @@ def serving(cli: str, work: Path, tenants: str = BENCH_TENANTS,
                      work / "api.log", cli=cli) as serve:
             yield api, db["SWARM_DATABASE_URL"], serve.pid, sim
 
-
-QUOTAS = {"lifted": BENCH_TENANTS, "checked": CHECKED_TENANTS}
 
 
 def one_round(cli: str, work: Path, out: Results | None, look: str = "wide",

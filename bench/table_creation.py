@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_create import (
-    BENCH_TENANTS,
-    CHECKED_TENANTS,
+    QUOTAS,
     drained,
     engine_worker,
     errors_cell,
@@ -26,7 +25,6 @@ from tests.support import free_port, process
 
 Creation = tuple[dict[str, Any], dict[str, Any]]  # (under load, one client)
 CLIENTS = ("httpx", "aiohttp")
-QUOTAS = {"lifted": BENCH_TENANTS, "checked": CHECKED_TENANTS}
 # how long a `serve` may take to answer /readyz: two workers migrating and starting on a
 # loaded 2-core machine take over 30 s
 READY_S = 120

@@ -71,8 +71,8 @@ class WrittenAhead:
         cap = owned.ctx.cap_for(tenant)
         settings = owned.ctx.settings
         if (not settings.latency_devices or PLANNER in owned.subs
-                or (cap is not None and not isinstance(cap, TenantDailyCap))
-                or (cap is not None and settings.tenant_limits(tenant).admission_locks)):
+                or (cap is not None and (not isinstance(cap, TenantDailyCap)
+                                         or settings.tenant_limits(tenant).admission_locks))):
             return Ahead([])
         rows: list[LedgerRow] = []
         ready = sorted((s for s in owned.subs.values() if s.kind == SubtaskKind.worker
