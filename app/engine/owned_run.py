@@ -60,6 +60,9 @@ class OwnedRun:
     def forget_subtasks(self, subs: Sequence[Subtask]) -> None:
         self._state.forget_subtasks(subs)
 
+    def chain_below(self) -> dict[str, int]:
+        return self._state.chain_below()
+
     def worker_names(self) -> list[str]:
         return self._state.worker_names()
 

@@ -157,6 +157,9 @@ class OwnedSwarm(Protocol):
 
     def forget_subtasks(self, subs: Sequence[Subtask]) -> None: ...
 
+    def chain_below(self) -> dict[str, int]:
+        """Each subtask's `dag.chain_below` in the swarm's graph as it is now."""
+
     def worker_names(self) -> list[str]: ...
 
     def worker_results(self) -> list[WorkerResult]: ...

@@ -38,6 +38,7 @@ class RunnerState:
         self.limits: dict[str, Any] = self.spec["limits"]
         self.subs: dict[str, Subtask] = {}
         self.deps: dict[str, list[str]] = {}
+        self._below: dict[str, int] | None = None  # `chain_below`, until the graph changes
         self.add_subtasks(subtasks)
         if self.swarm.unresolved_usd is None:  # a row built in memory without every default
             self.swarm.unresolved_usd = Decimal(0)
@@ -63,12 +64,22 @@ class RunnerState:
         for s in map(live_subtask, subs):
             self.subs[s.name] = s
             self.deps[s.name] = list(s.depends_on)
+        self._below = None
 
     def forget_subtasks(self, subs: Sequence[Subtask]) -> None:
         """Drop subtasks whose insert was refused (they never existed)."""
         for s in subs:
             self.subs.pop(s.name, None)
             self.deps.pop(s.name, None)
+        self._below = None
+
+    def chain_below(self) -> dict[str, int]:
+        """`dag.chain_below` of the swarm's graph, computed once per change of it (only
+        `add_subtasks` and `forget_subtasks` change `deps`): each tool turn asks it for its
+        calls' priority, and a key of the graph's whole shape was O(agents) per turn."""
+        if self._below is None:
+            self._below = dag.chain_below(self.deps)
+        return self._below
 
     # ---- control ------------------------------------------------------------------------
 

@@ -24,7 +24,6 @@ from app import tracing
 from app.db.queries import get_transcript
 from app.db.tables import Subtask
 from app.db.types import utcnow
-from app.engine import dag
 from app.engine.faults import crash_point
 from app.engine.lifecycle import CALL_FAILURES, SubtaskSteps
 from app.engine.owned_swarm import EventRow, Outcome, OwnedSwarm, TranscriptRow, failure
@@ -96,7 +95,6 @@ class TurnLoop:
         self.steps = steps
         self.used = sum(s.tool_calls for s in owned.subs.values())
         self.outputs = OutputLadder(owned, steps)
-        self._below: tuple[tuple[tuple[str, tuple[str, ...]], ...], dict[str, int]] | None = None
 
     async def run(self, sub: Subtask, first: list[Message]) -> Outcome:
         """Never raises but for cancellation and a lost lease."""
@@ -207,12 +205,9 @@ class TurnLoop:
         return ended
 
     def _priority(self, sub: Subtask) -> int:
-        """The length of the dependency chain behind `sub` (its calls' slot priority), computed
-        once per shape of the swarm's graph, not once per agent."""
-        shape = tuple(zip(self.owned.deps, map(tuple, self.owned.deps.values()), strict=True))
-        if self._below is None or self._below[0] != shape:
-            self._below = (shape, dag.chain_below(self.owned.deps))
-        return self._below[1].get(sub.name, 1)
+        """The length of the dependency chain behind `sub` (its calls' slot priority): the
+        swarm's, computed once per change of its graph (`RunnerState.chain_below`)."""
+        return self.owned.chain_below().get(sub.name, 1)
 
     async def _run_calls(self, sub: Subtask, turn: int,
                          pending: list[tuple[int, ToolCallRequest, str]],

@@ -111,3 +111,15 @@ async def test_what_the_subtasks_see_follows_the_state_and_asks_the_tolerance() 
     assert owned.deadline == 12.5
     owned.failing("a1", ERROR)
     assert owned.stopping and state.stop_status is SwarmStatus.failed
+
+
+async def test_the_chain_below_each_subtask_follows_the_graph_as_it_changes() -> None:
+    state, tolerance, _ = run(0.0, [], ["a0"])
+    owned = OwnedRun(state, tolerance)
+    assert owned.chain_below() == {"a0": 2, "a1": 1}
+    assert owned.chain_below() is owned.chain_below()  # once per graph, not per tool turn
+    more = [new_subtask("s1", "a2", 2, SubtaskKind.worker, "m", 10, depends_on=["a1"])]
+    owned.add_subtasks(more)
+    assert owned.chain_below() == {"a0": 3, "a1": 2, "a2": 1}
+    owned.forget_subtasks(more)
+    assert owned.chain_below() == {"a0": 2, "a1": 1}
