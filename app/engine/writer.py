@@ -78,6 +78,9 @@ class StateWriter:
         self._wake = asyncio.Event()  # a write is queued
         self._waited = asyncio.Event()  # ... and somebody waits for one (LINGER_S)
         self._task: asyncio.Task[None] | None = None
+        # the loop the writer runs on, for its futures: 3.11's get_running_loop checks the
+        # pid (a syscall) on each of the ~3 writes a subtask makes
+        self._loop_of: asyncio.AbstractEventLoop | None = None
         self._closing = False
 
     @property
@@ -87,6 +90,7 @@ class StateWriter:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="state-writer")
+        self._loop_of = self._task.get_loop()
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -98,7 +102,7 @@ class StateWriter:
         waits for it, and it may wait up to LINGER_S for a write somebody does. `meanwhile`:
         CPU work for once the write's statement is on its way (at most once, its errors
         logged): it runs while the database works, not after it answered."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = (self._loop_of or asyncio.get_running_loop()).create_future()
         if self._closing and self._task is None:
             fut.set_exception(RuntimeError("state writer closed"))
             return fut
@@ -117,7 +121,7 @@ class StateWriter:
         self._waited.set()
         if self._task is not None:
             await self._task
-            self._task = None
+            self._task = self._loop_of = None
         await self._commits.close()
 
     async def _loop(self) -> None:
