@@ -24,6 +24,10 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(VENV)/.installed $@
 
+$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $(VENV)/.installed $(VENV)/.installed-test $@
+
 install: $(VENV)/.installed
 
 run: $(VENV)/.installed
@@ -59,7 +63,7 @@ test-encrypted: $(VENV)/.installed-test
 	$(PYTHON) -m venv .venv-bench
 	.venv-bench/bin/pip install --quiet 'langgraph==1.2.22' 'httpx>=0.27'
 
-bench: $(VENV)/.installed-test .venv-bench/bin/python
+bench: $(VENV)/.installed-bench .venv-bench/bin/python
 	$(BIN)/python -m bench.bench_table
 
 # the interop suite's neighbours, each in a virtualenv of its own (never a dependency of the

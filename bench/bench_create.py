@@ -171,22 +171,32 @@ def errors_cell(result: dict[str, Any]) -> str:
     return f"{result['errors']} errors ({kinds})"
 
 
+def start_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy recording `pid` (raw collapsed stacks of the GIL's holder: Python CPU) into `out`,
+    attached by the time it returns; SIGINT ends it and writes the file."""
+    if not PY_SPY.exists():
+        raise SystemExit(f"{PY_SPY} is missing: profiles need the bench extra "
+                         "(make .venv/.installed-bench)")
+    rate = os.environ.get("BENCH_SPY_RATE", "200")
+    process = subprocess.Popen([str(PY_SPY), "record", "-p", str(pid), "-f", "raw", "-r", rate,
+                                "--gil", "-o", str(out)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the load starts
+    return process
+
+
 @contextlib.contextmanager
 def profiled(pid: int, out: Path | None) -> Iterator[None]:
     """py-spy (sampling, collapsed stacks) on `pid` for the block; nothing when out is None."""
     if out is None:
         yield
         return
-    rate = os.environ.get("BENCH_SPY_RATE", "200")
-    spy = subprocess.Popen([str(PY_SPY), "record", "-p", str(pid), "-f", "raw", "-r", rate,
-                            "--gil", "-o", str(out)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # attached before the load starts
+    recording = start_spy(pid, out)
     try:
         yield
     finally:
-        spy.send_signal(signal.SIGINT)
-        spy.wait(60)
+        recording.send_signal(signal.SIGINT)
+        recording.wait(60)
 
 
 def top_frames(raw: Path, n: int = 12) -> list[tuple[str, float, float]]:

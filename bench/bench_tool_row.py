@@ -26,13 +26,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.bench_create import PY_SPY, cpu_s, serve_db, tenants_file, top_frames
+from bench.bench_create import cpu_s, serve_db, start_spy, tenants_file, top_frames
 from bench.bench_tools import run_swarm, wait_ready
 from bench.builds import add_builds
 from bench.builds import builds as bench_builds
@@ -92,16 +91,12 @@ def spied(pid: int, out: Path | None) -> Callable[[], None]:
     (nothing runs when `out` is None)."""
     if out is None:
         return lambda: None
-    rate = os.environ.get("BENCH_SPY_RATE", "200")
-    spy = subprocess.Popen([str(PY_SPY), "record", "-p", str(pid), "-f", "raw", "-r", rate,
-                            "--gil", "-o", str(out)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # attached before the load starts
+    recording = start_spy(pid, out)
 
     def stop() -> None:
-        if spy.poll() is None:
-            spy.send_signal(signal.SIGINT)
-            spy.wait(60)
+        if recording.poll() is None:
+            recording.send_signal(signal.SIGINT)
+            recording.wait(60)
     return stop
 
 
