@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import stat
@@ -251,11 +252,23 @@ def _run(serve: Callable[[], Awaitable[None]]) -> None:
         anyio.run(serve, backend_options={"use_uvloop": True})
 
 
+def _quiet_collector() -> None:
+    """The collector set as `swarm-api serve` sets its own (docs/decisions/0012 and 0034): a
+    call allocates hundreds of containers that live until its answer, so at CPython's
+    threshold (700) a wave of calls ran the collector many times over everything in flight, and
+    each full pass walked the ~160,000 objects the SDK's modules and models keep for the
+    process's life. The calls' objects are freed by reference counting all the same."""
+    gc.set_threshold(10_000, 10, 10)
+    gc.collect()
+    gc.freeze()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP")
     parser.add_argument("--host", default="127.0.0.1")
     opts = parser.parse_args()
+    _quiet_collector()
     if opts.http is None:
         _run(_serve_stdio)
     else:
