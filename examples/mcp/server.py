@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from mcp.server._otel import OpenTelemetryMiddleware
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.stdio import stdio_server
@@ -39,6 +40,10 @@ RACY_NS = 1_000_000_000  # file times move in clock ticks (milliseconds), not na
 
 server = MCPServer("example", instructions="Look things up in a local folder of text files.",
                    log_level="WARNING")  # a log line per request costs more than the call
+# the SDK wraps every request in an OpenTelemetry span, a no-op until an exporter is installed;
+# this server installs none, so it takes the middleware out as the SDK says to opt out
+server._lowlevel_server.middleware = [m for m in server._lowlevel_server.middleware
+                                      if not isinstance(m, OpenTelemetryMiddleware)]
 _in_flight: Counter[str] = Counter()
 _log_fd: int | None = None
 
