@@ -1,15 +1,19 @@
 """Helpers shared by test modules (a test module never imports another one, see
 tests/ops/test_architecture.py): waiting on a condition, agent specs and request bodies, the SPEC
-error shape, the ledger, SSE, and the swarms the budget properties draw. Processes and
-databases are in tests/support.py and tests/procs.py."""
+error shape, the ledger, SSE, SQLite's write lock, and the swarms the budget properties draw.
+Processes and databases are in tests/support.py and tests/procs.py."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import inspect
 import json
+import sqlite3
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -285,3 +289,53 @@ def capped(h: Harness) -> bool:
     """Whether the swarms' tenant has a daily cap (asked before a row is written ahead)."""
     limits = h.app.state.settings.tenant_limits(DEFAULT_TENANT)
     return limits.daily_budget_usd is not None
+
+
+# ---- SQLite's write lock -------------------------------------------------------------------
+
+
+def write_locked(path: Path) -> bool:
+    """Whether a writer would have to wait for SQLite's write lock on `path` (not waited for)."""
+    probe = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:  # database is locked
+        return True
+    finally:
+        probe.close()
+
+
+@contextlib.contextmanager
+def collection_off() -> Iterator[None]:
+    """The garbage collector off for the block: what a collection would free stays, so a lock
+    freed only by one shows."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+class HeldStatement:
+    """A SQL function (`SELECT held()` where it is registered) that keeps the driver's thread
+    inside its statement until `release()`: a statement caught running."""
+
+    NAME = "held"
+
+    def __init__(self) -> None:
+        self._entered = threading.Event()
+        self._released = threading.Event()
+
+    def __call__(self) -> int:  # on the driver's thread
+        self._entered.set()
+        self._released.wait(10)
+        return 1
+
+    async def running(self) -> None:
+        """Returns once a statement is inside it."""
+        assert await asyncio.to_thread(self._entered.wait, 10), "no statement came"
+
+    def release(self) -> None:
+        self._released.set()

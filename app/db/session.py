@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import time
 from datetime import datetime
 from typing import Any
@@ -31,6 +33,22 @@ def is_postgres(session: AsyncSession) -> bool:
 def asyncpg_dsn(database_url: str) -> str:
     """The plain asyncpg DSN of a `postgresql+asyncpg://` SQLAlchemy URL."""
     return database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+class _RollsBackOnClose(sqlite3.Connection):
+    """A SQLite connection that ends its transaction before it closes.
+
+    A statement cancelled while it runs (its stream's client gone, `unless_gone`) makes
+    SQLAlchemy invalidate its connection, and aiosqlite closes it while the statement's cursor
+    still holds it: sqlite3_close_v2 then keeps it as a zombie, its transaction (BEGIN
+    IMMEDIATE: the write lock) open, until that cursor is garbage-collected, and every writer
+    meanwhile fails 'database is locked'. Called on aiosqlite's thread, as all its calls are."""
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):  # closed already, or nothing to roll back
+            if self.in_transaction:
+                self.rollback()
+        super().close()
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -62,8 +80,9 @@ def make_db_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
     # infinities, duplicate keys: the last), a tenth of its time on the small documents a
     # view reads per subtask (depends_on, tools, error)
     if url.startswith("sqlite"):
-        engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True,
-                                     json_deserializer=pydantic_core.from_json)
+        engine = create_async_engine(
+            url, connect_args={"timeout": 30, "factory": _RollsBackOnClose},
+            hide_parameters=True, json_deserializer=pydantic_core.from_json)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         event.listen(engine.sync_engine, "connect", _sqlite_no_autobegin)
         event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
