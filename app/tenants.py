@@ -15,7 +15,7 @@ import math
 import tomllib
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -30,6 +30,9 @@ from pydantic import (
 from app.keys import ApiKey, file_keys
 
 Money = Decimal
+# the tenant's lock an admission holds to its commit: its token bucket's row, or the lock that
+# serialises its active-swarm counts (app/db/quotas.py)
+AdmissionLock = Literal["bucket", "count"]
 # `server` (all its tools) or `server.tool` (one), as an agent's `tools` name them (SPEC §9)
 ToolSelector = Annotated[str, StringConstraints(
     pattern=r"^[A-Za-z0-9_-]{1,48}(\.[A-Za-z0-9_.\-]{1,128})?$")]
@@ -83,11 +86,21 @@ class TenantLimits(BaseModel):
         return float(self.burst if self.burst is not None
                      else max(1, math.floor(self.requests_per_minute)))
 
+    def admission_lock(self, *, counts: bool = True) -> AdmissionLock | None:
+        """The lock of the tenant's its admission takes first and holds to its commit
+        (app/api/admission.py): the token bucket's row when it has a rate limit, else, for an
+        admission that counts its active swarms (a creation's), the count's own lock; None:
+        no lock."""
+        if self.requests_per_minute is not None:
+            return "bucket"
+        if counts and self.max_active_swarms is not None:
+            return "count"
+        return None
+
     @property
     def admission_locks(self) -> bool:
-        """Whether a creation of this tenant holds a lock of the tenant's to its commit: the
-        bucket's row, or the active-swarm count's lock (app/api/admission.py)."""
-        return self.requests_per_minute is not None or self.max_active_swarms is not None
+        """Whether a creation of this tenant holds a lock of the tenant's to its commit."""
+        return self.admission_lock() is not None
 
     def agents_limit(self, global_max: int) -> int:
         """Subtasks one swarm may have: never above SWARM_MAX_AGENTS."""

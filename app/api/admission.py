@@ -194,8 +194,10 @@ def _nothing_to_check(limits: TenantLimits, count_swarms: bool) -> bool:
 async def _checks(session: AsyncSession, tenant: str, limits: TenantLimits,
                   count_swarms: bool) -> None:
     """The bucket, the active swarms and the daily cap, in the caller's transaction."""
-    size, rate = limits.bucket_size, limits.refill_per_s
-    if size is not None and rate is not None:
+    lock = limits.admission_lock(counts=count_swarms)
+    if lock == "bucket":
+        size, rate = limits.bucket_size, limits.refill_per_s
+        assert size is not None and rate is not None
         # first: the row lock serialises this tenant's admissions across replicas
         wait = await quotas.take_token(session, tenant, size, rate)
         if wait is not None:
@@ -204,7 +206,7 @@ async def _checks(session: AsyncSession, tenant: str, limits: TenantLimits,
     cap = limits.daily_budget_usd
     if not (count or cap is not None):
         return
-    if count and (size is None or rate is None):  # no bucket row locked: the count's own lock
+    if lock == "count":  # no bucket row locked: the count's own lock
         await quotas.lock_active(session, tenant, bucket=False)
     # after the token (or the lock): it makes this read see the swarms its last holder
     # inserted (a read in the token's statement would have the snapshot before the wait)
@@ -219,7 +221,7 @@ async def _count_in(session: AsyncSession, tenant: str, limits: TenantLimits) ->
     """`max_active_swarms` alone in the caller's transaction, before it inserts its swarm, for
     a request whose token was taken in a transaction of its own: the lock `_checks` holds
     for the count (the bucket's row when the tenant has a bucket) is taken here."""
-    await quotas.lock_active(session, tenant, bucket=limits.requests_per_minute is not None)
+    await quotas.lock_active(session, tenant, bucket=limits.admission_lock() == "bucket")
     state = await quotas.tenant_now(session, tenant, count=True, spent=False)
     _check_active(state.active, limits)
 
