@@ -87,7 +87,7 @@ class TenantLimits(BaseModel):
                      else max(1, math.floor(self.requests_per_minute)))
 
     def admission_lock(self, *, counts: bool = True) -> AdmissionLock | None:
-        """The lock of the tenant's its admission takes first and holds to its commit
+        """The tenant's lock an admission takes first and holds to its commit
         (app/api/admission.py): the token bucket's row when it has a rate limit, else, for an
         admission that counts its active swarms (a creation's), the count's own lock; None:
         no lock."""
