@@ -12,6 +12,7 @@ SPEC §3: a missing or wrong key is a 401, whatever the body (as on `POST /swarm
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ ONE = {"task": "t", "agents": [{"name": "a"}], "synthesis": {"strategy": "none"}
 FACADE = {"model": "kimi-k2.5", "messages": [{"role": "user", "content": "t"}],
           "agent_swarm": {"enabled": True}}
 LIMIT = "[defaults]\nmax_active_swarms = 2\n"
+FACADE_MS = 5000  # an admitted agent_swarm answers after its swarm: later than any refusal
 LIMIT_AND_BUCKET = ("[defaults]\nrequests_per_minute = 60000\nburst = 1000\n"
                     "max_active_swarms = 2\n")
 
@@ -150,13 +152,18 @@ async def test_a_retry_without_a_valid_key_is_401_whatever_its_body(
 
 
 async def _facade_race(h: Harness, creations: int) -> None:
-    """10 agent_swarm requests (they wait for their swarm: 1.5 s) and `creations` POSTs at
-    once; after 1 s every refused one has answered 429 and at most 2 swarms are stored."""
+    """10 agent_swarm requests (they wait for their swarm: 5 s) and `creations` POSTs at once:
+    the refused ones answer 429 long before an admitted one could answer (waited for up to 4 s:
+    a loaded host answers late, never wrongly), and at most 2 swarms are stored."""
     tasks = [asyncio.create_task(h.client.post("/v1/chat/completions", json=FACADE,
                                                timeout=30)) for _ in range(10)]
     try:
         posts = await asyncio.gather(*(h.post(ONE) for _ in range(creations)))
-        await asyncio.sleep(1.0)
+        posts_refused = sum(r.status_code == 429 for r in posts)
+        deadline = time.monotonic() + 4.0
+        while (sum(t.done() for t in tasks) + posts_refused < 8 + creations
+               and time.monotonic() < deadline):
+            await asyncio.sleep(0.05)
         created = await stored(h)
         refused = [t.result() for t in tasks if t.done()]
         assert all(r.status_code == 429 for r in refused), [r.text for r in refused]
@@ -164,7 +171,7 @@ async def _facade_race(h: Harness, creations: int) -> None:
             assert r.json()["error"]["code"] == "quota_exceeded", r.text
         assert {r.status_code for r in posts} <= {202, 429}
         assert created <= 2, (created, len(refused))
-        assert len(refused) + sum(r.status_code == 429 for r in posts) >= 8 + creations
+        assert len(refused) + posts_refused >= 8 + creations
     finally:
         for t in tasks:
             t.cancel()
@@ -173,7 +180,8 @@ async def _facade_race(h: Harness, creations: int) -> None:
 
 async def test_concurrent_facade_swarms_stay_within_max_active_swarms(
         database_url: str, tmp_path: Path) -> None:
-    h, close = await harness(database_url, tmp_path, LIMIT, sim=SimulatorConfig(latency_ms=1500))
+    h, close = await harness(database_url, tmp_path, LIMIT,
+                             sim=SimulatorConfig(latency_ms=FACADE_MS))
     try:
         await _facade_race(h, 0)
     finally:
@@ -185,7 +193,7 @@ async def test_facade_swarms_and_creations_with_a_bucket_stay_within_max_active_
     """The facade's token is taken before its insert; its count then waits on the bucket's
     row, as POST /swarms' does."""
     h, close = await harness(database_url, tmp_path, LIMIT_AND_BUCKET,
-                             sim=SimulatorConfig(latency_ms=1500))
+                             sim=SimulatorConfig(latency_ms=FACADE_MS))
     try:
         await _facade_race(h, 10)
     finally:
