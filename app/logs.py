@@ -130,6 +130,26 @@ class TextFormatter(logging.Formatter):
         return text
 
 
+def lean_records() -> None:
+    """Records without what no formatter here writes: the thread's and process's names and
+    ids (a `threading.current_thread()`, an `os.getpid()` and the multiprocessing module's
+    current process a record). A line's content is the formatters' fields (time, level,
+    logger, message, the context and `extra` fields, `exc_info`, `stack_info`), none of those;
+    three records a created swarm (docs/decisions/0037-creation-cpu.md). Process-wide, as the
+    logging module's switches are (the Logging HOWTO's "Optimization" section). The caller's
+    file and line stay: without them (`logging._srcfile`) a `stack_info=True` is dropped."""
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    if sys.version_info >= (3, 12):  # the current task's name: no formatter here writes it
+        logging.logAsyncioTasks = False
+
+
+def formatter_of(fmt: str) -> logging.Formatter:
+    """The configuration's formatter (dictConfig calls it in every process that applies the
+    configuration, each of uvicorn's included), in a process whose records are lean."""
+    lean_records()
+    return JsonFormatter() if fmt == "json" else TextFormatter()
+
+
 def resolve_format(fmt: str | None, stream: TextIO | None = None) -> str:
     """SWARM_LOG_FORMAT, or (unset) `text` when the log goes to a terminal, else `json`."""
     if fmt:
@@ -150,7 +170,7 @@ def config(fmt: str | None = None, level: str = "INFO") -> dict[str, Any]:
     service's has the duration: SWARM_ACCESS_LOG). `DEBUG` is the service's own loggers' and
     uvicorn's: other libraries stay at INFO, their debug lines carry what a line must not
     (aiosqlite's the statements' parameters, the MCP SDK's the tool messages)."""
-    formatter = {"()": JsonFormatter if resolve_format(fmt) == "json" else TextFormatter}
+    formatter = {"()": formatter_of, "fmt": resolve_format(fmt)}
     quiet = {"level": "WARNING"}
     via_root = {"handlers": [], "propagate": True}
     return {

@@ -17,6 +17,7 @@ from typing import Any
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.util import greenlet_spawn
 
 from app.db.retry import database_unavailable
 from app.db.session import asyncpg_dsn
@@ -61,14 +62,23 @@ async def fetchrow_pooled(engine: AsyncEngine, sql: str, args: Sequence[Any]
                          ) -> asyncpg.Record | None:
     """`sql` as a transaction of its own (autocommit) on a pooled connection's driver: no
     BEGIN, no COMMIT, none of SQLAlchemy's execution around its one round trip; its first row
-    (None: none). A connection that lost the database is invalidated, not handed out again."""
-    async with engine.connect() as conn:
-        driver = (await conn.get_raw_connection()).driver_connection
+    (None: none). A connection that lost the database is invalidated, not handed out again.
+
+    The connection is the pool's own (`raw_connection`: the checkout and its events, the
+    checkin), not an engine `Connection` around it, which costs a third greenlet hand-off
+    (its start, `get_raw_connection`, its close), its objects and a proxy registered a
+    checkout, for a statement that uses none of it (docs/decisions/0037-creation-cpu.md)."""
+    pooled = await engine.raw_connection()
+    try:
+        driver = pooled.driver_connection
         assert driver is not None  # a checked-out connection has one
-        try:
-            row: asyncpg.Record | None = await driver.fetchrow(sql, *args)
-        except Exception as exc:
-            if database_unavailable(exc):
-                await conn.invalidate(exc)
-            raise
+        row: asyncpg.Record | None = await driver.fetchrow(sql, *args)
+    except Exception as exc:
+        if database_unavailable(exc):
+            await greenlet_spawn(pooled.invalidate, exc)
+        raise
+    finally:
+        # the checkin may close the connection (invalidated, or over the pool's size): the
+        # driver's close is awaited inside SQLAlchemy's greenlet
+        await greenlet_spawn(pooled.close)
     return row

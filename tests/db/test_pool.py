@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 
+import asyncpg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from app.db import session as session_module
+from app.db.driver import fetchrow_pooled
 from app.db.pool import FairQueuePool
+from app.db.retry import database_unavailable
 from app.db.session import make_db_engine
 from tests.helpers import until
 from tests.procs import Db
@@ -143,5 +146,48 @@ async def test_a_burst_reuses_the_connections_of_the_last_one(db_url: str) -> No
         first = await burst()
         assert len(first) == width
         assert await burst() == first
+    finally:
+        await engine.dispose()
+
+
+async def test_a_statement_alone_uses_the_pools_connection_and_gives_it_back(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fetchrow_pooled` answers its row on a pooled connection and checks it back in, after
+    an error too; one the server closed under it is invalidated, not handed out again. It
+    takes the pool's connection itself: an engine `Connection` around it costs a third
+    greenlet hand-off a statement (its start, `get_raw_connection`, its close)."""
+    engine = make_db_engine(db_url, pool_size=2)
+
+    def no_engine_connection(*_: object, **__: object) -> None:
+        raise AssertionError("an engine Connection for a statement alone")
+
+    monkeypatch.setattr(AsyncEngine, "connect", no_engine_connection)
+    monkeypatch.setattr(session_module, "PING_IF_IDLE_S", 3600.0)  # the dead one is used
+
+    async def backend() -> int:
+        row = await fetchrow_pooled(engine, "SELECT pg_backend_pid()", ())
+        assert row is not None
+        return int(row[0])
+
+    try:
+        row = await fetchrow_pooled(engine, "SELECT $1::int + 1", (41,))
+        assert row is not None and row[0] == 42
+        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        with pytest.raises(asyncpg.DivisionByZeroError):
+            await fetchrow_pooled(engine, "SELECT 1 / $1::int", (0,))
+        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        pid = await backend()  # the pool hands out the connection returned last
+        db = Db(db_url)
+        await db.fetch("SELECT pg_terminate_backend($1)", pid)
+
+        async def gone() -> bool:
+            return not await db.fetch("SELECT 1 FROM pg_stat_activity WHERE pid = $1", pid)
+
+        await until(gone, 10, "the backend to exit")
+        with pytest.raises(Exception) as lost:  # the driver's error, as raised
+            await backend()
+        assert database_unavailable(lost.value)
+        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        assert pid not in {await backend() for _ in range(4)}  # invalidated, not handed out
     finally:
         await engine.dispose()

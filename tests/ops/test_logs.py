@@ -158,6 +158,10 @@ def test_defaults_are_info_and_no_access_log(monkeypatch: pytest.MonkeyPatch) ->
     assert (got.log_format, got.log_level, got.access_log) == (None, "INFO", False)
 
 
+# the logging module's process-wide switches configure() turns off (logs.lean_records)
+_SWITCHES = ("logThreads", "logProcesses", "logMultiprocessing")
+
+
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
     """configure() changes the root logger: put back what pytest's capture set up."""
@@ -165,7 +169,10 @@ def restore_logging() -> Iterator[None]:
     handlers, level = root.handlers[:], root.level
     named = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).level,
                  logging.getLogger(n).propagate) for n in logs.config()["loggers"]}
+    switches = {n: getattr(logging, n) for n in _SWITCHES}
     yield
+    for n, value in switches.items():
+        setattr(logging, n, value)
     root.handlers[:] = handlers
     root.setLevel(level)
     for n, (h, lv, prop) in named.items():
@@ -192,6 +199,30 @@ def test_configure_sends_every_logger_uvicorns_included_through_one_handler(
     logging.getLogger("app.x").debug("now seen")
     assert capsys.readouterr().err.rstrip().splitlines()[-1].endswith(" DEBUG app.x now seen")
     assert not logs.is_json()
+
+
+def test_configured_records_leave_out_what_no_line_writes(
+        restore_logging: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """A configured process's records carry no thread or process names or ids (no formatter
+    writes them; filling them is work on every record), and its lines keep every field: the
+    same line as a record with them all."""
+    logs.configure("json", "INFO")
+    assert not any(getattr(logging, n) for n in _SWITCHES)
+    lean = record("swarm %s created", "s1", swarm_id="s1", subtasks=1, queue_position=None)
+    assert (lean.threadName, lean.thread, lean.processName, lean.process) == (
+        None, None, None, None)
+    for n in _SWITCHES:
+        setattr(logging, n, True)
+    full = record("swarm %s created", "s1", swarm_id="s1", subtasks=1, queue_position=None)
+    assert full.threadName and full.process
+    full.created, full.msecs = lean.created, lean.msecs
+    line = json.loads(logs.JsonFormatter().format(lean))
+    assert line == json.loads(logs.JsonFormatter().format(full))
+    assert line == {"time": line["time"], "level": "INFO", "logger": "app.test",
+                    "message": "swarm s1 created", "swarm_id": "s1", "subtasks": 1,
+                    "queue_position": None}
+    text = logs.TextFormatter()
+    assert text.format(lean) == text.format(full)
 
 
 def test_debug_is_the_services_own_other_libraries_stay_at_info(
