@@ -6,9 +6,10 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 # pytest workers: half the suite's time is processes, leases and restarts waited on, not CPU
 TEST_WORKERS ?= 2
-# a failed test runs once more before the run fails, and the summary names it (R): a failure
-# that repeats is a failure; one that does not is a flake to chase, said and not hidden
-SUITE := -n $(TEST_WORKERS) --dist worksteal --reruns 1 --reruns-delay 1 -raR
+# a failed test runs once more before the run fails, and the summary names it (R) with the
+# failed attempt's traceback: a failure that repeats is a failure; one that does not is a
+# flake to chase, said and not hidden
+SUITE := -n $(TEST_WORKERS) --dist worksteal --reruns 1 --reruns-delay 1 -raR --rerun-show-tracebacks
 
 .PHONY: run test test-plain test-encrypted lint install bench clean interop chaos
 
