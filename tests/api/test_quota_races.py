@@ -12,7 +12,6 @@ SPEC §3: a missing or wrong key is a 401, whatever the body (as on `POST /swarm
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from sqlalchemy import func, select, text
 from app.db.tables import Swarm
 from app.simulator import SimulatorConfig
 from tests.conftest import Harness, make_settings, start_harness
-from tests.helpers import error_of
+from tests.helpers import error_of, until
 
 ONE = {"task": "t", "agents": [{"name": "a"}], "synthesis": {"strategy": "none"},
        "limits": {"budget_usd": "1"}}
@@ -160,10 +159,8 @@ async def _facade_race(h: Harness, creations: int) -> None:
     try:
         posts = await asyncio.gather(*(h.post(ONE) for _ in range(creations)))
         posts_refused = sum(r.status_code == 429 for r in posts)
-        deadline = time.monotonic() + 4.0
-        while (sum(t.done() for t in tasks) + posts_refused < 8 + creations
-               and time.monotonic() < deadline):
-            await asyncio.sleep(0.05)
+        await until(lambda: sum(t.done() for t in tasks) + posts_refused >= 8 + creations, 4.0,
+                    "the refusals")
         created = await stored(h)
         refused = [t.result() for t in tasks if t.done()]
         assert all(r.status_code == 429 for r in refused), [r.text for r in refused]
