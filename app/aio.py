@@ -32,6 +32,14 @@ async def run_to_end(aw: Awaitable[T]) -> T:
     return result
 
 
+async def wait_for(aw: Awaitable[T], timeout: float | None) -> T:
+    """`asyncio.wait_for` as Python 3.12 rebuilt it, on `asyncio.timeout`: 3.11's drops a
+    cancellation that arrives as `aw` ends (gh-86296), and a loop that waits on an event this
+    way goes on forever in a task its owner cancelled to stop it."""
+    async with asyncio.timeout(timeout):
+        return await aw
+
+
 async def cancel_and_wait(task: asyncio.Task[T]) -> None:
     """Cancel a background task and wait until it has stopped (its own cancellation is not
     an error to its owner)."""

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 import httpx
 
 from app import logs
+from app.aio import wait_for
 from app.config import Settings
 from app.db import queries
 from app.db import webhooks as repo
@@ -94,7 +95,7 @@ class WebhookDispatcher:
             if not due:  # nothing due, no free slot, or only tenants at their cap: until a
                 # wake-up (a slot is free) or a poll
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._poll_s)
+                    await wait_for(self._wake.wait(), self._poll_s)
                 self._wake.clear()
 
     def _finished(self, task: asyncio.Task[None]) -> None:

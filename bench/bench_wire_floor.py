@@ -26,6 +26,7 @@ import aiohttp
 import httptools
 import uvloop
 
+from app.aio import wait_for
 from app.gateway.chat import ChatRequest
 from app.gateway.client import GatewayClient
 from tests.support import free_port, process
@@ -82,7 +83,7 @@ class FloorClient:
         assert conn.transport is not None
         conn.transport.write(b"%sIdempotency-Key: %s\r\nContent-Length: %d\r\n\r\n%s" % (
             self.head, key.encode(), len(body), body))
-        answer = await asyncio.wait_for(conn.done, 30)
+        answer = await wait_for(conn.done, 30)
         self.idle.append(conn)
         return answer
 

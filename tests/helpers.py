@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
+from app.aio import wait_for
 from app.api.deps import DEFAULT_TENANT
 from app.db import changes
 from app.db.session import make_db_engine
@@ -172,7 +173,7 @@ async def read_events(client: httpx.AsyncClient, swarm_id: str,
             assert r.headers["content-type"].startswith("text/event-stream")
             return parse_sse((await r.aread()).decode())
 
-    return await asyncio.wait_for(read(), 10)  # the stream must end by itself
+    return await wait_for(read(), 10)  # the stream must end by itself
 
 
 # ---- the budget properties (random swarms, and what must hold after each) ------------------

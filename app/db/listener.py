@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from app.aio import cancel_and_wait
+from app.aio import cancel_and_wait, wait_for
 from app.db.session import asyncpg_dsn
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class ChangeListener:
             finally:
                 if conn is not None:
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(conn.close(), 2)
+                        await wait_for(conn.close(), 2)
 
 
 class NotifySender:
@@ -106,4 +106,4 @@ class NotifySender:
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), 2)
+                await wait_for(conn.close(), 2)

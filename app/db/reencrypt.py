@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.types import TypeEngine
 
+from app.aio import wait_for
 from app.crypto import HEAD_CHARS, Sealer, SealError, is_sealed, key_of
 from app.db.base import table_of
 from app.db.retry import in_transaction, reason
@@ -161,7 +162,7 @@ async def check_keys_at_start(sessions: async_sessionmaker[AsyncSession],
             await check_keys(session, sealer)
 
     try:
-        await asyncio.wait_for(check(), timeout_s)
+        await wait_for(check(), timeout_s)
     except SealError:
         raise
     except Exception as exc:  # the database's state is readiness's to report

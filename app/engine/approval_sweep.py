@@ -9,6 +9,7 @@ import asyncio
 import logging
 from contextlib import suppress
 
+from app.aio import wait_for
 from app.db import approval as repo
 from app.db import queries
 from app.db.retry import log_db_failure
@@ -63,4 +64,4 @@ class ApprovalSweep:
             except Exception as exc:
                 log_db_failure(log, "approval sweep", exc)
             with suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self._interval_s)
+                await wait_for(self._stop.wait(), self._interval_s)

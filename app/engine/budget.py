@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import logs
-from app.aio import run_to_end
+from app.aio import run_to_end, wait_for
 from app.db import spend
 from app.db.changes import TenantSettle
 from app.db.retry import in_transaction
@@ -200,7 +200,7 @@ class DailyCap:
                 raise BudgetExceeded("daily", amount, max(check.left, Decimal(0)))
             # our own settlements wake us at once; other processes' are seen by polling
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._settled.wait(), random.uniform(*self.poll_s))
+                await wait_for(self._settled.wait(), random.uniform(*self.poll_s))
 
     async def _look(self) -> spend.DailyCheck:
         """What is left today, read at most once per shortest poll by this process: many calls

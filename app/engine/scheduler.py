@@ -12,6 +12,7 @@ import uuid
 from contextlib import suppress
 
 from app import metrics
+from app.aio import wait_for
 from app.config import Settings
 from app.db import leases, spend
 from app.db.dialect import ChangeListener, change_listener
@@ -178,7 +179,7 @@ class Scheduler:
                 retry_s = min(max(retry_s * 2, 0.25), poll)
                 poll = retry_s
             with suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), poll)
+                await wait_for(self._wake.wait(), poll)
             self._wake.clear()
 
     async def _claim_some(self) -> None:
@@ -246,7 +247,7 @@ class Scheduler:
         # runs on through a shutdown's grace period: draining swarms keep their leases
         while not self._heartbeat_stopped.is_set():
             with suppress(TimeoutError):
-                await asyncio.wait_for(self._heartbeat_stopped.wait(), interval)
+                await wait_for(self._heartbeat_stopped.wait(), interval)
             if self._heartbeat_stopped.is_set():
                 return
             if self.runners:

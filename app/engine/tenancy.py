@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from app import logs
-from app.aio import run_to_end
+from app.aio import run_to_end, wait_for
 from app.db import batches, tenant_cap
 from app.db.changes import TenantSettle
 from app.db.retry import in_transaction
@@ -75,7 +75,7 @@ class TenantDailyCap:
             # our own settlements wake us at once; other processes' are seen by polling
             settled = self._settled
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(settled.wait(), random.uniform(*self.poll_s))
+                await wait_for(settled.wait(), random.uniform(*self.poll_s))
 
     def ask(self, rows: list[dict[str, Any]]) -> tenant_cap.CapAsk:
         """A reservation of each written-ahead ledger row's worst case (`reserved_usd`, by its

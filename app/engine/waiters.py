@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
 
+from app.aio import wait_for
 from app.db.tables import Subtask, Swarm
 from app.engine.deltas import DeltaHub
 from app.states import SwarmStatus
@@ -177,6 +178,6 @@ class SwarmNotifier:
 async def woken(event: asyncio.Event, timeout: float) -> bool:
     """Wait for an armed event: True when it fired, False after `timeout` seconds."""
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), timeout)
+        await wait_for(event.wait(), timeout)
         return True
     return False

@@ -21,6 +21,7 @@ from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from mcp import ClientSession
 from mcp.client.session import IncomingMessage
 
+from app.aio import wait_for
 from app.tools.config import ServerConfig
 from app.tools.model import ServerUnavailable
 from app.tools.transports import describe, open_session
@@ -72,11 +73,11 @@ class _Member:
         stop = self.pool.stopping
         while not stop.is_set():
             with suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), PING_INTERVAL_S)
+                await wait_for(self._poke.wait(), PING_INTERVAL_S)
             self._poke.clear()
             if stop.is_set():
                 return
-            await asyncio.wait_for(session.send_ping(), PING_TIMEOUT_S)
+            await wait_for(session.send_ping(), PING_TIMEOUT_S)
             if self.suspect:
                 self.suspect = False
                 self.pool.changed()

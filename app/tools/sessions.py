@@ -20,6 +20,7 @@ from mcp import ClientSession
 from mcp.client.session import IncomingMessage
 from mcp.shared.exceptions import MCPError
 
+from app.aio import wait_for
 from app.tools.config import ServerConfig
 from app.tools.model import ServerUnavailable, ToolInfo
 from app.tools.pool import SessionPool
@@ -65,7 +66,7 @@ class ServerConnection:
 
     async def first_attempt(self, timeout_s: float) -> None:
         with suppress(TimeoutError):
-            await asyncio.wait_for(self._tried.wait(), timeout_s)
+            await wait_for(self._tried.wait(), timeout_s)
 
     async def stop(self) -> None:
         self._stop.set()
@@ -74,7 +75,7 @@ class ServerConnection:
             await self.pool.stop()
         if self._task is not None:
             try:
-                await asyncio.wait_for(self._task, 10)
+                await wait_for(self._task, 10)
             except (TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
 
@@ -82,7 +83,7 @@ class ServerConnection:
         """The live session, waiting up to `wait_s` for a (re)start."""
         if self._session is None:
             try:
-                await asyncio.wait_for(self._up.wait(), wait_s)
+                await wait_for(self._up.wait(), wait_s)
             except TimeoutError:
                 raise ServerUnavailable(f"server {self.name} is {self.state}"
                                         + (f": {self.error}" if self.error else "")) from None
@@ -139,7 +140,7 @@ class ServerConnection:
                 break
             self.restarts += 1
             with suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay)
+                await wait_for(self._stop.wait(), delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
 
     async def _serve(self) -> None:
@@ -157,11 +158,11 @@ class ServerConnection:
         """Until stopped: ping (a dead server raises here) and re-list tools on change."""
         while not self._stop.is_set():
             with suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), PING_INTERVAL_S)
+                await wait_for(self._poke.wait(), PING_INTERVAL_S)
             self._poke.clear()
             if self._stop.is_set():
                 return
-            await asyncio.wait_for(session.send_ping(), PING_TIMEOUT_S)
+            await wait_for(session.send_ping(), PING_TIMEOUT_S)
             if self._relist:
                 self._relist = False
                 await self._list_tools(session)
@@ -171,7 +172,7 @@ class ServerConnection:
         cursor: str | None = None
         while True:
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await asyncio.wait_for(session.list_tools(params=params),
+            page = await wait_for(session.list_tools(params=params),
                                           self.config.timeout_s)
             for t in page.tools:
                 tools[t.name] = ToolInfo(self.name, t.name, t.description or "",

@@ -4,7 +4,6 @@ the SDK's context managers entered and left in one task)."""
 
 from __future__ import annotations
 
-import asyncio
 from contextlib import AsyncExitStack
 
 import mcp_types as types
@@ -12,6 +11,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.session import MessageHandlerFnT
 from mcp.client.stdio import stdio_client
 
+from app.aio import wait_for
 from app.tools.config import ServerConfig
 from app.tools.http_transport import streamable_http
 
@@ -34,7 +34,7 @@ async def open_session(stack: AsyncExitStack, cfg: ServerConfig,
             streamable_http(cfg.url, cfg.headers, cfg.max_concurrency + 2))
     session = await stack.enter_async_context(
         ClientSession(read, write, message_handler=on_message))
-    await asyncio.wait_for(session.initialize(), max(cfg.timeout_s, START_TIMEOUT_S))
+    await wait_for(session.initialize(), max(cfg.timeout_s, START_TIMEOUT_S))
     return session
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
+from app.aio import wait_for
 from app.api import follow
 from app.db import create, queries
 from app.db.session import SessionFactory
@@ -54,7 +55,7 @@ async def test_a_completion_committed_between_the_reads_is_handed_out(
         return [(ev.seq, ev.type) async for ev in
                 follow.follow_events(pg_sessions, SwarmNotifier(), swarm_id, "t1", after=1)]
 
-    got = await asyncio.wait_for(read_all(), 10)
+    got = await wait_for(read_all(), 10)
     assert completed
     assert got == [(2, "swarm.completed")]
 
@@ -96,7 +97,7 @@ async def test_a_missing_number_is_waited_for_and_handed_out_in_order(
     notifier.notify(swarm_id)
     await _add_events(pg_sessions, swarm_id, [4], SwarmStatus.succeeded)
     notifier.notify(swarm_id)
-    await asyncio.wait_for(reader, 10)
+    await wait_for(reader, 10)
     assert got == [1, 2, 3, 4]
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.aio import wait_for
 from tests.conftest import Harness, make_settings, start_harness
 from tests.helpers import BODY, SLOW, agent, sse_events
 from tests.procs import cluster, wait_http
@@ -446,7 +447,7 @@ async def _exercise(h: Harness) -> list[tuple[str, str, httpx.Response]]:
         f"/swarms/{failed_id}/retry", json={"limits": {"budget_usd": -1}}, headers=KEY))
     add("post", "/swarms/{swarm_id}/retry", await c.post(f"/swarms/{failed_id}/retry"))
 
-    add("get", "/swarms/{swarm_id}/events", await asyncio.wait_for(
+    add("get", "/swarms/{swarm_id}/events", await wait_for(
         c.get(f"/swarms/{sid}/events", headers=KEY), 10))
     add("get", "/swarms/{swarm_id}/events", await c.get(
         f"/swarms/{sid}/events", headers={**KEY, "Last-Event-ID": "x"}))
@@ -599,7 +600,7 @@ async def test_schemathesis_finds_no_failure_against_a_live_server(db_url: str,
             "--generation-database", "none", "--no-color",
             cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         try:
-            out, _ = await asyncio.wait_for(st.communicate(), 540)
+            out, _ = await wait_for(st.communicate(), 540)
         finally:
             if st.returncode is None:
                 st.kill()

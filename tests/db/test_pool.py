@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from app.aio import wait_for
 from app.db import session as session_module
 from app.db.driver import fetchrow_pooled
 from app.db.pool import FairQueuePool
@@ -52,7 +53,7 @@ async def test_a_connection_goes_to_the_longest_waiter_not_to_whoever_asks_again
                 order.append(name)
                 await back.execute(text("SELECT 1"))
 
-        await asyncio.wait_for(asyncio.gather(*(again(c, f"h{i}") for i, c in enumerate(held)),
+        await wait_for(asyncio.gather(*(again(c, f"h{i}") for i, c in enumerate(held)),
                                               *waiters), 30)
     finally:
         await engine.dispose()

@@ -1,14 +1,15 @@
 """app.aio: what a cancelled caller of run_to_end waits for; alongside's order; Within's
-timeout against an outside cancellation."""
+timeout against an outside cancellation; wait_for keeping a cancellation that races its end."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
 
-from app.aio import Within, alongside, run_to_end
+from app.aio import Within, alongside, run_to_end, wait_for
 
 
 async def test_a_cancelled_caller_goes_on_only_after_the_work_ended() -> None:
@@ -134,3 +135,36 @@ async def test_within_keeps_an_outside_cancellation_a_cancellation() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
 
+
+
+async def test_wait_for_keeps_a_cancellation_that_arrives_as_the_wait_ends() -> None:
+    """A loop waiting on an event, cancelled in the step the event is set (a webhook
+    delivery ending as its dispatcher stops): the loop ends. asyncio.wait_for of 3.11 takes
+    the event's result, drops the cancellation and waits again."""
+    event = asyncio.Event()
+    rounds = 0
+
+    async def loop() -> None:
+        nonlocal rounds
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await wait_for(event.wait(), 10)
+            rounds += 1
+            event.clear()
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(0.01)  # it waits on the event
+    event.set()
+    task.cancel()
+    await asyncio.wait([task], timeout=1)
+    assert task.cancelled() and rounds == 0
+
+
+async def test_wait_for_answers_the_result_or_times_out() -> None:
+    assert await wait_for(asyncio.sleep(0, "x"), 1) == "x"
+    assert await wait_for(asyncio.sleep(0, "y"), None) == "y"
+    inner = asyncio.ensure_future(asyncio.sleep(10))
+    with pytest.raises(TimeoutError):
+        await wait_for(inner, 0.01)
+    await asyncio.sleep(0)
+    assert inner.cancelled()  # what timed out is cancelled, as asyncio.wait_for does

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from app.aio import wait_for
 from app.api.deps import DEFAULT_TENANT
 from app.db import create, leases
 from app.db.tables import Swarm
@@ -70,12 +71,12 @@ async def test_a_claim_the_stop_meets_is_drained_and_released_not_left_to_expire
         async with h.app.state.sessions() as s, s.begin():
             await create.insert_swarm(s, new.swarm, new.subtasks)
         h.app.state.engine.wake()
-        await asyncio.wait_for(entered.wait(), 10)
+        await wait_for(entered.wait(), 10)
         engine = h.app.state.engine
         stopping = asyncio.create_task(engine.stop(grace_s=5))
         await asyncio.sleep(0.1)
         release.set()
-        await asyncio.wait_for(stopping, 20)
+        await wait_for(stopping, 20)
         async with h.app.state.sessions() as s:
             row = await s.get(Swarm, new.swarm.id)
         assert row is not None and row.lease_owner is None, row and row.lease_owner

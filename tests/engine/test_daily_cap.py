@@ -15,6 +15,7 @@ import httpx
 import pytest
 from sqlalchemy import delete, func, select
 
+from app.aio import wait_for
 from app.db.session import make_db_engine, make_session_factory
 from app.db.tables import DailyReservation, DailySpend, GatewayCall, Swarm
 from app.engine.budget import BudgetExceeded, DailyCap
@@ -175,14 +176,14 @@ async def test_reservation_of_a_dead_process_holds_its_day(database_url: str) ->
         await dead.close()  # stops refreshing, as if the process had died
         await asyncio.sleep(0.5)  # its lease lapses
         with pytest.raises(BudgetExceeded) as exc:  # nothing live: refused at once
-            await asyncio.wait_for(alive.reserve(Decimal("0.0005")), 1)
+            await wait_for(alive.reserve(Decimal("0.0005")), 1)
         assert exc.value.left == Decimal("0.0002")
-        held = await asyncio.wait_for(alive.reserve(Decimal("0.0002")), 1)
+        held = await wait_for(alive.reserve(Decimal("0.0002")), 1)
         await alive.settle(held, Decimal("0.0001"))
         await alive.settle(held, Decimal("0.0001"))  # settling twice counts once
         assert (await totals(sessions))[1:] == (Decimal("0.0001"), 1)  # the dead row holds
         with pytest.raises(BudgetExceeded) as exc:
-            await asyncio.wait_for(alive.reserve(Decimal("0.00011")), 1)
+            await wait_for(alive.reserve(Decimal("0.00011")), 1)
         assert exc.value.left == Decimal("0.0001")
     finally:
         await alive.close()
@@ -202,7 +203,7 @@ async def test_live_reservations_are_refreshed_past_their_lease(database_url: st
         await asyncio.sleep(0.5)
         assert not waiter.done()
         await slow.settle(held, Decimal("0.0001"))
-        await other.settle(await asyncio.wait_for(waiter, 5), Decimal(0))
+        await other.settle(await wait_for(waiter, 5), Decimal(0))
     finally:
         await slow.close()
         await other.close()

@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 
+from app.aio import wait_for
 from app.gateway.client import GatewayClient
 from app.runtime import Runtime
 from app.simulator import SimulatorConfig, create_simulator
@@ -29,7 +30,7 @@ async def test_a_side_task_that_dies_is_reported_and_a_stop_is_not(sqlite_url: s
         assert not failed.done()  # a healthy engine
         heartbeat = next(t for t in engine._side if t.get_name() == "engine-heartbeat")
         heartbeat.cancel()
-        reason = await asyncio.wait_for(failed, 5)
+        reason = await wait_for(failed, 5)
         assert "engine-heartbeat ended unexpectedly" in reason
         assert engine.died.is_set()
 

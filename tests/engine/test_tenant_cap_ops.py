@@ -12,6 +12,7 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import delete, insert, select
 
+from app.aio import wait_for
 from app.db import tenant_cap
 from app.db.session import SessionFactory, make_db_engine, make_session_factory
 from app.db.spend import DailyCheck
@@ -126,13 +127,13 @@ async def test_closing_the_cap_fails_what_waits_on_it(sessions: SessionFactory,
     monkeypatch.setattr(TenantDailyCap, "_apply", stuck)
     cap = TenantDailyCap(sessions, "t", CAP, "me")
     in_batch = asyncio.create_task(cap.reserve(Decimal("0.1")))
-    await asyncio.wait_for(started.wait(), 5)
+    await wait_for(started.wait(), 5)
     queued = asyncio.create_task(cap.reserve(Decimal("0.2")))
     await asyncio.sleep(0)
     await cap.close()
     for task in (in_batch, queued):
         with pytest.raises(RuntimeError, match="tenant cap closed"):
-            await asyncio.wait_for(task, 5)
+            await wait_for(task, 5)
 
 
 async def test_a_settlement_applied_twice_is_counted_once(sessions: SessionFactory) -> None:

@@ -14,6 +14,7 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy import select
 
+from app.aio import wait_for
 from app.db.tables import Webhook, WebhookAttempt
 from app.webhook_policy import SIGNATURE_HEADER as SIGNATURE
 from app.webhook_policy import sign, webhook_secret
@@ -338,8 +339,8 @@ async def test_a_trickling_or_flooding_receiver_delays_no_other_delivery(
                for name, url in urls.items()}
         for name in ("trickle", "flood"):
             assert (await h.client.post(f"/swarms/{ids[name]}/cancel")).status_code == 202
-        await asyncio.wait_for(receivers.trickle_started.wait(), 20)
-        await asyncio.wait_for(receivers.flood_started.wait(), 20)
+        await wait_for(receivers.trickle_started.wait(), 20)
+        await wait_for(receivers.flood_started.wait(), 20)
         # both slow deliveries are under way: the next one must not wait for them
         assert (await h.client.post(f"/swarms/{ids['fast']}/cancel")).status_code == 202
         rows = await _attempts(h, ids["fast"], 1)
@@ -347,7 +348,7 @@ async def test_a_trickling_or_flooding_receiver_delays_no_other_delivery(
         assert receivers.fast == [True], "the fast delivery waited for the trickling one"
         trickle, flood = [(await _attempts(h, ids[n], 1))[0] for n in ("trickle", "flood")]
         # the receiver sees the connection go on its next byte or two
-        await asyncio.wait_for(receivers.trickle_ended.wait(), 10)
+        await wait_for(receivers.trickle_ended.wait(), 10)
     finally:
         h.app.state.engine = None
         await close()

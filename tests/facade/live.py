@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 import uvicorn
 from starlette.types import ASGIApp
 
+from app.aio import wait_for
+
 
 @asynccontextmanager
 async def serving(app: ASGIApp) -> AsyncIterator[str]:
@@ -30,4 +32,4 @@ async def serving(app: ASGIApp) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        await asyncio.wait_for(task, 30)
+        await wait_for(task, 30)

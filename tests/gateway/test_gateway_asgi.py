@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.aio import wait_for
 from app.gateway.asgi import StreamingASGITransport
 
 Scope = dict[str, Any]
@@ -53,7 +54,7 @@ async def test_closing_the_response_is_the_clients_disconnect() -> None:
     async with httpx.AsyncClient(transport=StreamingASGITransport(app)) as client:
         async with client.stream("GET", "http://sim/") as r:
             assert await anext(r.aiter_bytes()) == b"x"
-        await asyncio.wait_for(left.wait(), 5)
+        await wait_for(left.wait(), 5)
 
 
 async def test_an_app_that_fails_before_answering_raises() -> None:

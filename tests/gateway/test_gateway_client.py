@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.aio import wait_for
 from app.gateway import client as client_module
 from app.gateway import wire
 from app.gateway.answers import _loads
@@ -498,11 +499,11 @@ async def test_cancelling_a_call_abandons_the_request_promptly(
 
     client = make_client(Gateway(hang))
     task = asyncio.create_task(client.complete(REQUEST, after_attempt=after))
-    await asyncio.wait_for(arrived.wait(), 1)
+    await wait_for(arrived.wait(), 1)
     started = time.monotonic()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(task, 1)
+        await wait_for(task, 1)
     assert time.monotonic() - started < 0.5
     assert after_calls == []
 

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from app import tracing
+from app.aio import wait_for
 from app.gateway.client import GatewayClient
 from app.gateway.redact import Redactor
 from tests.conftest import app_on, make_settings
@@ -101,7 +102,7 @@ def _echoing(status: int, together: int = 1) -> httpx.MockTransport:
         arrived.append(form)
         if len(arrived) >= together:
             all_in.set()
-        await asyncio.wait_for(all_in.wait(), 10)
+        await wait_for(all_in.wait(), 10)
         return httpx.Response(status, json={"error": {"message": message(form)}})
 
     return httpx.MockTransport(handle)

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from app.aio import wait_for
 from app.engine.planner import PlanInvalid, parse_plan, planner_messages
 from app.simulator import PLAN_HINTS, SimulatorConfig, create_simulator
 
@@ -225,7 +226,7 @@ async def test_cancelled_hang_leaves_no_in_flight(
     app: Starlette, client: httpx.AsyncClient
 ) -> None:
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(chat(client, "[[sim fail=timeout hang_s=30]]"), 0.05)
+        await wait_for(chat(client, "[[sim fail=timeout hang_s=30]]"), 0.05)
     assert app.state.stats.in_flight == 0
     assert (await client.get("/v1/_stats")).json()["in_flight"] == 0
 
@@ -246,7 +247,7 @@ async def test_disconnect_ends_a_long_hang(app: Starlette) -> None:
     scope = {"type": "http", "method": "POST", "path": URL, "raw_path": URL.encode(),
              "query_string": b"", "headers": [], "http_version": "1.1", "scheme": "http",
              "server": ("sim", 80), "client": ("test", 1), "root_path": ""}
-    await asyncio.wait_for(app(scope, receive, send), 2)
+    await wait_for(app(scope, receive, send), 2)
     assert sent[0]["status"] == 499
     assert app.state.stats.in_flight == 0
 

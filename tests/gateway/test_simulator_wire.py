@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.aio import wait_for
 from app.simulator import SimulatorConfig, create_simulator
 from app.simulator.app import _wait
 from app.simulator.directives import Directives, parse_request
@@ -115,6 +116,6 @@ async def test_a_call_is_out_of_flight_while_its_stream_is_sent() -> None:
              "query_string": b"", "headers": [(b"idempotency-key", b"s:a:1")],
              "http_version": "1.1", "scheme": "http", "server": ("sim", 80),
              "client": ("test", 1), "root_path": ""}
-    await asyncio.wait_for(app(scope, receive, send), 5)
+    await wait_for(app(scope, receive, send), 5)
     assert len(seen) > 2 and set(seen) == {0}
     assert app.state.stats.ok == 1 and app.state.stats.swarm_in_flight == {}

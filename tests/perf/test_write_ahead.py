@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import insert, select, update
 
+from app.aio import wait_for
 from app.db import leases
 from app.db.changes import SwarmWrite
 from app.db.tables import DailyReservation, DailySpend, GatewayCall, Subtask, Swarm
@@ -172,7 +173,7 @@ async def test_an_answer_is_in_the_tenants_day_before_the_swarm_answers(
     body = {"task": "t", "synthesis": {"strategy": "none"},
             "agents": [agent("a"), agent("b", "[[sim latency_ms=5000]]")]}
     swarm_id = (await harness.post(body)).json()["id"]
-    await asyncio.wait_for(settling.wait(), 10)  # a's answer is in, its cost being settled
+    await wait_for(settling.wait(), 10)  # a's answer is in, its cost being settled
     assert (await harness.client.post(f"/swarms/{swarm_id}/cancel")).status_code == 202
     data = await harness.wait(swarm_id)
     ledger = {r.subtask_name: r for r in await rows(harness, swarm_id)}

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from app.aio import wait_for
 from app.db.pool import Turnstile
 
 
@@ -52,7 +53,7 @@ async def test_a_turn_handed_to_a_waiter_being_cancelled_passes_on() -> None:
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
-    await asyncio.wait_for(second, 1)  # the turn went on to the next in line
+    await wait_for(second, 1)  # the turn went on to the next in line
     assert not gate.try_take()
 
 
@@ -93,13 +94,13 @@ async def test_a_waiter_past_its_timeout_fails_and_the_ones_behind_keep_their_tu
     await asyncio.sleep(0)
     late = await _queued(turns, 2, 30.0)
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(early, 5)
+        await wait_for(early, 5)
     assert not any(w.done() for w in late)
     turns.give()  # the first of the others, not the one that timed out
-    await asyncio.wait_for(late[0], 5)
+    await wait_for(late[0], 5)
     assert not late[1].done()
     turns.give()
-    await asyncio.wait_for(late[1], 5)
+    await wait_for(late[1], 5)
     turns.give()
     assert turns.try_take() and not turns.try_take()  # one turn, neither lost nor doubled
 
@@ -113,10 +114,10 @@ async def test_a_timeout_after_a_shorter_one_is_still_kept() -> None:
     await asyncio.sleep(0)
     short = asyncio.create_task(turns.take(0.05))
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(short, 5)
+        await wait_for(short, 5)
     assert not long.done()
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(long, 5)
+        await wait_for(long, 5)
     turns.give()
     assert turns.try_take()
 
@@ -128,7 +129,7 @@ async def test_a_cancelled_waiter_leaves_the_queue() -> None:
     first.cancel()  # waiting: it leaves the queue, and the next turn is the second's
     await asyncio.sleep(0)
     turns.give()
-    await asyncio.wait_for(second, 5)
+    await wait_for(second, 5)
     assert first.cancelled()
     turns.give()
     assert turns.try_take() and not turns.try_take()
