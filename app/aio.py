@@ -40,6 +40,14 @@ async def wait_for(aw: Awaitable[T], timeout: float | None) -> T:
         return await aw
 
 
+async def woken(event: asyncio.Event, timeout: float) -> bool:
+    """Wait for an armed event: True when it fired, False after `timeout` seconds."""
+    with contextlib.suppress(TimeoutError):
+        await wait_for(event.wait(), timeout)
+        return True
+    return False
+
+
 async def cancel_and_wait(task: asyncio.Task[T]) -> None:
     """Cancel a background task and wait until it has stopped (its own cancellation is not
     an error to its owner)."""

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import httpx
 
 from app import logs
-from app.aio import wait_for
+from app.aio import woken
 from app.config import Settings
 from app.db import queries
 from app.db import webhooks as repo
@@ -94,8 +94,7 @@ class WebhookDispatcher:
                 task.add_done_callback(self._finished)
             if not due:  # nothing due, no free slot, or only tenants at their cap: until a
                 # wake-up (a slot is free) or a poll
-                with contextlib.suppress(TimeoutError):
-                    await wait_for(self._wake.wait(), self._poll_s)
+                await woken(self._wake, self._poll_s)
                 self._wake.clear()
 
     def _finished(self, task: asyncio.Task[None]) -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from app.aio import cancel_and_wait
+from app.aio import cancel_and_wait, woken
 from app.db import queries
 from app.db.session import SessionFactory
 from app.db.tables import Event
 from app.engine.deltas import Delta
-from app.engine.waiters import SwarmNotifier, woken
+from app.engine.waiters import SwarmNotifier
 
 # the OpenAI facade's swarm answers (app/api/openai_swarm.py) re-read the status this often
 # without a wake-up

@@ -9,7 +9,7 @@ import asyncio
 import logging
 from contextlib import suppress
 
-from app.aio import wait_for
+from app.aio import woken
 from app.db import approval as repo
 from app.db import queries
 from app.db.retry import log_db_failure
@@ -63,5 +63,4 @@ class ApprovalSweep:
                     pass  # a full batch: there may be more
             except Exception as exc:
                 log_db_failure(log, "approval sweep", exc)
-            with suppress(TimeoutError):
-                await wait_for(self._stop.wait(), self._interval_s)
+            await woken(self._stop, self._interval_s)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import random
@@ -16,7 +15,7 @@ from typing import Protocol, TypeVar
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import logs
-from app.aio import run_to_end, wait_for
+from app.aio import run_to_end, woken
 from app.db import spend
 from app.db.changes import TenantSettle
 from app.db.retry import in_transaction
@@ -199,8 +198,7 @@ class DailyCap:
             if check.live == 0:
                 raise BudgetExceeded("daily", amount, max(check.left, Decimal(0)))
             # our own settlements wake us at once; other processes' are seen by polling
-            with contextlib.suppress(TimeoutError):
-                await wait_for(self._settled.wait(), random.uniform(*self.poll_s))
+            await woken(self._settled, random.uniform(*self.poll_s))
 
     async def _look(self) -> spend.DailyCheck:
         """What is left today, read at most once per shortest poll by this process: many calls

@@ -12,7 +12,7 @@ import uuid
 from contextlib import suppress
 
 from app import metrics
-from app.aio import wait_for
+from app.aio import woken
 from app.config import Settings
 from app.db import leases, spend
 from app.db.dialect import ChangeListener, change_listener
@@ -178,8 +178,7 @@ class Scheduler:
                 log_db_failure(log, "claiming", exc)
                 retry_s = min(max(retry_s * 2, 0.25), poll)
                 poll = retry_s
-            with suppress(TimeoutError):
-                await wait_for(self._wake.wait(), poll)
+            await woken(self._wake, poll)
             self._wake.clear()
 
     async def _claim_some(self) -> None:
@@ -246,8 +245,7 @@ class Scheduler:
         interval = min(self.settings.lease_seconds / 3, 0.5)
         # runs on through a shutdown's grace period: draining swarms keep their leases
         while not self._heartbeat_stopped.is_set():
-            with suppress(TimeoutError):
-                await wait_for(self._heartbeat_stopped.wait(), interval)
+            await woken(self._heartbeat_stopped, interval)
             if self._heartbeat_stopped.is_set():
                 return
             if self.runners:

@@ -4,7 +4,6 @@ database like the global one, and its gateway calls in flight in this process.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import random
@@ -15,7 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 from app import logs
-from app.aio import run_to_end, wait_for
+from app.aio import run_to_end, woken
 from app.db import batches, tenant_cap
 from app.db.changes import TenantSettle
 from app.db.retry import in_transaction
@@ -74,8 +73,7 @@ class TenantDailyCap:
                 raise BudgetExceeded("tenant", amount, max(check.left, Decimal(0)))
             # our own settlements wake us at once; other processes' are seen by polling
             settled = self._settled
-            with contextlib.suppress(TimeoutError):
-                await wait_for(settled.wait(), random.uniform(*self.poll_s))
+            await woken(settled, random.uniform(*self.poll_s))
 
     def ask(self, rows: list[dict[str, Any]]) -> tenant_cap.CapAsk:
         """A reservation of each written-ahead ledger row's worst case (`reserved_usd`, by its

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from app.aio import wait_for
+from app.aio import woken
 from app.db.tables import Subtask, Swarm
 from app.engine.deltas import DeltaHub
 from app.states import SwarmStatus
@@ -173,11 +172,3 @@ class SwarmNotifier:
             return await woken(ev, timeout)
         finally:
             self.disarm(swarm_id, ev)
-
-
-async def woken(event: asyncio.Event, timeout: float) -> bool:
-    """Wait for an armed event: True when it fired, False after `timeout` seconds."""
-    with contextlib.suppress(TimeoutError):
-        await wait_for(event.wait(), timeout)
-        return True
-    return False

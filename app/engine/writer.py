@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -12,7 +11,7 @@ from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.aio import alongside
+from app.aio import alongside, woken
 from app.db.batches import group_commit, spend_only
 from app.db.changes import SwarmWrite, TenantSettle
 from app.db.leases import LeaseLost
@@ -135,9 +134,7 @@ class StateWriter:
             if not self._waited.is_set() and not self._closing:
                 # nobody waits for what is queued: until somebody does, or its oldest is due
                 first = min(queued for _, _, queued, _ in self._queue)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(first + LINGER_S - time.monotonic(), 0.0)):
-                        await self._waited.wait()
+                await woken(self._waited, max(first + LINGER_S - time.monotonic(), 0.0))
             # one turn of the loop before taking the queue: the tasks made ready with the
             # first write (a swarm's start and its first wave's write-ahead, the synthesizer's
             # status and its attempt) write too, and go in the same commit, not the next

@@ -21,7 +21,7 @@ from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from mcp import ClientSession
 from mcp.client.session import IncomingMessage
 
-from app.aio import wait_for
+from app.aio import wait_for, woken
 from app.tools.config import ServerConfig
 from app.tools.model import ServerUnavailable
 from app.tools.transports import describe, open_session
@@ -72,8 +72,7 @@ class _Member:
     async def _watch(self, session: ClientSession) -> None:
         stop = self.pool.stopping
         while not stop.is_set():
-            with suppress(TimeoutError):
-                await wait_for(self._poke.wait(), PING_INTERVAL_S)
+            await woken(self._poke, PING_INTERVAL_S)
             self._poke.clear()
             if stop.is_set():
                 return

@@ -13,14 +13,14 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import mcp_types as types
 from mcp import ClientSession
 from mcp.client.session import IncomingMessage
 from mcp.shared.exceptions import MCPError
 
-from app.aio import wait_for
+from app.aio import wait_for, woken
 from app.tools.config import ServerConfig
 from app.tools.model import ServerUnavailable, ToolInfo
 from app.tools.pool import SessionPool
@@ -65,8 +65,7 @@ class ServerConnection:
         self._task = asyncio.create_task(self._supervise(), name=f"mcp-{self.name}")
 
     async def first_attempt(self, timeout_s: float) -> None:
-        with suppress(TimeoutError):
-            await wait_for(self._tried.wait(), timeout_s)
+        await woken(self._tried, timeout_s)
 
     async def stop(self) -> None:
         self._stop.set()
@@ -139,8 +138,7 @@ class ServerConnection:
             if self._stop.is_set():
                 break
             self.restarts += 1
-            with suppress(TimeoutError):
-                await wait_for(self._stop.wait(), delay)
+            await woken(self._stop, delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
 
     async def _serve(self) -> None:
@@ -157,8 +155,7 @@ class ServerConnection:
     async def _watch(self, session: ClientSession) -> None:
         """Until stopped: ping (a dead server raises here) and re-list tools on change."""
         while not self._stop.is_set():
-            with suppress(TimeoutError):
-                await wait_for(self._poke.wait(), PING_INTERVAL_S)
+            await woken(self._poke, PING_INTERVAL_S)
             self._poke.clear()
             if self._stop.is_set():
                 return
@@ -172,8 +169,7 @@ class ServerConnection:
         cursor: str | None = None
         while True:
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await wait_for(session.list_tools(params=params),
-                                          self.config.timeout_s)
+            page = await wait_for(session.list_tools(params=params), self.config.timeout_s)
             for t in page.tools:
                 tools[t.name] = ToolInfo(self.name, t.name, t.description or "",
                                          dict(t.input_schema))

@@ -1,5 +1,6 @@
 """app.aio: what a cancelled caller of run_to_end waits for; alongside's order; Within's
-timeout against an outside cancellation; wait_for keeping a cancellation that races its end."""
+timeout against an outside cancellation; wait_for keeping a cancellation that races its end;
+woken's answer."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.aio import Within, alongside, run_to_end, wait_for
+from app.aio import Within, alongside, run_to_end, wait_for, woken
 
 
 async def test_a_cancelled_caller_goes_on_only_after_the_work_ended() -> None:
@@ -168,3 +169,10 @@ async def test_wait_for_answers_the_result_or_times_out() -> None:
         await wait_for(inner, 0.01)
     await asyncio.sleep(0)
     assert inner.cancelled()  # what timed out is cancelled, as asyncio.wait_for does
+
+
+async def test_woken_says_whether_the_event_fired() -> None:
+    event = asyncio.Event()
+    assert await woken(event, 0.01) is False
+    asyncio.get_running_loop().call_later(0.01, event.set)
+    assert await woken(event, 5) is True
