@@ -154,9 +154,13 @@ async def test_delivery_gives_up_after_an_hour(database_url: str) -> None:
         data = await h.run({"task": "t", "agents": [{"name": "a"}],
                             "webhook_url": "http://hooks.example/x"})
         await _attempts(h, data["id"], 1)
+        # a year old and due at once: an attempt in flight as it changes no longer matches the
+        # row (its created_at) and leaves it, so the next claim decides, not that attempt's hold
         async with h.app.state.sessions() as s, s.begin():
             hook = (await s.execute(select(Webhook))).scalar_one()
             hook.created_at = hook.created_at.replace(year=hook.created_at.year - 1)
+            hook.next_attempt_at = hook.created_at
+
         async def settled() -> Webhook | None:
             async with h.app.state.sessions() as s:
                 hook = (await s.execute(select(Webhook))).scalar_one()
