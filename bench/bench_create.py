@@ -26,10 +26,8 @@ import asyncio
 import contextlib
 import itertools
 import os
-import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -43,53 +41,15 @@ import httpx
 
 from bench.builds import add_builds
 from bench.builds import builds as bench_builds
-from tests.support import free_port, process, throwaway_db, wait_http
+from bench.cpu import cpu_s, postgres_cpu_s
+from bench.profiles import profiled, top_frames
+from bench.service import BENCH_TENANTS, CHECKED_TENANTS, CLI, QUOTAS, serve_db, tenants_file
+from tests.support import free_port, process, wait_http
 
-CLI = str(Path(sys.executable).with_name("swarm-api"))
-PY_SPY = Path(sys.executable).with_name("py-spy")
-# SPEC §8 without the limits a load test would measure instead of the API: no token bucket
-# (600 requests/min would refuse most of it with 429), no active-swarm count or daily cap;
-# budgets and per-process caps as SPEC's defaults
-BENCH_TENANTS = """[defaults]
-max_agents = 1000
-max_inflight_calls = 256
-default_budget_usd = "10"
-max_budget_usd = "100"
-max_streams = 10000
-"""
-# every SPEC §8 key set, none reached: each request pays for the bucket, the count, the cap
-CHECKED_TENANTS = """[defaults]
-requests_per_minute = 100000000
-burst = 10000000
-max_active_swarms = 10000000
-max_agents = 1000
-max_inflight_calls = 256
-default_budget_usd = "10"
-max_budget_usd = "100"
-daily_budget_usd = "1000000"
-max_streams = 10000
-"""
-# the tenants files by the name `--quotas` (and bench_rows, the table) give them
-QUOTAS = {"lifted": BENCH_TENANTS, "checked": CHECKED_TENANTS}
 BODY: dict[str, Any] = {"task": "benchmark", "agents": [
     {"name": "agent_0", "system_prompt": "You are agent 0. [[sim latency_ms=0]]"}],
     "synthesis": {"strategy": "none"}, "max_tokens": 200,
     "limits": {"concurrency": 1, "deadline_s": 600}}
-
-
-@contextlib.contextmanager
-def serve_db(prefix: str) -> Iterator[dict[str, str]]:
-    """A throwaway PostgreSQL database for a `serve` under test, as that process's environment:
-    left empty for the build to migrate itself (SWARM_AUTO_MIGRATE), so builds with other
-    migrations than this checkout's compare too."""
-    with throwaway_db(prefix, migrate=False) as url:
-        yield {"SWARM_DATABASE_URL": url, "SWARM_AUTO_MIGRATE": "1"}
-
-
-def tenants_file(work: Path, text: str = BENCH_TENANTS) -> Path:
-    path = work / f"bench-tenants-{abs(hash(text))}.toml"
-    path.write_text(text)
-    return path
 
 
 async def post_load(api: str, clients: int, each: int,
@@ -169,85 +129,6 @@ def errors_cell(result: dict[str, Any]) -> str:
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(result["kinds"].items(),
                                                     key=lambda kv: -kv[1]))
     return f"{result['errors']} errors ({kinds})"
-
-
-def start_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
-    """py-spy recording `pid` (raw collapsed stacks of the GIL's holder: Python CPU) into `out`,
-    attached by the time it returns; SIGINT ends it and writes the file."""
-    if not PY_SPY.exists():
-        raise SystemExit(f"{PY_SPY} is missing: profiles need the bench extra "
-                         "(make .venv/.installed-bench)")
-    rate = os.environ.get("BENCH_SPY_RATE", "200")
-    process = subprocess.Popen([str(PY_SPY), "record", "-p", str(pid), "-f", "raw", "-r", rate,
-                                "--gil", "-o", str(out)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # attached before the load starts
-    return process
-
-
-@contextlib.contextmanager
-def profiled(pid: int, out: Path | None) -> Iterator[None]:
-    """py-spy (sampling, collapsed stacks) on `pid` for the block; nothing when out is None."""
-    if out is None:
-        yield
-        return
-    recording = start_spy(pid, out)
-    try:
-        yield
-    finally:
-        recording.send_signal(signal.SIGINT)
-        recording.wait(60)
-
-
-def top_frames(raw: Path, n: int = 12) -> list[tuple[str, float, float]]:
-    """(frame, self %, inclusive %) of a py-spy raw profile (`--gil`: samples of the thread
-    holding the GIL, i.e. Python CPU), by self time."""
-    own: Counter[str] = Counter()
-    incl: Counter[str] = Counter()
-    total = 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack:
-            continue
-        k = int(count)
-        total += k
-        frames = stack.split(";")
-        own[frames[-1]] += k
-        for f in set(frames):
-            incl[f] += k
-    return [(f, 100 * k / total, 100 * incl[f] / total) for f, k in own.most_common(n)]
-
-
-def _processes() -> dict[int, tuple[int, str, int]]:
-    """Every process of this machine: pid -> (parent pid, name, user + system CPU ticks)."""
-    table = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            head, _, rest = stat.read_text().rpartition(")")
-        except OSError:  # gone since the listing
-            continue
-        fields = rest.split()
-        table[int(stat.parent.name)] = (int(fields[1]), head.partition("(")[2],
-                                        int(fields[11]) + int(fields[12]))
-    return table
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds so far of a process and its children (`serve --workers N`:
-    the worker processes do the work, their parent only watches them)."""
-    procs = _processes()
-    tree, grew = {pid}, True
-    while grew:
-        more = {p for p, (parent, _, _) in procs.items() if parent in tree} - tree
-        grew, tree = bool(more), tree | more
-    return sum(procs[p][2] for p in tree if p in procs) / os.sysconf("SC_CLK_TCK")
-
-
-def postgres_cpu_s() -> float:
-    """CPU seconds so far of every PostgreSQL process of this machine (the database's share of
-    a request; backends that exit in between are missed, so it is a lower bound)."""
-    ticks = sum(t for _, name, t in _processes().values() if name == "postgres")
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(url: str, clients: int, each: int, single: int, pids: list[int],

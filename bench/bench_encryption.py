@@ -26,7 +26,9 @@ from typing import Any
 import httpx
 
 from app.crypto import Sealer, parse_keys
-from bench.bench_create import BODY, cpu_s, drained, post_load, serve_db, tenants_file
+from bench.bench_create import BODY, drained, post_load
+from bench.cpu import cpu_s
+from bench.service import serve_db, tenants_file
 from bench.table_rows import run_swarm, swarm_body
 from tests.support import free_port, process
 

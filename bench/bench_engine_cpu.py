@@ -29,9 +29,11 @@ from pathlib import Path
 
 import httpx
 
-from bench.bench_create import postgres_cpu_s, profiled, serve_db, top_frames
 from bench.builds import add_builds
 from bench.builds import builds as bench_builds
+from bench.cpu import postgres_cpu_s
+from bench.profiles import profiled, top_frames
+from bench.service import serve_db
 from bench.table_rows import run_swarm, swarm_body
 from tests.support import free_port, process
 

@@ -31,10 +31,11 @@ from app.db.types import utcnow
 from app.engine.specs import new_swarm_row
 from app.engine.subtask_rows import new_subtask
 from app.states import SubtaskKind, SubtaskStatus, SwarmStatus
-from bench.bench_create import cpu_s, serve_db
 from bench.bench_rows import serving
 from bench.builds import add_builds
 from bench.builds import builds as bench_builds
+from bench.cpu import cpu_s
+from bench.service import serve_db
 
 TENANT = "default"  # the tenant of a service without SWARM_API_KEYS
 PER_SWARM = 1000

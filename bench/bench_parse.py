@@ -27,7 +27,7 @@ from app.api import errors
 from app.api.swarms import create_swarm
 from app.config import Settings
 from app.main import create_app
-from bench.bench_create import tenants_file
+from bench.service import tenants_file
 from tests.support import throwaway_db
 
 

@@ -34,16 +34,11 @@ from typing import Any
 import asyncpg
 import httpx
 
-from bench.bench_create import (
-    BENCH_TENANTS,
-    QUOTAS,
-    post_load,
-    serve_db,
-    tenants_file,
-)
+from bench.bench_create import post_load
 from bench.bench_engine_cpu import cpu_s
 from bench.builds import add_builds
 from bench.builds import builds as bench_builds
+from bench.service import BENCH_TENANTS, QUOTAS, serve_db, tenants_file
 from bench.table_rows import TERMINAL, run_swarm, swarm_body
 from tests.support import free_port, process
 

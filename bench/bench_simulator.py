@@ -26,9 +26,11 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.bench_create import CLI, cpu_s, profiled, top_frames
 from bench.builds import add_builds
 from bench.builds import builds as bench_builds
+from bench.cpu import cpu_s
+from bench.profiles import profiled, top_frames
+from bench.service import CLI
 from bench.table_rows import bare_gather
 from tests.support import free_port, process
 

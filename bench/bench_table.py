@@ -32,9 +32,9 @@ import traceback
 from pathlib import Path
 
 from bench import bench_tool_row
-from bench.bench_create import serve_db, tenants_file
 from bench.builds import add_builds
 from bench.builds import builds as bench_builds
+from bench.service import serve_db, tenants_file
 from bench.table_creation import (
     CLIENTS,
     READY_S,
@@ -128,7 +128,7 @@ def intro(args: argparse.Namespace, loads: tuple[float, float], speed: float) ->
         "database and the peers from the bench process, all on one machine "
         f"({os.cpu_count()} cores, {platform.machine()}, Python "
         f"{platform.python_version()}). `serve` runs with a SWARM_TENANTS_FILE lifting SPEC "
-        "§8's rate, active-swarm and daily limits (`bench/bench_create.py` BENCH_TENANTS; "
+        "§8's rate, active-swarm and daily limits (`bench/service.py` BENCH_TENANTS; "
         "budgets as SPEC's defaults): without it the load rows measure the token bucket "
         "(600/min, 429s); the quota rows set every quota instead and reach none "
         "(CHECKED_TENANTS). The tool row has a simulator of its own at 200 ms and the "

@@ -23,7 +23,7 @@ from pathlib import Path
 from app.runtime import freeze_startup_objects, tune_gc
 from app.tools.config import ServerConfig
 from app.tools.registry import ToolRegistry
-from bench.bench_create import cpu_s
+from bench.cpu import cpu_s
 from tests.mcp_servers import HttpServer, stdio_server
 
 

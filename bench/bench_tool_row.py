@@ -31,10 +31,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.bench_create import cpu_s, serve_db, start_spy, tenants_file, top_frames
 from bench.bench_tools import run_swarm, wait_ready
 from bench.builds import add_builds
 from bench.builds import builds as bench_builds
+from bench.cpu import cpu_s
+from bench.profiles import start_spy, top_frames
+from bench.service import serve_db, tenants_file
 from tests.mcp_servers import SERVER, HttpServer
 from tests.support import CLI, free_port, process
 

@@ -11,15 +11,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.bench_create import (
-    QUOTAS,
-    drained,
-    engine_worker,
-    errors_cell,
-    post_load,
-    serve_db,
-    tenants_file,
-)
+from bench.bench_create import drained, engine_worker, errors_cell, post_load
+from bench.service import QUOTAS, serve_db, tenants_file
 from tests.results_md import Row
 from tests.support import free_port, process
 
