@@ -10,7 +10,8 @@ with 64 in flight (over a bare single-pool gather on httpx, and over one on aioh
 1,000-agent swarm and 50 concurrent 100-agent swarms at 200 ms with 256 in flight (over their
 floors; bench/table_rows.py), serve's memory per in-flight call and its RSS idle against after
 those swarms; the tool row (100 agents, 2 turns at 200 ms and a 50 ms MCP tool, over
-streamable HTTP and stdio; bench/bench_tool_row.py's `measure`); `POST /swarms` under 200
+streamable HTTP and stdio; bench/bench_tool_row.py's `measure`, beside the same agents as a
+gather script with the MCP SDK's `Client`, bench/peer_tools.py); `POST /swarms` under 200
 concurrent clients and from one client, with the engine in the process, API-only, split, and
 with every SPEC §8 quota checked beside the same without quotas (bench/table_creation.py).
 With `--cli`, each named build runs every row in turn (before/after in one run), one column
@@ -87,8 +88,9 @@ def tool_row(cli: str, runs: int, quick: bool, work: Path) -> Row:
             f"({(2 * latency_ms + tool_ms) / 1000:.2f} s), median of {runs}")
     work.mkdir(parents=True, exist_ok=True)
     try:
-        got = bench_tool_row.measure(work, [None], agents=agents, latency_ms=latency_ms,
-                                     tool_ms=tool_ms, runs=runs, cli=cli)[None]
+        both = bench_tool_row.measure(work, [None], agents=agents, latency_ms=latency_ms,
+                                      tool_ms=tool_ms, runs=runs, cli=cli, peer=True)
+        got, peer = both[None], both[bench_tool_row.PEER]
     except Exception as exc:  # the build's own failure: the table goes on without the row
         traceback.print_exc()
         return Row(what, f"not measured ({type(exc).__name__}: see stderr)", "-",
@@ -96,7 +98,10 @@ def tool_row(cli: str, runs: int, quick: bool, work: Path) -> Row:
     names = {"http": "streamable HTTP", "stdio": "stdio"}
     cells = [f"{names[t]} **{statistics.median(r for r, _ in got[t]):.2f}x** "
              f"({spread([r for r, _ in got[t]], 'x')})" for t in names]
-    return Row(what, "; ".join(cells), "-", "<= 1.25x both")
+    peers = [f"{names[t]} {statistics.median(r for r, _ in peer[t]):.2f}x "
+             f"({spread([r for r, _ in peer[t]], 'x')})" for t in names]
+    return Row(what, "; ".join(cells), "a gather script with the MCP SDK's `Client` (one a "
+               "server) and aiohttp, persisting nothing: " + "; ".join(peers), "<= 1.25x both")
 
 
 def host_speed() -> float:
@@ -132,7 +137,8 @@ def intro(args: argparse.Namespace, loads: tuple[float, float], speed: float) ->
         "budgets as SPEC's defaults): without it the load rows measure the token bucket "
         "(600/min, 429s); the quota rows set every quota instead and reach none "
         "(CHECKED_TENANTS). The tool row has a simulator of its own at 200 ms and the "
-        "example MCP server over stdio and streamable HTTP (`bench/bench_tool_row.py`). "
+        "example MCP server over stdio and streamable HTTP (`bench/bench_tool_row.py`), "
+        "its peer the same agents as a gather script (`bench/peer_tools.py`). "
         "Each figure is the median of its runs, each run alternating with its peer, with "
         "their range; errors are counted by kind (HTTP status, or the client's exception). "
         "Targets are issue 53's where it sets one (issue 14's in brackets)." + builds)

@@ -9,16 +9,20 @@ value in `--sessions` (1 is one session per server), all up at once and their sw
 interleaved, so before and after come from one run and one stretch of the machine's load; the
 stdio server has one pipelined session whatever the value. With `--cli`, each build runs its own
 checkout's example server (`<checkout>/.venv/bin/swarm-api` beside `<checkout>/examples/`).
-Prints medians, writes nothing; `make bench` (bench/bench_table.py) runs `measure` for its
-tool row with the build's default.
+Each run also runs the row's peer, the same agents as a hand-written gather script on the MCP
+SDK's `Client` (bench/peer_tools.py; `--no-peer` leaves it out). Prints medians, writes
+nothing; `make bench` (bench/bench_table.py) runs `measure` for its tool row with the build's
+default.
 
     .venv/bin/python -m bench.bench_tool_row [--agents 100] [--runs 5] [--sessions 1,4]
         [--cli before=/work/wt/base/.venv/bin/swarm-api --cli after=.venv/bin/swarm-api]
+        [--no-peer]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -26,21 +30,26 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from mcp import StdioServerParameters
+
 from bench.bench_tools import run_swarm, wait_ready
 from bench.builds import add_builds
 from bench.builds import builds as bench_builds
 from bench.cpu import cpu_s
+from bench.peer_tools import tool_gather
 from bench.profiles import start_spy, top_frames
 from bench.service import serve_db, tenants_file
 from tests.mcp_servers import SERVER, HttpServer
 from tests.support import CLI, free_port, process
 
 TRANSPORTS = {"http": ("web.lookup",), "stdio": ("docs.lookup",)}
+PEER = "peer"  # measure's key of the hand-written script's runs
 
 
 def example_server(cli: str) -> Path:
@@ -104,24 +113,31 @@ def spied(pid: int, out: Path | None) -> Callable[[], None]:
 
 def measure(work: Path, pool_sizes: list[int | None], *, agents: int = 100,
             latency_ms: float = 200, tool_ms: float = 50, runs: int = 5, cli: str = CLI,
-            spy: Path | None = None, clis: dict[str, str] | None = None) -> ToolRuns:
+            spy: Path | None = None, clis: dict[str, str] | None = None,
+            peer: bool = False) -> ToolRuns:
     """The row's runs: a simulator at `latency_ms`, the streamable-HTTP example server (one
     per build's checkout), and a `serve` of `cli` (of each of `clis`) per pool size, all up at
     once, their swarms interleaved run by run. Serve's CPU and the profile stop at the swarm's
-    end (the transcript checks after it are not the swarm's)."""
+    end (the transcript checks after it are not the swarm's). `peer`: each run also runs the
+    hand-written script (bench/peer_tools.py) on this checkout's example server, under the
+    key PEER, its CPU the script's own."""
     sim_port = free_port()
     sim = f"http://127.0.0.1:{sim_port}/v1"
     floor = (2 * latency_ms + tool_ms) / 1000
     variants: dict[Any, tuple[str, int | None]] = (
         {(name, n): (path, n) for name, path in clis.items() for n in pool_sizes}
         if clis else {n: (cli, n) for n in pool_sizes})
-    results: ToolRuns = {v: {t: [] for t in TRANSPORTS} for v in variants}
+    results: ToolRuns = {v: {t: [] for t in TRANSPORTS}
+                         for v in [*variants, *([PEER] if peer else [])]}
     webs: dict[Path, HttpServer] = {}
     try:
         for path, _ in variants.values():
             server = example_server(path)
             if server not in webs:
                 webs[server] = HttpServer(work / f"web-{len(webs)}.log", tool_ms, server)
+        if peer and SERVER not in webs:
+            webs[SERVER] = HttpServer(work / "web-peer.log", tool_ms, SERVER)
+        web_url = webs[SERVER].url if peer else ""
         with ExitStack() as stack:
             stack.enter_context(process(
                 ["simulator", "--port", str(sim_port)],
@@ -150,10 +166,24 @@ def measure(work: Path, pool_sizes: list[int | None], *, agents: int = 100,
                         print(f"{_label(v)} {transport}: {wall:.3f} s = "
                               f"{wall / floor:.2f}x floor, serve CPU "
                               f"{results[v][transport][-1][1]:.2f} s", flush=True)
+                if peer:
+                    peer_run(sim, web_url, tool_ms, agents, floor, results[PEER])
     finally:
         for web in webs.values():
             web.close()
     return results
+
+
+def peer_run(sim: str, web_url: str, tool_ms: float, agents: int, floor: float,
+             into: dict[str, list[tuple[float, float]]]) -> None:
+    """One run of the hand-written script on each transport: (wall ÷ floor, its CPU)."""
+    stdio = StdioServerParameters(command=sys.executable, args=[str(SERVER)],
+                                  env={"EXAMPLE_MCP_DELAY_MS": str(tool_ms)})
+    for transport, server in (("http", web_url), ("stdio", stdio)):
+        cpu0 = time.process_time()
+        wall = asyncio.run(tool_gather(sim, server, agents))
+        into[transport].append((wall / floor, time.process_time() - cpu0))
+        print(f"peer {transport}: {wall:.3f} s = {wall / floor:.2f}x floor", flush=True)
 
 
 def _label(variant: Any) -> str:
@@ -171,6 +201,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--sessions", default="1,4", help="SWARM_MCP_HTTP_SESSIONS values")
     add_builds(ap, "compare builds: each one's `swarm-api serve`, swarms interleaved")
+    ap.add_argument("--no-peer", action="store_true",
+                    help="leave out the hand-written script (bench/peer_tools.py)")
     ap.add_argument("--spy", type=Path, default=None,
                     help="directory for py-spy profiles of `serve` during each variant's last run")
     args = ap.parse_args()
@@ -178,7 +210,7 @@ def main() -> None:
     pool_sizes: list[int | None] = [int(v) for v in args.sessions.split(",")]
     results = measure(work, pool_sizes, agents=args.agents, latency_ms=args.latency_ms,
                       tool_ms=args.tool_ms, runs=args.runs, spy=args.spy,
-                      clis=bench_builds(args) or None)
+                      clis=bench_builds(args) or None, peer=not args.no_peer)
     for raw in sorted(args.spy.glob("serve-*.raw")) if args.spy is not None else []:
         print(f"\n{raw.name}: frame, self %, inclusive % (Python CPU of `serve`)")
         for frame, own, incl in top_frames(raw, 15):
@@ -186,7 +218,7 @@ def main() -> None:
     print(f"\n{args.agents} agents x (turn, one {args.tool_ms:.0f} ms tool, turn) at "
           f"{args.latency_ms:.0f} ms; medians of {args.runs} runs")
     print("| build-SWARM_MCP_HTTP_SESSIONS | transport | wall / floor (runs) "
-          "| serve CPU s (runs) |")
+          "| serve CPU s (runs; the peer's: the script's own) |")
     print("|---|---|---|---|")
     for variant, by_transport in results.items():
         for transport, runs in by_transport.items():
