@@ -8,12 +8,13 @@ Rows: fan-out overhead (100 agents + synthesis at 500 ms, over the floor 2 x 500
 bare `asyncio.gather` script on httpx and on aiohttp, and LangGraph `Send`), throughput at 0 ms
 with 64 in flight (over a bare single-pool gather on httpx, and over one on aiohttp), one
 1,000-agent swarm and 50 concurrent 100-agent swarms at 200 ms with 256 in flight (over their
-floors; bench/table_rows.py), serve's memory per in-flight call and its RSS idle against after
-those swarms; the tool row (100 agents, 2 turns at 200 ms and a 50 ms MCP tool, over
-streamable HTTP and stdio; bench/bench_tool_row.py's `measure`, beside the same agents as a
-gather script with the MCP SDK's `Client`, bench/peer_tools.py); `POST /swarms` under 200
-concurrent clients and from one client, with the engine in the process, API-only, split, and
-with every SPEC §8 quota checked beside the same without quotas (bench/table_creation.py).
+floors, each beside a bare aiohttp gather of the same calls; bench/table_rows.py), serve's
+memory per in-flight call and its RSS idle against after those swarms; the tool row (100
+agents, 2 turns at 200 ms and a 50 ms MCP tool, over streamable HTTP and stdio;
+bench/bench_tool_row.py's `measure`, beside the same agents as a gather script with the MCP
+SDK's `Client`, bench/peer_tools.py); `POST /swarms` under 200 concurrent clients and from one
+client, with the engine in the process, API-only, split, and with every SPEC §8 quota checked
+beside the same without quotas (bench/table_creation.py).
 With `--cli`, each named build runs every row in turn (before/after in one run), one column
 per build. `--quick` is a smoke run: smaller sizes, RESULTS.md untouched.
 """

@@ -176,8 +176,9 @@ async def measure(api: str, sim: str, serve_pid: int, runs: int, quick: bool) ->
                         f"{sampler.peak / 2**20:.0f} MB)", "-", "< 50 KB"))
 
         # 50 concurrent 100-agent swarms at 200 ms, and what `serve` holds after them
-        swarms, many_walls, after = await many_swarms(c, quick, runs, serve_pid)
-        rows.append(many_swarms_row(swarms, many_walls, "", "<= 1.05x (issue 14: <= 1.5x)"))
+        swarms, many_walls, after, peer = await many_swarms(c, quick, runs, serve_pid, sim)
+        rows.append(many_swarms_row(swarms, many_walls, "", "<= 1.05x (issue 14: <= 1.5x)",
+                                    peer))
         rows.append(rss_row(idle_rss, after, swarms, n))
     return rows
 
@@ -229,14 +230,17 @@ async def throughput_rows(c: httpx.AsyncClient, sim: str, runs: int, quick: bool
                 f"{ours_s:.0f}/s)", f"bare aiohttp gather {aio_s:.0f}/s", ">= 0.5x")]
 
 
-async def many_swarms(c: httpx.AsyncClient, quick: bool, runs: int, pid: int | None = None
-                      ) -> tuple[int, list[float], list[int]]:
+async def many_swarms(c: httpx.AsyncClient, quick: bool, runs: int, pid: int | None = None,
+                      sim: str | None = None
+                      ) -> tuple[int, list[float], list[int], list[float]]:
     """`runs` rounds of 50 concurrent 100-agent swarms at 200 ms: (swarms a round, each
-    round's wall over its floor, `pid`'s RSS after each round when given)."""
+    round's wall over its floor, `pid`'s RSS after each round when given, and with `sim` the
+    same calls from a bare aiohttp gather after each round, over the same floor)."""
     swarms = 10 if quick else 50
     floor = swarms * 100 / 256 * 0.2
     walls: list[float] = []
     rss: list[int] = []
+    bare: list[float] = []
     for _ in range(runs):
         t0 = time.perf_counter()
         await asyncio.gather(*(run_swarm(c, swarm_body(100, 200, "none", 100))
@@ -244,13 +248,18 @@ async def many_swarms(c: httpx.AsyncClient, quick: bool, runs: int, pid: int | N
         walls.append((time.perf_counter() - t0) / floor)
         if pid is not None:
             rss.append(RssSampler(pid).rss())
-    return swarms, walls, rss
+        if sim is not None:
+            bare.append(await bare_gather(sim, swarms * 100, 256, 200, False, on_aiohttp=True)
+                        / floor)
+    return swarms, walls, rss, bare
 
 
-def many_swarms_row(swarms: int, walls: list[float], where: str, target: str) -> Row:
+def many_swarms_row(swarms: int, walls: list[float], where: str, target: str,
+                    bare: list[float] | None = None) -> Row:
+    peer = f"bare gather on aiohttp {statistics.median(bare):.2f}x" if bare else "-"
     return Row(f"{swarms} concurrent 100-agent swarms at 200 ms{where}: wall over floor "
                f"({swarms * 100} / 256 x 0.2 s), median of {len(walls)}",
-               f"**{statistics.median(walls):.2f}x** ({spread(walls, 'x')})", "-", target)
+               f"**{statistics.median(walls):.2f}x** ({spread(walls, 'x')})", peer, target)
 
 
 def rss_row(idle: int, after: list[int], swarms: int, wide: int) -> Row:
@@ -275,6 +284,6 @@ async def workers_row(api: str, quick: bool, runs: int) -> Row:
     each)."""
     async with httpx.AsyncClient(base_url=api, timeout=120) as c:
         await run_swarm(c, swarm_body(100, 0, "none", 100))  # warm both workers' pools
-        swarms, walls, _ = await many_swarms(c, quick, runs)
+        swarms, walls, _, _ = await many_swarms(c, quick, runs)
     return many_swarms_row(swarms, walls, ", `serve --workers 2` (128 in flight each)",
                            "<= 1.5x")
