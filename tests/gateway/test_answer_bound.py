@@ -72,7 +72,9 @@ async def test_giant_answers_are_refused_beside_a_swarm_that_succeeds(harness: H
             GatewayCall.swarm_id == giant_id))).scalars())
         outputs = list((await s.execute(select(Subtask.output).where(
             Subtask.swarm_id == giant_id))).scalars())
-    assert outcomes == {"invalid_response"}
+    # the first agent to fail fails the swarm (tolerance 0): the other's call in flight then,
+    # if it is in flight rather than between attempts, ends cancelled
+    assert "invalid_response" in outcomes and outcomes <= {"invalid_response", "cancelled"}
     assert outputs == [None, None]  # nothing of it stored
 
 
