@@ -121,3 +121,9 @@ class ScriptedServer:
             pass
         finally:
             writer.close()
+
+
+async def sleep_forever(request: httpx.Request) -> httpx.Response:
+    """A gateway that never answers in time: the attempt's timeout ends it."""
+    await asyncio.sleep(30)
+    raise AssertionError("the attempt should have timed out")
