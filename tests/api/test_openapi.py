@@ -7,13 +7,15 @@ import asyncio
 import json
 import re
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from jsonschema import Draft202012Validator, FormatChecker, validators
+from jsonschema.exceptions import ValidationError
 
 from app.aio import wait_for
 from tests.conftest import Harness, make_settings, start_harness
@@ -52,10 +54,11 @@ SPEC_ROUTES: dict[tuple[str, str], set[int]] = {
 }
 
 
-# ---- a small JSON Schema validator for what FastAPI/pydantic emit ----------------------------
+# ---- the document's schemas, checked by jsonschema with every described object closed --------
 
 
 def _resolve(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema a `$ref` (or a chain of them) points at in the document."""
     while "$ref" in schema:
         ref = schema["$ref"]
         assert ref.startswith("#/"), ref
@@ -66,86 +69,32 @@ def _resolve(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-_TYPES: dict[str, Any] = {
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-}
+def _closed_properties(validator: Any, properties: dict[str, Any], instance: Any,
+                       schema: dict[str, Any]) -> Iterator[ValidationError]:
+    """`properties` as JSON Schema checks it, and where the schema says nothing of other keys, a
+    key it does not declare is an error: the document must describe every field it answers."""
+    yield from Draft202012Validator.VALIDATORS["properties"](validator, properties, instance,
+                                                             schema)
+    if validator.is_type(instance, "object") and "additionalProperties" not in schema:
+        for key in instance.keys() - properties.keys():
+            yield ValidationError(f"undocumented key {key!r}")
 
 
-def schema_errors(doc: dict[str, Any], schema: dict[str, Any], value: Any,
-                  path: str = "$") -> list[str]:
-    """Where `value` breaks `schema`. Objects with declared properties are closed: a key the
-    document does not declare is an error too (the document must describe every field)."""
-    schema = _resolve(doc, schema)
-    errors = _combinator_errors(doc, schema, value, path)
-    types = schema.get("type")
-    if types is not None:
-        names = types if isinstance(types, list) else [types]
-        if not any(_TYPES[t](value) for t in names):
-            return [*errors, f"{path}: {value!r:.80} is not {types}"]
-    errors += _scalar_errors(schema, value, path)
-    if isinstance(value, dict):
-        errors += _object_errors(doc, schema, value, path)
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            errors += schema_errors(doc, schema["items"], item, f"{path}[{i}]")
-    return errors
+DocumentValidator = validators.extend(Draft202012Validator, {"properties": _closed_properties})
+# a date-time as the service writes it (ISO 8601 with its offset), read as Python reads it
+FORMATS = FormatChecker(())
 
 
-def _combinator_errors(doc: dict[str, Any], schema: dict[str, Any], value: Any,
-                       path: str) -> list[str]:
-    errors: list[str] = []
-    if "anyOf" in schema or "oneOf" in schema:
-        branches = schema.get("anyOf") or schema["oneOf"]
-        results = [schema_errors(doc, b, value, path) for b in branches]
-        if all(results):
-            errors.append(f"{path}: matches no branch: {results}")
-    for sub in schema.get("allOf", []):
-        errors += schema_errors(doc, sub, value, path)
-    if "enum" in schema and value not in schema["enum"]:
-        errors.append(f"{path}: {value!r} not in {schema['enum']}")
-    if "const" in schema and value != schema["const"]:
-        errors.append(f"{path}: {value!r} != {schema['const']!r}")
-    return errors
+@FORMATS.checks("date-time", raises=ValueError)
+def _date_time(value: object) -> bool:
+    return not isinstance(value, str) or bool(datetime.fromisoformat(value))
 
 
-def _scalar_errors(schema: dict[str, Any], value: Any, path: str) -> list[str]:
-    errors: list[str] = []
-    if isinstance(value, str):
-        if schema.get("format") == "date-time":
-            try:
-                datetime.fromisoformat(value)
-            except ValueError:
-                errors.append(f"{path}: {value!r} is not a date-time")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            errors.append(f"{path}: {value!r} does not match {schema['pattern']}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append(f"{path}: {value} < {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append(f"{path}: {value} > {schema['maximum']}")
-    return errors
-
-
-def _object_errors(doc: dict[str, Any], schema: dict[str, Any], value: dict[str, Any],
-                   path: str) -> list[str]:
-    props: dict[str, Any] = schema.get("properties", {})
-    errors = [f"{path}: missing required {key!r}"
-              for key in schema.get("required", []) if key not in value]
-    extra = schema.get("additionalProperties", not props)
-    for key, item in value.items():
-        if key in props:
-            errors += schema_errors(doc, props[key], item, f"{path}.{key}")
-        elif extra is False:
-            errors.append(f"{path}: undocumented key {key!r}")
-        elif isinstance(extra, dict):
-            errors += schema_errors(doc, extra, item, f"{path}.{key}")
-    return errors
+def schema_errors(doc: dict[str, Any], schema: dict[str, Any], value: Any) -> list[str]:
+    """Where `value` breaks `schema`, its `#/components/...` references read from `doc`."""
+    root = {**schema, "components": doc.get("components", {})}
+    return [f"{error.json_path}: {error.message}" for error in
+            DocumentValidator(root, format_checker=FORMATS).iter_errors(value)]
 
 
 def test_validator_rejects_what_it_should() -> None:
