@@ -1,7 +1,8 @@
-"""API keys (SPEC §16): a key stored as its SHA-256 only, scopes per route family (403
-`insufficient_scope`), expiry (401), two keys of one tenant valid at once while a rotation
-runs, the tenants file's keys read again on SIGHUP or when it changes, and the key's id (never
-the key) in the request's log lines."""
+"""API keys: every swarm route needs one (401), a tenant sees only its own swarms and
+Idempotency-Keys, the ops routes need none (SPEC §3); a key stored as its SHA-256 only, scopes
+per route family (403 `insufficient_scope`), expiry (401), two keys of one tenant valid at
+once while a rotation runs, the tenants file's keys read again on SIGHUP or when it changes,
+and the key's id (never the key) in the request's log lines."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 from app import logs, tracing
 from app.api import deps
 from tests.conftest import Harness, make_settings, start_harness
-from tests.helpers import agent, error_of
+from tests.helpers import BODY, SLOW, agent, error_of
 
 READ_KEY, WRITE_KEY, OLD_KEY, NEW_KEY = "rk-read-1", "wk-write-1", "old-key-1", "new-key-1"
 SWARM = {"task": "t", "agents": [agent("a")]}
@@ -240,3 +241,63 @@ async def test_the_access_log_names_the_key_by_its_id(
         assert not any(READ_KEY in repr(logs.fields(r)) for r in lines)
     finally:
         await close()
+
+
+# ---- auth --------------------------------------------------------------------------------------
+
+T1 = {"Authorization": "Bearer k1"}
+T2 = {"Authorization": "Bearer k2"}
+
+
+@pytest.fixture
+async def authed(sqlite_url: str) -> AsyncIterator[Harness]:
+    h, close = await start_harness(make_settings(sqlite_url, api_keys="t1:k1,t2:k2"))
+    yield h
+    await close()
+
+
+@pytest.mark.parametrize("headers", [
+    {}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic azE="},
+    {"Authorization": "Bearer"}, {"Authorization": "k1"}, {"Authorization": "Bearer k1k2"},
+])
+async def test_auth_required_on_every_swarm_route(authed: Harness,
+                                                  headers: dict[str, str]) -> None:
+    sid = (await authed.post(BODY, headers=T1)).json()["id"]
+    for method, path, body in (("POST", "/swarms", BODY), ("GET", "/swarms", None),
+                               ("GET", f"/swarms/{sid}", None),
+                               ("POST", f"/swarms/{sid}/cancel", None),
+                               ("GET", f"/swarms/{sid}/events", None)):
+        r = await authed.client.request(method, path, json=body, headers=headers)
+        error_of(r, 401, "unauthorized")
+        assert r.headers["www-authenticate"].lower().startswith("bearer")
+    ok = await authed.client.get("/swarms", headers=T1)
+    assert [s["id"] for s in ok.json()["items"]] == [sid]
+
+
+async def test_tenants_are_isolated(authed: Harness) -> None:
+    sid = (await authed.post({"task": "t", "agents": [{"name": "a", "system_prompt": SLOW}]},
+                             headers=T1)).json()["id"]
+    error_of(await authed.client.get(f"/swarms/{sid}", headers=T2), 404, "not_found")
+    error_of(await authed.client.get(f"/swarms/{sid}", params={"wait": 30}, headers=T2), 404,
+             "not_found")
+    error_of(await authed.client.get(f"/swarms/{sid}/events", headers=T2), 404, "not_found")
+    error_of(await authed.client.post(f"/swarms/{sid}/cancel", headers=T2), 404, "not_found")
+    assert (await authed.client.get("/swarms", headers=T2)).json()["items"] == []
+    assert (await authed.client.get(f"/swarms/{sid}", headers=T1)).json()["status"] not in {
+        "cancelled"}  # t2's cancel did nothing
+    r = await authed.client.post(f"/swarms/{sid}/cancel", headers=T1)
+    assert r.status_code == 202
+
+
+async def test_idempotency_keys_are_per_tenant(authed: Harness) -> None:
+    a = await authed.post(BODY, headers={**T1, "Idempotency-Key": "same"})
+    b = await authed.post(BODY, headers={**T2, "Idempotency-Key": "same"})
+    assert a.status_code == b.status_code == 202
+    assert a.json()["id"] != b.json()["id"]
+    c = await authed.post({**BODY, "task": "other"}, headers={**T2, "Idempotency-Key": "same"})
+    error_of(c, 422, "idempotency_key_reused")
+
+
+async def test_ops_routes_need_no_key(authed: Harness) -> None:
+    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+        assert (await authed.client.get(path)).status_code == 200, path

@@ -1,13 +1,13 @@
-"""SPEC §3 routes: create, read (?wait=), list, cancel, events, Idempotency-Key, auth, ops."""
+"""SPEC §3 routes: create, read (?wait=), list, cancel. Their events, Idempotency-Key, auth and
+the ops routes have modules of their own (test_events, test_idempotency, test_api_keys,
+test_ops_routes)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -19,20 +19,17 @@ from app.db.live_rows import SubtaskView
 from app.db.tables import Swarm
 from app.schemas import SwarmRead
 from app.views import swarm_fields, swarm_json
-from tests.conftest import Harness, make_settings, start_harness
+from tests.conftest import Harness
 from tests.helpers import (
     BODY,
     SLOW,
+    UNKNOWN_ID,
     agent,
     assert_rejected,
     error_of,
     read_events,
-    swarm_count,
     until,
 )
-
-# a well-formed id no swarm has (fixed: parametrized test ids must agree between xdist workers)
-UNKNOWN_ID = "5b0c9c1e-2f4e-4b8a-9d63-0e7a1f2c4d58"
 
 SWARM_KEYS = {"id", "status", "created_at", "started_at", "finished_at", "task", "metadata",
               "spec", "progress", "subtasks", "usage", "timing", "queue_position", "result",
@@ -40,8 +37,6 @@ SWARM_KEYS = {"id", "status", "created_at", "started_at", "finished_at", "task",
 SUBTASK_KEYS = {"name", "kind", "status", "model", "depends_on", "attempts", "output", "error",
                 "usage", "latency_ms", "started_at", "finished_at"}
 PROGRESS_KEYS = {"total", "pending", "running", "succeeded", "failed", "skipped", "cancelled"}
-EVENT_NAMES = {"swarm.status", "subtask.started", "subtask.succeeded", "subtask.failed",
-               "subtask.skipped", "swarm.completed"}
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
@@ -345,251 +340,3 @@ async def test_cancel_finished_swarm_is_409(api: Harness) -> None:
     sid = (await api.run({"task": "t", "agents": [{"name": "a"}]}))["id"]
     error_of(await api.client.post(f"/swarms/{sid}/cancel"), 409, "already_terminal")
     assert (await api.client.get(f"/swarms/{sid}")).json()["status"] == "succeeded"
-
-
-# ---- Idempotency-Key ---------------------------------------------------------------------------
-
-
-async def test_idempotency_same_body_same_swarm(api: Harness) -> None:
-    key = {"Idempotency-Key": "order-42"}
-    first = await api.post(BODY, headers=key)
-    second = await api.post(BODY, headers=key)
-    assert first.status_code == second.status_code == 202, second.text
-    assert first.json()["id"] == second.json()["id"]
-    assert second.headers["location"] == f"/swarms/{first.json()['id']}"
-    assert await swarm_count(api.client) == 1
-    other = await api.post(BODY, headers={"Idempotency-Key": "order-43"})
-    assert other.json()["id"] != first.json()["id"]
-    assert (await api.post(BODY)).json()["id"] not in {first.json()["id"], other.json()["id"]}
-    assert await swarm_count(api.client) == 3
-
-
-async def test_idempotency_different_body_is_422(api: Harness) -> None:
-    key = {"Idempotency-Key": "order-42"}
-    first = await api.post(BODY, headers=key)
-    r = await api.post({**BODY, "task": "something else"}, headers=key)
-    err = error_of(r, 422, "idempotency_key_reused")
-    assert err["details"]["field"] == "Idempotency-Key"
-    assert await swarm_count(api.client) == 1
-    assert (await api.post(BODY, headers=key)).json()["id"] == first.json()["id"]
-
-
-async def test_idempotency_concurrent_requests_make_one_swarm(api: Harness) -> None:
-    key = {"Idempotency-Key": "burst"}
-    answers = await asyncio.gather(*(api.post(BODY, headers=key) for _ in range(20)))
-    assert {r.status_code for r in answers} == {202}, [r.text for r in answers]
-    assert len({r.json()["id"] for r in answers}) == 1
-    assert await swarm_count(api.client) == 1
-
-
-async def test_idempotency_key_length(api: Harness) -> None:
-    r = await api.post(BODY, headers={"Idempotency-Key": "k" * 256})
-    assert_rejected(r, 422, "validation_error", "Idempotency-Key")
-    r = await api.post(BODY, headers={"Idempotency-Key": ""})
-    assert_rejected(r, 422, "validation_error", "Idempotency-Key")
-    assert await swarm_count(api.client) == 0
-    r = await api.post(BODY, headers={"Idempotency-Key": "k" * 255})
-    assert r.status_code == 202, r.text
-
-
-# ---- auth --------------------------------------------------------------------------------------
-
-T1 = {"Authorization": "Bearer k1"}
-T2 = {"Authorization": "Bearer k2"}
-
-
-@pytest.fixture
-async def authed(sqlite_url: str) -> AsyncIterator[Harness]:
-    h, close = await start_harness(make_settings(sqlite_url, api_keys="t1:k1,t2:k2"))
-    yield h
-    await close()
-
-
-@pytest.mark.parametrize("headers", [
-    {}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic azE="},
-    {"Authorization": "Bearer"}, {"Authorization": "k1"}, {"Authorization": "Bearer k1k2"},
-])
-async def test_auth_required_on_every_swarm_route(authed: Harness,
-                                                  headers: dict[str, str]) -> None:
-    sid = (await authed.post(BODY, headers=T1)).json()["id"]
-    for method, path, body in (("POST", "/swarms", BODY), ("GET", "/swarms", None),
-                               ("GET", f"/swarms/{sid}", None),
-                               ("POST", f"/swarms/{sid}/cancel", None),
-                               ("GET", f"/swarms/{sid}/events", None)):
-        r = await authed.client.request(method, path, json=body, headers=headers)
-        error_of(r, 401, "unauthorized")
-        assert r.headers["www-authenticate"].lower().startswith("bearer")
-    ok = await authed.client.get("/swarms", headers=T1)
-    assert [s["id"] for s in ok.json()["items"]] == [sid]
-
-
-async def test_tenants_are_isolated(authed: Harness) -> None:
-    sid = (await authed.post({"task": "t", "agents": [{"name": "a", "system_prompt": SLOW}]},
-                             headers=T1)).json()["id"]
-    error_of(await authed.client.get(f"/swarms/{sid}", headers=T2), 404, "not_found")
-    error_of(await authed.client.get(f"/swarms/{sid}", params={"wait": 30}, headers=T2), 404,
-             "not_found")
-    error_of(await authed.client.get(f"/swarms/{sid}/events", headers=T2), 404, "not_found")
-    error_of(await authed.client.post(f"/swarms/{sid}/cancel", headers=T2), 404, "not_found")
-    assert (await authed.client.get("/swarms", headers=T2)).json()["items"] == []
-    assert (await authed.client.get(f"/swarms/{sid}", headers=T1)).json()["status"] not in {
-        "cancelled"}  # t2's cancel did nothing
-    r = await authed.client.post(f"/swarms/{sid}/cancel", headers=T1)
-    assert r.status_code == 202
-
-
-async def test_idempotency_keys_are_per_tenant(authed: Harness) -> None:
-    a = await authed.post(BODY, headers={**T1, "Idempotency-Key": "same"})
-    b = await authed.post(BODY, headers={**T2, "Idempotency-Key": "same"})
-    assert a.status_code == b.status_code == 202
-    assert a.json()["id"] != b.json()["id"]
-    c = await authed.post({**BODY, "task": "other"}, headers={**T2, "Idempotency-Key": "same"})
-    error_of(c, 422, "idempotency_key_reused")
-
-
-async def test_ops_routes_need_no_key(authed: Harness) -> None:
-    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
-        assert (await authed.client.get(path)).status_code == 200, path
-
-
-# ---- ops and framework errors ------------------------------------------------------------------
-
-
-async def test_health_ready_metrics(api: Harness) -> None:
-    r = await api.client.get("/healthz")
-    assert r.status_code == 200 and r.json()["status"] == "ok"
-    r = await api.client.get("/readyz")
-    assert r.status_code == 200
-    ready = r.json()
-    assert ready["status"] == "ok" and isinstance(ready["revision"], str) and ready["revision"]
-    await api.run({"task": "t", "agents": [{"name": "a"}]})
-    r = await api.client.get("/metrics")
-    assert r.status_code == 200
-    assert r.headers["content-type"].startswith("text/plain")
-    assert "swarm_runs_total" in r.text
-    assert 'swarm_runs_total{status="succeeded"}' in r.text
-
-
-@pytest.mark.parametrize(("method", "path", "status", "code"), [
-    ("GET", "/nope", 404, "not_found"),
-    ("GET", "/swarms/x/y/z", 404, "not_found"),
-    ("DELETE", "/swarms", 405, "method_not_allowed"),
-    ("PUT", f"/swarms/{UNKNOWN_ID}", 405, "method_not_allowed"),
-    ("GET", f"/swarms/{UNKNOWN_ID}/cancel", 405, "method_not_allowed"),
-    ("POST", "/healthz", 405, "method_not_allowed"),
-])
-async def test_framework_errors_have_the_error_shape(api: Harness, method: str, path: str,
-                                                     status: int, code: str) -> None:
-    error_of(await api.client.request(method, path), status, code)
-
-
-async def test_a_405_allows_every_method_its_path_serves(api: Harness) -> None:
-    """RFC 9110: a 405's `Allow` lists the target's methods. Starlette names the first route
-    that matched the path only: `OPTIONS /swarms` answered `Allow: POST` (schemathesis'
-    ST205), GET being served there too."""
-    paths = (await api.client.get("/openapi.json")).json()["paths"]
-    for template, operations in paths.items():
-        path = template.replace("{swarm_id}", str(uuid.uuid4())).replace("{name}", "a")
-        documented = {m.upper() for m in operations} & {"GET", "POST", "PUT", "PATCH", "DELETE"}
-        for method in ("OPTIONS", "PATCH"):
-            if method in documented:
-                continue
-            r = await api.client.request(method, path)
-            if template.startswith("/v1/"):  # OpenAI's shape there (tests/facade)
-                assert r.status_code == 405
-                assert r.json()["error"]["code"] == "method_not_allowed", r.text
-            else:
-                error_of(r, 405, "method_not_allowed")
-            allowed = set(r.headers["allow"].split(", "))
-            assert allowed - {"HEAD"} == documented, (method, template, r.headers["allow"])
-            # HEAD wherever GET is, but the event stream (which never ends by itself)
-            heads = "GET" in documented and not template.endswith("/events")
-            assert ("HEAD" in allowed) == heads, (template, r.headers["allow"])
-
-
-async def test_head_answers_what_get_would_without_the_body(api: Harness) -> None:
-    """RFC 9110 §9.3.2 (uptime monitors and `curl -I` send HEAD): the GET's status and
-    headers, no body; on the event stream a 405 (its answer would not end)."""
-    swarm = await api.run({"task": "t", "agents": [{"name": "a"}]})
-    for path in ("/healthz", "/readyz", "/swarms", f"/swarms/{swarm['id']}",
-                 f"/swarms/{swarm['id']}/subtasks/a", "/usage", "/openapi.json", "/ui"):
-        got, head = await api.client.get(path), await api.client.head(path)
-        assert got.status_code == head.status_code == 200, (path, head.status_code)
-        assert head.content == b"", path
-        assert head.headers["content-type"] == got.headers["content-type"], path
-        if "/swarms" not in path:  # a swarm's answer carries a moving `timing.wall_s`: no
-            assert head.headers["content-length"] == got.headers["content-length"], path
-    missing = await api.client.head(f"/swarms/{uuid.uuid4()}")
-    assert missing.status_code == 404 and missing.content == b""
-    stream = await api.client.head(f"/swarms/{swarm['id']}/events")
-    assert stream.status_code == 405 and stream.headers["allow"] == "GET"
-    cancel = await api.client.head(f"/swarms/{swarm['id']}/cancel")
-    assert cancel.status_code == 405 and cancel.headers["allow"] == "POST"
-    text = (await api.client.get("/metrics")).text
-    assert re.search(r'swarm_http_request_duration_seconds_count\{method="HEAD",'
-                     r'route="/swarms/\{swarm_id\}",status="200"\} [1-9]', text), text[-3000:]
-
-
-# ---- events ------------------------------------------------------------------------------------
-
-
-async def test_events_of_finished_swarm(api: Harness) -> None:
-    data = await api.run(BODY)
-    events = await read_events(api.client, data["id"])
-    ids = [int(e["id"]) for e in events]
-    assert ids == list(range(1, len(events) + 1))
-    assert {e["event"] for e in events} <= EVENT_NAMES
-    assert [e["event"] for e in events].count("swarm.completed") == 1
-    assert events[-1]["event"] == "swarm.completed"
-    assert events[-1]["data"]["status"] == "succeeded"
-    for e in events:
-        assert e["data"]["seq"] == int(e["id"]) and e["data"]["swarm_id"] == data["id"]
-    started = [e["data"]["name"] for e in events if e["event"] == "subtask.started"]
-    assert sorted(started) == sorted(s["name"] for s in data["subtasks"])
-
-    resumed = await read_events(api.client, data["id"], {"Last-Event-ID": "3"})
-    assert resumed == events[3:]
-    assert await read_events(api.client, data["id"], {"Last-Event-ID": "0"}) == events
-    # resuming at (or past) the last event ends at once instead of hanging
-    for last in (str(len(events)), str(len(events) + 50)):
-        assert await read_events(api.client, data["id"], {"Last-Event-ID": last}) == []
-
-
-async def test_events_stream_a_running_swarm_to_its_end(api: Harness) -> None:
-    body = {"task": "t", "agents": [{"name": "a", "system_prompt": "[[sim latency_ms=200]]"},
-                                    {"name": "b", "depends_on": ["a"]}]}
-    sid = (await api.post(body)).json()["id"]
-    events = await read_events(api.client, sid)
-    assert [int(e["id"]) for e in events] == list(range(1, len(events) + 1))
-    assert events[-1]["event"] == "swarm.completed"
-    names = [(e["event"], e["data"].get("name")) for e in events]
-    assert names.index(("subtask.succeeded", "a")) < names.index(("subtask.started", "b"))
-
-
-async def test_events_failed_swarm_reports_failure_and_completes(api: Harness) -> None:
-    body = {"task": "t", "agents": [{"name": "bad", "system_prompt": "[[sim fail=400]]"},
-                                    {"name": "next", "depends_on": ["bad"]}]}
-    data = await api.run(body)
-    assert data["status"] == "failed"
-    events = await read_events(api.client, data["id"])
-    kinds = [e["event"] for e in events]
-    assert "subtask.failed" in kinds
-    assert kinds[-1] == "swarm.completed" and events[-1]["data"]["status"] == "failed"
-
-
-@pytest.mark.parametrize("last", ["abc", "1.5", "3x", "-1", "٣", "1_0",
-                                  "2147483648", "99999999999999999999999"])
-async def test_events_bad_last_event_id_is_400(api: Harness, last: str) -> None:
-    """Event ids are integers in 0..2^31-1; anything else is refused before the stream opens
-    (a number past the 32-bit column used to abort the stream mid-response)."""
-    sid = (await api.run({"task": "t", "agents": [{"name": "a"}]}))["id"]
-    r = await api.client.get(f"/swarms/{sid}/events",
-                             headers={"Last-Event-ID": last.encode()})
-    err = error_of(r, 400, "invalid_last_event_id")
-    assert err["details"]["field"] == "Last-Event-ID"
-
-
-async def test_events_last_event_id_at_the_bound_is_an_ended_stream(api: Harness) -> None:
-    sid = (await api.run({"task": "t", "agents": [{"name": "a"}]}))["id"]
-    r = await api.client.get(f"/swarms/{sid}/events", headers={"Last-Event-ID": "2147483647"})
-    assert r.status_code == 200 and "event:" not in r.text

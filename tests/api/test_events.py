@@ -1,4 +1,5 @@
-"""Server-Sent Events from an API replica that does not run the swarm (SPEC §3 events): a
+"""Server-Sent Events (SPEC §3 events): a finished, a running and a failed swarm's streams and
+Last-Event-ID's bounds in process; from an API replica that does not run the swarm, a
 client that disconnects and resumes with Last-Event-ID, possibly on another replica, gets
 every event exactly once and in order; keep-alive pings do not disturb a standard parser."""
 
@@ -14,10 +15,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import agent
+from tests.conftest import Harness
+from tests.helpers import BODY, agent, error_of, read_events
 from tests.procs import Db, cluster, owner_pid, post_swarm, wait_terminal
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
+# SPEC §6's event names of a stored event (a delta is not stored)
+EVENT_NAMES = {"swarm.status", "subtask.started", "subtask.succeeded", "subtask.failed",
+               "subtask.skipped", "swarm.completed"}
 PING_S = 3  # SWARM_SSE_PING_S for these processes (15 by default)
 
 
@@ -131,3 +136,68 @@ async def test_resume_with_last_event_id_on_replicas_without_engine(db_url: str,
         assert tail.ended and tail.events == []
         replay = await read(api_2, swarm_id, "0")
         assert received(replay.events) == expected(swarm_id, rows)
+
+
+# ---- events ------------------------------------------------------------------------------------
+
+
+async def test_events_of_finished_swarm(api: Harness) -> None:
+    data = await api.run(BODY)
+    events = await read_events(api.client, data["id"])
+    ids = [int(e["id"]) for e in events]
+    assert ids == list(range(1, len(events) + 1))
+    assert {e["event"] for e in events} <= EVENT_NAMES
+    assert [e["event"] for e in events].count("swarm.completed") == 1
+    assert events[-1]["event"] == "swarm.completed"
+    assert events[-1]["data"]["status"] == "succeeded"
+    for e in events:
+        assert e["data"]["seq"] == int(e["id"]) and e["data"]["swarm_id"] == data["id"]
+    started = [e["data"]["name"] for e in events if e["event"] == "subtask.started"]
+    assert sorted(started) == sorted(s["name"] for s in data["subtasks"])
+
+    resumed = await read_events(api.client, data["id"], {"Last-Event-ID": "3"})
+    assert resumed == events[3:]
+    assert await read_events(api.client, data["id"], {"Last-Event-ID": "0"}) == events
+    # resuming at (or past) the last event ends at once instead of hanging
+    for last in (str(len(events)), str(len(events) + 50)):
+        assert await read_events(api.client, data["id"], {"Last-Event-ID": last}) == []
+
+
+async def test_events_stream_a_running_swarm_to_its_end(api: Harness) -> None:
+    body = {"task": "t", "agents": [{"name": "a", "system_prompt": "[[sim latency_ms=200]]"},
+                                    {"name": "b", "depends_on": ["a"]}]}
+    sid = (await api.post(body)).json()["id"]
+    events = await read_events(api.client, sid)
+    assert [int(e["id"]) for e in events] == list(range(1, len(events) + 1))
+    assert events[-1]["event"] == "swarm.completed"
+    names = [(e["event"], e["data"].get("name")) for e in events]
+    assert names.index(("subtask.succeeded", "a")) < names.index(("subtask.started", "b"))
+
+
+async def test_events_failed_swarm_reports_failure_and_completes(api: Harness) -> None:
+    body = {"task": "t", "agents": [{"name": "bad", "system_prompt": "[[sim fail=400]]"},
+                                    {"name": "next", "depends_on": ["bad"]}]}
+    data = await api.run(body)
+    assert data["status"] == "failed"
+    events = await read_events(api.client, data["id"])
+    kinds = [e["event"] for e in events]
+    assert "subtask.failed" in kinds
+    assert kinds[-1] == "swarm.completed" and events[-1]["data"]["status"] == "failed"
+
+
+@pytest.mark.parametrize("last", ["abc", "1.5", "3x", "-1", "٣", "1_0",
+                                  "2147483648", "99999999999999999999999"])
+async def test_events_bad_last_event_id_is_400(api: Harness, last: str) -> None:
+    """Event ids are integers in 0..2^31-1; anything else is refused before the stream opens
+    (a number past the 32-bit column used to abort the stream mid-response)."""
+    sid = (await api.run({"task": "t", "agents": [{"name": "a"}]}))["id"]
+    r = await api.client.get(f"/swarms/{sid}/events",
+                             headers={"Last-Event-ID": last.encode()})
+    err = error_of(r, 400, "invalid_last_event_id")
+    assert err["details"]["field"] == "Last-Event-ID"
+
+
+async def test_events_last_event_id_at_the_bound_is_an_ended_stream(api: Harness) -> None:
+    sid = (await api.run({"task": "t", "agents": [{"name": "a"}]}))["id"]
+    r = await api.client.get(f"/swarms/{sid}/events", headers={"Last-Event-ID": "2147483647"})
+    assert r.status_code == 200 and "event:" not in r.text

@@ -1,5 +1,6 @@
-"""Idempotency-Key against real API processes on PostgreSQL (SPEC §3): identical requests that
-arrive together, at one replica or at two, create exactly one swarm."""
+"""Idempotency-Key (SPEC §3): the same body is the same swarm, another body a 422, a bound on the
+key's length; against real API processes on PostgreSQL, identical requests that arrive
+together, at one replica or at two, create exactly one swarm."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import agent
+from tests.conftest import Harness
+from tests.helpers import agent, assert_rejected, error_of, swarm_count
 from tests.procs import Db, cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(90)]
@@ -67,3 +69,48 @@ async def test_concurrent_identical_posts_create_one_swarm(db_url: str, tmp_path
                                       headers={"Idempotency-Key": key})
                 assert r.status_code == 422, r.text
                 assert r.json()["error"]["code"] == "idempotency_key_reused"
+
+
+# ---- Idempotency-Key ---------------------------------------------------------------------------
+
+
+async def test_idempotency_same_body_same_swarm(api: Harness) -> None:
+    key = {"Idempotency-Key": "order-42"}
+    first = await api.post(BODY, headers=key)
+    second = await api.post(BODY, headers=key)
+    assert first.status_code == second.status_code == 202, second.text
+    assert first.json()["id"] == second.json()["id"]
+    assert second.headers["location"] == f"/swarms/{first.json()['id']}"
+    assert await swarm_count(api.client) == 1
+    other = await api.post(BODY, headers={"Idempotency-Key": "order-43"})
+    assert other.json()["id"] != first.json()["id"]
+    assert (await api.post(BODY)).json()["id"] not in {first.json()["id"], other.json()["id"]}
+    assert await swarm_count(api.client) == 3
+
+
+async def test_idempotency_different_body_is_422(api: Harness) -> None:
+    key = {"Idempotency-Key": "order-42"}
+    first = await api.post(BODY, headers=key)
+    r = await api.post({**BODY, "task": "something else"}, headers=key)
+    err = error_of(r, 422, "idempotency_key_reused")
+    assert err["details"]["field"] == "Idempotency-Key"
+    assert await swarm_count(api.client) == 1
+    assert (await api.post(BODY, headers=key)).json()["id"] == first.json()["id"]
+
+
+async def test_idempotency_concurrent_requests_make_one_swarm(api: Harness) -> None:
+    key = {"Idempotency-Key": "burst"}
+    answers = await asyncio.gather(*(api.post(BODY, headers=key) for _ in range(20)))
+    assert {r.status_code for r in answers} == {202}, [r.text for r in answers]
+    assert len({r.json()["id"] for r in answers}) == 1
+    assert await swarm_count(api.client) == 1
+
+
+async def test_idempotency_key_length(api: Harness) -> None:
+    r = await api.post(BODY, headers={"Idempotency-Key": "k" * 256})
+    assert_rejected(r, 422, "validation_error", "Idempotency-Key")
+    r = await api.post(BODY, headers={"Idempotency-Key": ""})
+    assert_rejected(r, 422, "validation_error", "Idempotency-Key")
+    assert await swarm_count(api.client) == 0
+    r = await api.post(BODY, headers={"Idempotency-Key": "k" * 255})
+    assert r.status_code == 202, r.text

@@ -14,13 +14,13 @@ import httpx
 import pytest
 
 from app.db.migrate import head_revision
+from tests.helpers import UNKNOWN_ID
 from tests.procs import Cluster, Proc, cluster, wait_http, wait_terminal
 from tests.support import PG_URL, drop_db, free_port, pg_admin, throwaway_db, with_db
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(120)]
 
 NOT_MIGRATED = "database not migrated (run `swarm-api migrate`); retrying"
-UNKNOWN_ID = "5b0c9c1e-2f4e-4b8a-9d63-0e7a1f2c4d58"
 REQUESTS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/swarms", {"task": "t", "agents": [{"name": "a"}]}),
     ("GET", "/swarms", None),
