@@ -53,7 +53,7 @@ test-plain: $(VENV)/.installed-test
 ENCRYPTION_TEST_KEYS ?= 7CVzmu5mFvXhsGr0BsoVTP/Bpp5uTo3zpEPKi5QmgbU=,Vu7wcvzq0lkRr3YQZgFZEjCxHqc6PBcrnq6oUOPMnDE=
 ENCRYPTED_TEST_IGNORE := $(foreach m,test_docs test_doc_links test_api_guide test_openapi test_image \
 	test_k8s test_compose test_alerts test_dashboards test_architecture test_one_state_machine \
-	test_database_seam,--ignore-glob='*/$(m).py') \
+	test_database_seam test_openapi_answers,--ignore-glob='*/$(m).py') \
 	--ignore=tests/interop
 
 test-encrypted: $(VENV)/.installed-test
