@@ -21,6 +21,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from app.config import Settings
 from app.main import create_app
+from tests.conftest import make_settings
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -130,3 +131,22 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
     d = chromium_driver(tmp_path_factory.mktemp("chromium"))
     yield d
     d.quit()
+
+
+@pytest.fixture(autouse=True)
+def page_left_behind(driver: WebDriver) -> Iterator[None]:
+    """For a module sharing one browser (imported beside `driver`): after each test its page is
+    closed and its logs drained, so a page still polling a server its test stopped cannot put
+    errors (refused connections) into the next test's console."""
+    yield
+    driver.get("about:blank")
+    driver.get_log("browser")
+    driver.get_log("performance")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The service with its engine and the simulator, as `swarm-api serve` runs it."""
+    db = tmp_path_factory.mktemp("ui") / "swarm.db"
+    with LiveServer(make_settings(f"sqlite+aiosqlite:///{db}")) as live:
+        yield live

@@ -56,6 +56,13 @@ async def until(probe: Callable[[], Awaitable[T | None] | T | None], timeout: fl
 # ---- agents and bodies ---------------------------------------------------------------------
 
 SLOW = "[[sim latency_ms=3000]]"
+
+
+def slow_prompt(ms: int) -> str:
+    """A worker's prompt the simulator answers after `ms`."""
+    return f"[[sim latency_ms={ms}]] You are a careful engineer."
+
+
 # a well-formed id no swarm has (fixed: parametrized test ids must agree between xdist workers)
 UNKNOWN_ID = "5b0c9c1e-2f4e-4b8a-9d63-0e7a1f2c4d58"
 

@@ -5,28 +5,18 @@ edit said on the page while the swarm stays held."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
-import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from tests.browser import LiveServer, driver, screenshot, severe_console, wait_for
-from tests.conftest import make_settings
+from tests.browser import LiveServer, driver, screenshot, server, severe_console, wait_for
 
-__all__ = ["driver"]  # one browser for this module
+__all__ = ["driver", "server"]  # one browser and one service for this module
 
 HELD = {"task": "review the release", "limits": {"approval": "always"},
         "agents": [{"name": "reader", "prompt": "read it"},
                    {"name": "writer", "prompt": "write it", "depends_on": ["reader"]}]}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    db = tmp_path_factory.mktemp("ui-approval") / "swarm.db"
-    with LiveServer(make_settings(f"sqlite+aiosqlite:///{db}")) as live:
-        yield live
 
 
 def _open(driver: WebDriver, server: LiveServer) -> str:
