@@ -105,9 +105,8 @@ async def test_401_is_not_retried_and_fails_the_swarm_gateway_rejected(harness: 
     body = {"task": "t", "agents": [agent("a", "[[sim fail=401]]"),
                                     agent("b", "[[sim latency_ms=2000]]")],
             "limits": {"failure_tolerance": 1.0}}
-    t0 = time.monotonic()
     data = await harness.run(body)
-    assert time.monotonic() - t0 < 1.5  # b's in-flight call was cancelled
+    assert data["timing"]["wall_s"] < 1.5  # b's in-flight call was cancelled
     assert data["status"] == "failed"
     assert data["error"]["code"] == "gateway_rejected"
     subs = by_name(data)
@@ -190,14 +189,16 @@ async def test_cancel_stops_in_flight_calls_within_a_second(harness: Harness) ->
 async def test_deadline_stops_in_flight_calls(harness: Harness) -> None:
     body = {"task": "t", "agents": [agent("fast"), agent("slow", "[[sim latency_ms=20000]]")],
             "limits": {"deadline_s": 0.8}}
-    t0 = time.monotonic()
     data = await harness.run(body)
-    assert time.monotonic() - t0 < 1.8
+    # SPEC §4: in-flight calls are cancelled within a second of the deadline, on the swarm's own
+    # clock (the client's wait adds its polling and creation on a loaded machine)
+    assert data["timing"]["wall_s"] < 0.8 + 1.0
     assert data["status"] == "failed"
     assert data["error"]["code"] == "deadline_exceeded"
     subs = by_name(data)
     assert subs["fast"]["status"] == "succeeded"
     assert subs["slow"]["status"] == "cancelled"
+    assert (await harness.stats())["in_flight"] == 0
 
 
 async def test_concatenate_puts_results_in_topological_order(harness: Harness) -> None:
