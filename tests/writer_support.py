@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
+
+import pytest
 
 from app.db import changes, create, leases
 from app.db.types import utcnow
@@ -12,9 +15,17 @@ from app.engine.specs import build_swarm
 from app.engine.subtask_rows import new_subtask
 from app.schemas import SwarmCreate
 from app.states import SubtaskKind
-from tests.conftest import Harness
+from tests.conftest import Harness, make_settings, start_harness
 
 OWNER = "test-owner"
+
+
+@pytest.fixture
+async def idle(database_url: str) -> AsyncIterator[Harness]:
+    """The service on the test's database with its engine off: the writes are the test's."""
+    h, close = await start_harness(make_settings(database_url), run_engine=False)
+    yield h
+    await close()
 
 
 async def claimed_swarm(h: Harness) -> tuple[str, int]:
