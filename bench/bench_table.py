@@ -97,12 +97,14 @@ def tool_row(cli: str, runs: int, quick: bool, work: Path) -> Row:
         return Row(what, f"not measured ({type(exc).__name__}: see stderr)", "-",
                    "<= 1.25x both")
     names = {"http": "streamable HTTP", "stdio": "stdio"}
-    cells = [f"{names[t]} **{statistics.median(r for r, _ in got[t]):.2f}x** "
-             f"({spread([r for r, _ in got[t]], 'x')})" for t in names]
-    peers = [f"{names[t]} {statistics.median(r for r, _ in peer[t]):.2f}x "
-             f"({spread([r for r, _ in peer[t]], 'x')})" for t in names]
-    return Row(what, "; ".join(cells), "a gather script with the MCP SDK's `Client` (one a "
-               "server) and aiohttp, persisting nothing: " + "; ".join(peers), "<= 1.25x both")
+
+    def cell(runs: dict[str, list[tuple[float, float]]], mark: str) -> str:
+        """Each transport's median ratio (marked) and the runs' range."""
+        return "; ".join(f"{names[t]} {mark}{statistics.median(r for r, _ in runs[t]):.2f}x"
+                         f"{mark} ({spread([r for r, _ in runs[t]], 'x')})" for t in names)
+
+    return Row(what, cell(got, "**"), "a gather script with the MCP SDK's `Client` (one a "
+               "server) and aiohttp, persisting nothing: " + cell(peer, ""), "<= 1.25x both")
 
 
 def host_speed() -> float:

@@ -3,6 +3,7 @@ whose dispatcher sends to it, and a wait for a swarm's recorded attempts."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -43,3 +44,28 @@ async def attempts(h: Harness, swarm_id: str, n: int) -> list[WebhookAttempt]:
         return found if len(found) >= n else None
 
     return await until(rows, 10, f"{n} webhook attempts")
+
+
+async def assert_webhook_url_refused(database_url: str, url: str) -> None:
+    """`POST /swarms` naming `url` as its webhook: 422 `invalid_webhook_url` on the field, and
+    nothing stored for the refused request."""
+    h, close = await start_harness(make_settings(database_url, webhook_secret=SECRET),
+                                   run_engine=False)
+    try:
+        r = await h.post({"task": "t", "agents": [{"name": "a"}], "webhook_url": url})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["code"] == "invalid_webhook_url"
+        assert r.json()["error"]["details"]["field"] == "webhook_url"
+        listed = (await h.client.get("/swarms")).json()["items"]
+        assert listed == []
+    finally:
+        await close()
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """One HTTP request off a receiver's connection: its head, then its body by Content-Length
+    (the body is returned)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    return await reader.readexactly(length)

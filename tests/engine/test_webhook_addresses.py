@@ -6,8 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.conftest import make_settings, start_harness
-from tests.webhook_support import SECRET
+from tests.webhook_support import assert_webhook_url_refused
 
 
 @pytest.mark.parametrize("url", [
@@ -28,15 +27,7 @@ from tests.webhook_support import SECRET
     "https://[::1:8443/x",                         # not a URL at all
 ])
 async def test_ipv6_forms_of_private_addresses_are_refused(sqlite_url: str, url: str) -> None:
-    h, close = await start_harness(make_settings(sqlite_url, webhook_secret=SECRET),
-                                   run_engine=False)
-    try:
-        r = await h.post({"task": "t", "agents": [{"name": "a"}], "webhook_url": url})
-        assert r.status_code == 422, r.text
-        assert r.json()["error"]["code"] == "invalid_webhook_url"
-        assert r.json()["error"]["details"]["field"] == "webhook_url"
-    finally:
-        await close()
+    await assert_webhook_url_refused(sqlite_url, url)
 
 
 def test_embedded_ipv4_is_judged_like_the_ipv4_address() -> None:

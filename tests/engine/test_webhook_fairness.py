@@ -28,6 +28,7 @@ from app.simulator import SimulatorConfig
 from tests.conftest import SKIP_PG, Harness, make_settings, start_harness
 from tests.helpers import until
 from tests.support import plan_nodes
+from tests.webhook_support import read_request
 
 SECRET = "whsec-fair"
 HOLD_S = 30.0
@@ -194,18 +195,11 @@ class Receivers:
         for server in self.servers:
             server.close()
 
-    @staticmethod
-    async def _request(reader: asyncio.StreamReader) -> bytes:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:"))
-        return await reader.readexactly(length)
-
     async def _silent(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.open_now += 1
         self.open_most = max(self.open_most, self.open_now)
         try:
-            await self._request(reader)
+            await read_request(reader)
             self.silent_seen += 1
             await reader.read()  # until the sender gives up and closes
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -215,7 +209,7 @@ class Receivers:
             writer.close()
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        body = await self._request(reader)
+        body = await read_request(reader)
         self.arrived[json.loads(body)["id"]] = time.monotonic()
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
         await writer.drain()

@@ -7,7 +7,7 @@ import asyncio
 
 from app.aio import wait_for
 from tests.conftest import make_settings, start_harness
-from tests.webhook_support import SECRET, attempts
+from tests.webhook_support import SECRET, attempts, read_request
 
 
 class Receivers:
@@ -37,15 +37,8 @@ class Receivers:
         for server in self.servers:
             server.close()
 
-    @staticmethod
-    async def _request(reader: asyncio.StreamReader) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:"))
-        await reader.readexactly(length)
-
     async def _trickle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self._request(reader)
+        await read_request(reader)
         self.trickle_started.set()
         try:
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
@@ -62,7 +55,7 @@ class Receivers:
             writer.close()
 
     async def _flood(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self._request(reader)
+        await read_request(reader)
         self.flood_started.set()
         chunk = b"x" * (1024 * 1024)
         try:
@@ -77,7 +70,7 @@ class Receivers:
             writer.close()
 
     async def _fast(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self._request(reader)
+        await read_request(reader)
         self.fast.append(not self.trickle_ended.is_set())
         writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
         await writer.drain()

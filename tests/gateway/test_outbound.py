@@ -9,9 +9,8 @@ import ipaddress
 import pytest
 
 from app.outbound import embedded_ipv4, refusal
-from tests.conftest import make_settings, start_harness
+from tests.webhook_support import assert_webhook_url_refused
 
-SECRET = "whsec-test"
 # the addresses a request to a private target would use: loopback, RFC 1918, link-local (cloud
 # metadata), carrier-grade NAT, "this network"
 TARGETS = ["127.0.0.1", "10.0.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0"]
@@ -66,14 +65,4 @@ def test_public_addresses_pass(address: str) -> None:
     "https://[::1:0:7f00:1]/x",             # unassigned ::/64
 ])
 async def test_a_webhook_to_a_siit_address_is_refused(database_url: str, url: str) -> None:
-    h, close = await start_harness(make_settings(database_url, webhook_secret=SECRET),
-                                   run_engine=False)
-    try:
-        r = await h.post({"task": "t", "agents": [{"name": "a"}], "webhook_url": url})
-        assert r.status_code == 422, r.text
-        assert r.json()["error"]["code"] == "invalid_webhook_url"
-        assert r.json()["error"]["details"]["field"] == "webhook_url"
-        listed = (await h.client.get("/swarms")).json()["items"]
-        assert listed == []  # nothing stored for the refused request
-    finally:
-        await close()
+    await assert_webhook_url_refused(database_url, url)
