@@ -170,7 +170,10 @@ async def test_hostile_arguments_fail_their_own_call_and_nobody_elses(shared: Sh
             (r.status, r.subtask_name) for r in rows]
     assert docs.restarts == 0 and docs.state == "up"
     assert len({e["pid"] for e in calls(shared.log)}) == 1
-    assert during_s <= 2 * alone_s + 0.5, (alone_s, during_s)
+    # "about as long": the attackers' calls that reach the server and the later swarm's share
+    # its 16 slots with the victim's (a queued 300 ms wave a turn or so, on a loaded host more);
+    # a call the server stalled on would hold the victim for its 30 s timeout
+    assert during_s <= 2 * alone_s + 2.0, (alone_s, during_s)
 
     # each hostile call is its own error, or ran with its text cleaned; its swarm went on
     for attack_id in attack_ids:
