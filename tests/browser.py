@@ -26,6 +26,10 @@ from tests.conftest import make_settings
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
+# the critical-path card's text, read in one step of the page: the stats re-render on a
+# re-read of the swarm, and an element found before it is stale after
+CRITICAL_CARD_JS = ("return document.querySelector('[data-stat=\"critical\"] .stat-value')"
+                    ".innerText")
 
 
 class LiveServer:

@@ -18,6 +18,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.browser import (
     ARTIFACTS,
+    CRITICAL_CARD_JS,
     LiveServer,
     driver,
     js_seconds,
@@ -151,7 +152,7 @@ def test_swarm_page_turns_a_running_dag_green_live(driver: WebDriver,
     assert sum(latency[n] for n in critical) / 1000 == pytest.approx(
         final["timing"]["critical_path_s"], abs=0.002)
     assert {"code_analyst", "test_designer"} <= set(critical)  # 900 + 900 ms over risk's 1500
-    card = driver.find_element(By.CSS_SELECTOR, '[data-stat="critical"] .stat-value').text
+    card = driver.execute_script(CRITICAL_CARD_JS)
     assert card == js_seconds(final["timing"]["critical_path_s"]), card
 
     # selecting a node shows its output, usage and latency from the API
