@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 # pytest workers: a third of the suite's time is processes, leases and restarts waited on, not
-# CPU; on 2 cores three workers keep both busy (two: 11:56, three: 9:17, four: 9:10)
+# CPU, so more workers than cores keep the cores busy (on 2 cores, three; four add only CPU)
 TEST_WORKERS ?= 3
 # a failed test runs once more before the run fails, and the summary names it (R) with the
 # failed attempt's traceback: a failure that repeats is a failure; one that does not is a

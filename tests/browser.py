@@ -26,10 +26,6 @@ from tests.conftest import make_settings
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-# the critical-path card's text, read in one step of the page: the stats re-render on a
-# re-read of the swarm, and an element found before it is stale after
-CRITICAL_CARD_JS = ("return document.querySelector('[data-stat=\"critical\"] .stat-value')"
-                    ".innerText")
 
 
 class LiveServer:
@@ -119,6 +115,16 @@ def js_seconds(s: float) -> str:
     if s < 1:
         return f"{round(s * 1000)} ms"
     return f"{s:.2f} s" if s < 10 else f"{s:.1f} s"
+
+
+def stat_text(driver: WebDriver, key: str) -> str:
+    """A stats card's value as the page shows it (stats.js `stat`), read in one step of the
+    page: the stats re-render on a re-read of the swarm, and an element found before that is
+    stale after."""
+    text: str = driver.execute_script(
+        "return document.querySelector(`[data-stat=\"${arguments[0]}\"] .stat-value`).innerText",
+        key)
+    return text
 
 
 def screenshot(driver: WebDriver, name: str) -> Path:

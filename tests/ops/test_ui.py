@@ -18,7 +18,6 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.browser import (
     ARTIFACTS,
-    CRITICAL_CARD_JS,
     LiveServer,
     driver,
     js_seconds,
@@ -28,6 +27,7 @@ from tests.browser import (
     screenshot,
     server,
     severe_console,
+    stat_text,
     wait_for,
 )
 from tests.conftest import make_settings
@@ -152,7 +152,7 @@ def test_swarm_page_turns_a_running_dag_green_live(driver: WebDriver,
     assert sum(latency[n] for n in critical) / 1000 == pytest.approx(
         final["timing"]["critical_path_s"], abs=0.002)
     assert {"code_analyst", "test_designer"} <= set(critical)  # 900 + 900 ms over risk's 1500
-    card = driver.execute_script(CRITICAL_CARD_JS)
+    card = stat_text(driver, "critical")
     assert card == js_seconds(final["timing"]["critical_path_s"]), card
 
     # selecting a node shows its output, usage and latency from the API
@@ -218,10 +218,9 @@ def test_cancel_button_cancels_the_running_swarm(driver: WebDriver,
     driver.get(f"{server.url}/ui/swarms/{swarm['id']}")
     wait_for(driver, "document.querySelector('.node[data-name=slow_a][data-status=running]')")
     # no event comes while slow_a runs, and still the wall time counts on, second by second
-    wall = '[data-stat="wall"] .stat-value'
     shown = []
     for _ in range(4):
-        shown.append(driver.execute_script(f"return document.querySelector('{wall}').textContent"))
+        shown.append(stat_text(driver, "wall"))
         time.sleep(1.05)
     seconds_shown = [float(v.split()[0]) / (1000 if v.endswith(" ms") else 1) for v in shown]
     assert seconds_shown == sorted(seconds_shown) and len(set(shown)) == 4, shown

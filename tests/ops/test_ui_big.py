@@ -16,12 +16,12 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.browser import (
     ARTIFACTS,
-    CRITICAL_CARD_JS,
     LiveServer,
     driver,
     js_seconds,
     screenshot,
     severe_console,
+    stat_text,
     wait_for,
 )
 from tests.conftest import make_settings
@@ -235,7 +235,7 @@ def test_critical_path_is_the_apis(driver: WebDriver, server: LiveServer) -> Non
         lit = driver.execute_script(
             "return [...document.querySelectorAll('.node.critical')].map(g => g.dataset.name)")
         assert set(lit) == set(names)
-        card = driver.execute_script(CRITICAL_CARD_JS)
+        card = stat_text(driver, "critical")
         assert card == js_seconds(swarm["timing"]["critical_path_s"]), card
     assert any(s["kind"] == "compressor" for s in dag["subtasks"])
     assert any(s["kind"] == "planner" for s in planned["subtasks"])
