@@ -43,8 +43,10 @@ class SubtaskExecutor:
             async with self.steps.slots(sub):
                 return await self.planner.run(sub)
         if (first := self.ahead.first_of(sub.name)) is not None:
-            messages, meter = first
-            return await self._call(sub, messages, written=meter)
+            if first.tools is not None:  # its first turn written with the creation
+                return await self.turns.run(sub, first.messages, written=first.meter,
+                                            tools=first.tools)
+            return await self._call(sub, first.messages, written=first.meter)
         call_no = 1
         if sub.kind == SubtaskKind.synthesizer and self.ahead.preparing:
             prepared = await self.ahead.take_prepared()

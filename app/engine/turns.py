@@ -24,6 +24,7 @@ from app import tracing
 from app.db.queries import get_transcript
 from app.db.tables import Subtask
 from app.db.types import utcnow
+from app.engine.calls import CallMeter
 from app.engine.faults import crash_point
 from app.engine.lifecycle import CALL_FAILURES, SubtaskSteps
 from app.engine.owned_swarm import EventRow, Outcome, OwnedSwarm, TranscriptRow, failure
@@ -48,6 +49,12 @@ def openai_tools(tools: list[ToolInfo]) -> list[dict[str, Any]]:
     return [{"type": "function", "function": {
         "name": function_name(t), "description": t.description,
         "parameters": t.input_schema or {"type": "object", "properties": {}}}} for t in tools]
+
+
+def agent_tools(owned: OwnedSwarm, sub: Subtask) -> list[ToolInfo]:
+    """The tools `sub` offers the model: its selectors over the process's registry now."""
+    registry = owned.ctx.tools
+    return registry.expand(sub.tools) if registry is not None else []
 
 
 def assistant_message(content: str, calls: tuple[ToolCallRequest, ...]) -> Message:
@@ -96,11 +103,14 @@ class TurnLoop:
         self.used = sum(s.tool_calls for s in owned.subs.values())
         self.outputs = OutputLadder(owned, steps)
 
-    async def run(self, sub: Subtask, first: list[Message]) -> Outcome:
-        """Never raises but for cancellation and a lost lease."""
+    async def run(self, sub: Subtask, first: list[Message], *, written: CallMeter | None = None,
+                  tools: list[ToolInfo] | None = None) -> Outcome:
+        """Never raises but for cancellation and a lost lease. `written`: the first turn's
+        meter, its attempt written with the swarm's creation, sized on `tools` (the tools the
+        subtask offers then)."""
         steps, owned = self.steps, self.owned
-        registry = owned.ctx.tools
-        tools = registry.expand(sub.tools) if registry is not None else []
+        if tools is None:
+            tools = agent_tools(owned, sub)
         offered = {function_name(t): t for t in tools}
         spec = openai_tools(tools)
         priority = self._priority(sub)
@@ -124,7 +134,8 @@ class TurnLoop:
         while True:
             turn = sub.turns + 1
             messages = [convo[k] for k in sorted(convo)]
-            meter = steps.meter(sub, messages, turn, spec or None)
+            meter = written or steps.meter(sub, messages, turn, spec or None)
+            written = None
             try:
                 async with steps.slots(sub):
                     if ended is not None:

@@ -16,8 +16,10 @@ from app.engine.owned_swarm import LedgerRow, OwnedSwarm
 from app.engine.subtask_rows import PLANNER
 from app.engine.synthesis import WorkerResult
 from app.engine.tenancy import TenantDailyCap
+from app.engine.turns import agent_tools, openai_tools
 from app.engine.writer import WriteRejected
 from app.states import SubtaskKind, SubtaskStatus
+from app.tools.model import ToolInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,17 @@ class Prepared:
     meter: CallMeter
 
 
+@dataclass(frozen=True, slots=True)
+class FirstCall:
+    """A worker's first attempt written with its swarm's creation: its messages, its meter and,
+    for a tool-using worker, the tools its first turn offers (its turn loop's for the
+    subtask: the reservation was sized on them)."""
+
+    messages: list[dict[str, str]]
+    meter: CallMeter
+    tools: list[ToolInfo] | None = None
+
+
 class WrittenAhead:
     """A swarm's calls written ahead: the first wave's (by worker) and the prepared
     synthesizer's; `SubtaskExecutor` sends them at their turn."""
@@ -40,10 +53,10 @@ class WrittenAhead:
         self.inputs = inputs
         self._prepared: asyncio.Task[Prepared | None] | None = None
         # workers whose first attempt's row was written with the swarm's creation
-        self._first: dict[str, tuple[list[dict[str, str]], CallMeter]] = {}
+        self._first: dict[str, FirstCall] = {}
 
-    def first_of(self, name: str) -> tuple[list[dict[str, str]], CallMeter] | None:
-        """The worker's first attempt written with the creation (its messages and meter), taken."""
+    def first_of(self, name: str) -> FirstCall | None:
+        """The worker's first attempt written with the creation, taken."""
         return self._first.pop(name, None)
 
     @property
@@ -52,8 +65,9 @@ class WrittenAhead:
         return self._prepared is not None
 
     def first_wave(self) -> Ahead:
-        """The first attempts of the workers a new swarm sends first (no dependency, no
-        tools; in launch order, as many as its concurrency), opened now for the creation's
+        """The first attempts of the workers a new swarm sends first (no dependency; in
+        launch order, as many as its concurrency; a tool-using worker's first turn with the
+        tools it offers), opened now for the creation's
         statement to write: their calls are then sent as soon as the swarm starts, with no
         write-ahead commit of their own to wait for (a 1-agent swarm makes one commit where it
         would make two). The tenant's daily cap, when it has one, is asked in that statement
@@ -76,16 +90,17 @@ class WrittenAhead:
             return Ahead([])
         rows: list[LedgerRow] = []
         ready = sorted((s for s in owned.subs.values() if s.kind == SubtaskKind.worker
-                        and s.status == SubtaskStatus.pending and not s.depends_on
-                        and not s.tools), key=lambda s: s.position)
+                        and s.status == SubtaskStatus.pending and not s.depends_on),
+                       key=lambda s: s.position)
         for sub in ready[:int(owned.limits["concurrency"])]:
             messages = self.inputs.messages(sub, [])
-            meter = self.steps.meter(sub, messages, 1)
+            tools = agent_tools(owned, sub) if sub.tools else None
+            meter = self.steps.meter(sub, messages, 1, openai_tools(tools or []) or None)
             row = meter.reserve_ahead(cap_asked=cap is not None)
             if row is None:
                 break
             rows.append(row)
-            self._first[sub.name] = (messages, meter)
+            self._first[sub.name] = FirstCall(messages, meter, tools)
             # counted once the swarm runs (`first_wave_opened`): the creation's answer and its
             # row say, as for any subtask not started, that no attempt was made yet
             sub.attempts -= 1
@@ -97,7 +112,8 @@ class WrittenAhead:
         is prepared again at its turn."""
         checks = ahead.checks if ahead is not None else None
         cap = self.owned.ctx.cap_for(self.owned.swarm.tenant)
-        for k, (name, (_, meter)) in enumerate(list(self._first.items())):
+        for k, (name, first) in enumerate(list(self._first.items())):
+            meter = first.meter
             if checks is not None:
                 check = checks[k]
                 if check.reservation_id is None:
@@ -172,8 +188,8 @@ class WrittenAhead:
         """The synthesizer is not called (the swarm stops): a prepared attempt is cancelled,
         as is a first attempt written with the creation whose worker was never started."""
         first, self._first = self._first, {}
-        for _, meter in first.values():
-            await meter.release()
+        for call in first.values():
+            await call.meter.release()
         task, self._prepared = self._prepared, None
         if task is None:
             return

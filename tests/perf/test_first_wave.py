@@ -1,13 +1,13 @@
-"""A swarm this process claims as it creates it has its first calls written ahead in the
-creation's statement (`SwarmRunner.first_wave`): the workers it sends first (no dependency, no
-tools, as many as its concurrency) go out as soon as it starts, without a write-ahead commit of
-their own. Every such row is still in the ledger before its call is sent, is settled by the
-answer as any row written ahead, and one whose call is never sent settles `cancelled` at no
-cost. With the tenant's daily cap, each row's reservation is made in that statement too, unless
-the creation holds the tenant's admission lock to its commit (a token bucket or an active-swarm
-count, as SPEC §8's defaults have): its calls then reserve in the cap's batches. A creation
-that fails leaves none; with the latency devices off (SWARM_LATENCY_DEVICES) the engine writes
-every call ahead. SQLite and PostgreSQL."""
+"""A swarm this process claims as it creates it has its first calls written ahead in the creation's
+statement (`SwarmRunner.first_wave`): the workers it sends first (no dependency, as many as its
+concurrency; a tool-using worker's first turn) go out as soon as it starts, without a
+write-ahead commit of their own. Every such row is still in the ledger before its call is sent,
+is settled by the answer as any row written ahead, and one whose call is never sent settles
+`cancelled` at no cost. With the tenant's daily cap, each row's reservation is made in that
+statement too, unless the creation holds the tenant's admission lock to its commit (a token
+bucket or an active-swarm count, as SPEC §8's defaults have): its calls then reserve in the
+cap's batches. A creation that fails leaves none; with the latency devices off
+(SWARM_LATENCY_DEVICES) the engine writes every call ahead. SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -216,13 +216,38 @@ async def test_a_first_call_the_tenants_cap_cannot_hold_is_not_written(
         await close()
 
 
-@pytest.mark.parametrize("why", ["global daily cap", "admission lock", "planner", "tools"])
+async def test_a_tool_using_workers_first_turn_is_written_with_the_creation(
+        database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A tool-using worker of the first wave has its first turn's row written with the
+    creation, its reservation sized on the tools that turn offers (above a tool-less worker's
+    with a prompt of the same length); the turn is sent with them, the tool runs, and the next
+    turn's row is the engine's, written ahead with the first turn's end."""
+    mcp = write_config(tmp_path / "mcp.json", {"docs": stdio_server(tmp_path / "docs.log")})
+    h, close = await start_harness(uncapped(database_url, tmp_path, mcp_config=mcp))
+    batches = record_batches(h, monkeypatch)
+    try:
+        data = await h.run({"task": "t", "agents": [agent("a", tools=["docs.lookup"]),
+                                                    agent("b")],
+                            "synthesis": {"strategy": "none"}}, timeout=60)
+        rows = await ledger(h, data["id"])
+    finally:
+        await close()
+    assert data["status"] == "succeeded", data["error"]
+    assert by_name(data)["a"]["tool_calls"] == 1
+    assert written_ahead(batches, data["id"]) == ["a"]  # its second turn's alone
+    keyed = {(r.subtask_name, r.idempotency_key.rsplit(":", 1)[1]): r for r in rows}
+    assert sorted(keyed) == [("a", "1"), ("a", "2"), ("b", "1")]
+    assert {r.outcome for r in rows} == {"ok"}
+    assert keyed[("a", "1")].reserved_usd > keyed[("b", "1")].reserved_usd > 0
+
+
+@pytest.mark.parametrize("why", ["global daily cap", "admission lock", "planner"])
 async def test_no_first_wave_where_a_call_needs_more_than_the_creation(
         database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, why: str) -> None:
     """The process-wide daily cap (SWARM_DAILY_BUDGET_USD) is asked in a statement of its own;
     so is the tenant's when its creation holds the tenant's admission lock (SPEC §8's
     defaults: a bucket, an active-swarm count, a daily cap); a planned swarm starts with its
-    planner; a tool-using worker runs a turn loop: their first rows are the engine's."""
+    planner: their first rows are the engine's."""
     extra: dict[str, Any] = {}
     body: dict[str, Any] = {"task": "t", "agents": [agent("a")],
                             "synthesis": {"strategy": "none"}}
@@ -230,13 +255,9 @@ async def test_no_first_wave_where_a_call_needs_more_than_the_creation(
         extra["daily_budget_usd"] = Decimal("5")
     elif why == "admission lock":
         pass  # SPEC §8's defaults (below)
-    elif why == "planner":
+    else:
         body = {"task": "t", "orchestrator": {"max_subtasks": 2, "max_depth": 1},
                 "synthesis": {"strategy": "concatenate"}}
-    else:
-        extra["mcp_config"] = write_config(tmp_path / "mcp.json", {
-            "docs": stdio_server(tmp_path / "docs.log")})
-        body["agents"] = [{"name": "a", "tools": ["docs.lookup"]}]
     settings = (make_settings(database_url) if why == "admission lock"
                 else uncapped(database_url, tmp_path, **extra))
     h, close = await start_harness(settings)
