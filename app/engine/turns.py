@@ -147,6 +147,7 @@ class TurnLoop:
                         await ended
                         ended = None
                         crash_point("between_turns", sub.name)
+                    crash_point("before_call", sub.name)
                     result, rows = await steps.gateway(sub, messages, turn, tools=spec or None,
                                                        meter=meter)
             except CALL_FAILURES as exc:

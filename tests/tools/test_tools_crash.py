@@ -8,6 +8,7 @@ import asyncio
 import json
 import signal
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,16 @@ import pytest
 
 from tests.helpers import until
 from tests.mcp_servers import HttpServer, counts, free_port, stdio_server, write_config
-from tests.procs import Cluster, Db, Proc, cluster, post_swarm, wait_http, wait_terminal
+from tests.procs import (
+    Cluster,
+    Db,
+    Proc,
+    cluster,
+    post_swarm,
+    sim_stats,
+    wait_http,
+    wait_terminal,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(300)]
 
@@ -50,7 +60,11 @@ START_S = 180
 
 async def _api(c: Cluster) -> str:
     port = free_port()
-    proc = c.spawn("api", ["serve", "--no-engine", "--port", str(port)])
+    return await _ready(c.spawn("api", ["serve", "--no-engine", "--port", str(port)]), port)
+
+
+async def _ready(proc: Proc, port: int) -> str:
+    """`serve`'s URL once it is ready and its tool servers are up."""
     url = f"http://127.0.0.1:{port}"
     await wait_http(proc, f"{url}/readyz", timeout=START_S, ok_only=True)
 
@@ -112,3 +126,51 @@ async def test_kill_between_turns_never_reruns_a_committed_tool_call(
         # only calls in flight at the kill ran twice
         again = [key for key in after.values() if ran[key] > 1]
         assert len(again) <= 40 and not set(again) & set(before.values())
+
+
+# no admission lock and no daily cap: the creation writes the first wave (tests/perf/
+# test_first_wave.py)
+FIRST_WAVE_TENANTS = """[defaults]
+max_agents = 1000
+max_inflight_calls = 256
+default_budget_usd = "10"
+max_budget_usd = "100"
+"""
+
+
+async def test_a_creator_killed_before_its_first_turn(db_url: str, tmp_path: Path) -> None:
+    """A `serve` with its engine claims a tool-using swarm as it creates it, the creation's
+    statement writing the first turn's call ahead; killed before that call is sent, it leaves
+    the row in flight. A worker takes over: the row is billed `unknown` at its reservation,
+    the turn goes again as attempt 2, its tool runs once, the answering turn once (the
+    subtask's third attempt: attempts count by subtask)."""
+    db = Db(db_url)
+    config = write_config(tmp_path / "mcp.json", {"docs": stdio_server(tmp_path / "docs.log")})
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(FIRST_WAVE_TENANTS)
+    body = {"task": "killed before its first turn", "synthesis": {"strategy": "none"},
+            "agents": [{"name": "a", "tools": ["docs.lookup"], "prompt": "look [[sim turns=1]]"}]}
+    async with cluster(db_url, tmp_path, SWARM_MCP_CONFIG=config,
+                       SWARM_TENANTS_FILE=str(tenants)) as c:
+        sim = await c.simulator(latency_ms=20)
+        port = free_port()
+        creator = c.spawn("creator", ["serve", "--port", str(port)],
+                          SWARM_CRASH_AT="before_call:a")
+        swarm_id = (await post_swarm(await _ready(creator, port), body))["id"]
+        assert await creator.wait_exit(60) == -signal.SIGKILL, creator.log()[-3000:]
+        (ahead,) = await db.ledger(swarm_id)
+        assert (ahead["attempt"], ahead["outcome"]) == (1, "in_flight")
+
+        api = await _api(c)
+        await _worker(c, "worker_b")
+        done = await wait_terminal(api, swarm_id, timeout=120)
+        assert done["status"] == "succeeded", done["error"]
+        assert (done["subtasks"][0]["turns"], done["subtasks"][0]["tool_calls"]) == (2, 1)
+        rows = await db.ledger(swarm_id)
+        assert [(r["idempotency_key"].rsplit(":", 1)[1], r["attempt"], r["outcome"])
+                for r in rows] == [("1", 1, "unknown"), ("1", 2, "ok"), ("2", 3, "ok")]
+        assert rows[0]["cost_usd"] == rows[0]["reserved_usd"] > 0
+        assert Decimal(done["usage"]["cost_usd"]) == sum(r["cost_usd"] for r in rows)
+        stats = (await sim_stats(sim))["by_key"]
+        assert [stats[f"{swarm_id}:a:{n}"]["ok"] for n in (1, 2)] == [1, 1]
+        assert list(_server_counts(tmp_path).values()) == [1]  # the tool ran once
