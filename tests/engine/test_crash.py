@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from app.db import changes, columns, leases, writes
 from app.db.session import asyncpg_dsn, make_db_engine, make_session_factory
 from tests.conftest import make_settings, start_harness
-from tests.helpers import agent, until
+from tests.helpers import UNCAPPED, agent, until
 from tests.procs import (
     Db,
     assert_durable_outcome,
@@ -75,17 +75,23 @@ async def test_kill_at_crash_point_then_takeover(db_url: str, tmp_path: Path, po
                                      {"b": 2} if point == "after_response" else None)
 
 
+@pytest.mark.parametrize("tenants", ["defaults", "uncapped"])
 @pytest.mark.parametrize("point", ["before_call", "after_response"])
 async def test_a_creator_killed_before_its_first_commit(db_url: str, tmp_path: Path,
-                                                      point: str) -> None:
-    """A `serve` with its engine claims the swarm as it creates it, and the creation's
-    statement writes its first call ahead (with its reservation against the tenant's daily
-    cap, SPEC §8's defaults). Killed at `point`, before any commit of its own, it leaves the
+                                                      point: str, tenants: str) -> None:
+    """A `serve` with its engine claims the swarm as it creates it, and its first call is
+    written ahead: by the creation's statement (the first wave: a tenant without admission
+    lock or daily cap, "uncapped"), or with SPEC §8's defaults by the engine, its reservation
+    in the tenant cap's batch. Killed at `point`, before any commit of its own, it leaves the
     swarm maybe still `queued` with that row in flight. A worker takes it over: the row is
     billed `unknown` at its reservation, the call goes again as attempt 2, and what the
     gateway answered is never more than recorded."""
     db = Db(db_url)
-    async with cluster(db_url, tmp_path) as c:
+    env = {}
+    if tenants == "uncapped":
+        (tmp_path / "tenants.toml").write_text(UNCAPPED)
+        env["SWARM_TENANTS_FILE"] = str(tmp_path / "tenants.toml")
+    async with cluster(db_url, tmp_path, **env) as c:
         sim = await c.simulator(latency_ms=20)
         port = free_port()
         creator = c.spawn("creator", ["serve", "--port", str(port)],

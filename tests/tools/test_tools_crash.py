@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import until
+from tests.helpers import UNCAPPED, until
 from tests.mcp_servers import HttpServer, counts, free_port, stdio_server, write_config
 from tests.procs import (
     Cluster,
@@ -128,16 +128,6 @@ async def test_kill_between_turns_never_reruns_a_committed_tool_call(
         assert len(again) <= 40 and not set(again) & set(before.values())
 
 
-# no admission lock and no daily cap: the creation writes the first wave (tests/perf/
-# test_first_wave.py)
-FIRST_WAVE_TENANTS = """[defaults]
-max_agents = 1000
-max_inflight_calls = 256
-default_budget_usd = "10"
-max_budget_usd = "100"
-"""
-
-
 async def test_a_creator_killed_before_its_first_turn(db_url: str, tmp_path: Path) -> None:
     """A `serve` with its engine claims a tool-using swarm as it creates it, the creation's
     statement writing the first turn's call ahead; killed before that call is sent, it leaves
@@ -147,7 +137,7 @@ async def test_a_creator_killed_before_its_first_turn(db_url: str, tmp_path: Pat
     db = Db(db_url)
     config = write_config(tmp_path / "mcp.json", {"docs": stdio_server(tmp_path / "docs.log")})
     tenants = tmp_path / "tenants.toml"
-    tenants.write_text(FIRST_WAVE_TENANTS)
+    tenants.write_text(UNCAPPED)  # no admission lock: the creation writes the first wave
     body = {"task": "killed before its first turn", "synthesis": {"strategy": "none"},
             "agents": [{"name": "a", "tools": ["docs.lookup"], "prompt": "look [[sim turns=1]]"}]}
     async with cluster(db_url, tmp_path, SWARM_MCP_CONFIG=config,
