@@ -1,8 +1,10 @@
-"""The example MCP server (examples/mcp/server.py) as real processes for the tool tests, and
-readers of its call log (the server's own view: calls in flight, calls per argument)."""
+"""The example MCP server (examples/mcp/server.py) as real processes for the tool tests, a
+registry of one such server, and readers of its call log (the server's own view: calls in
+flight, calls per argument)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -11,10 +13,15 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from app.tools.config import ServerConfig
+from app.tools.registry import ToolRegistry
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = ROOT / "examples" / "mcp" / "server.py"
@@ -81,3 +88,24 @@ def max_in_flight(log: Path, tool: str | None = None) -> int:
 def counts(log: Path) -> Counter[str]:
     """How often each (tool, arguments) was started."""
     return Counter(f"{e['tool']}:{json.dumps(e['args'], sort_keys=True)}" for e in calls(log))
+
+
+@asynccontextmanager
+async def registry(config: dict[str, object], http_sessions: int) -> AsyncIterator[ToolRegistry]:
+    tools = ToolRegistry({"s": ServerConfig.model_validate(config)}, start_wait_s=120,
+                         http_sessions=http_sessions)
+    await tools.start()
+    try:
+        assert tools.states() == {"s": "up"}
+        yield tools
+    finally:
+        await tools.stop()
+
+
+@asynccontextmanager
+async def http_server(log: Path, delay_ms: float = 0) -> AsyncIterator[HttpServer]:
+    server = await asyncio.to_thread(HttpServer, log, delay_ms)
+    try:
+        yield server
+    finally:
+        server.close()

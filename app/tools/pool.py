@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 
@@ -32,6 +33,25 @@ PING_INTERVAL_S = 1.0
 PING_TIMEOUT_S = 10.0
 
 
+class Liveness:
+    """When a session's watcher pings its server: every PING_INTERVAL_S, at once when poked (a
+    call failed, the transport erred, the tools changed), and not while calls on the session
+    are answered: an answer within the interval says what a ping would."""
+
+    def __init__(self) -> None:
+        self.poke = asyncio.Event()
+        self._answered = -PING_INTERVAL_S  # monotonic
+
+    def answered(self) -> None:
+        self._answered = time.monotonic()
+
+    async def due(self) -> bool:
+        """Wait for the next ping's turn: False when the session answered a call since."""
+        poked = await woken(self.poke, PING_INTERVAL_S)
+        self.poke.clear()
+        return poked or time.monotonic() - self._answered >= PING_INTERVAL_S
+
+
 class _Member:
     """One call session, owned by its task from opening to closing."""
 
@@ -42,7 +62,7 @@ class _Member:
         self.suspect = False  # a call on it failed: chosen again once a ping answers
         self.error: str | None = None
         self.opened = asyncio.Event()  # set once open or failed to open
-        self._poke = asyncio.Event()
+        self.live = Liveness()
         self.task = asyncio.create_task(self._run(), name=f"mcp-{pool.name}-session")
 
     @property
@@ -52,7 +72,7 @@ class _Member:
     def check(self) -> None:
         """Ping now (a call on this session failed)."""
         self.suspect = True
-        self._poke.set()
+        self.live.poke.set()
 
     async def _run(self) -> None:
         try:
@@ -72,8 +92,8 @@ class _Member:
     async def _watch(self, session: ClientSession) -> None:
         stop = self.pool.stopping
         while not stop.is_set():
-            await woken(self._poke, PING_INTERVAL_S)
-            self._poke.clear()
+            if not await self.live.due():
+                continue
             if stop.is_set():
                 return
             await wait_for(session.send_ping(), PING_TIMEOUT_S)
@@ -83,7 +103,7 @@ class _Member:
 
     async def _on_message(self, message: IncomingMessage) -> None:
         if isinstance(message, Exception):  # the transport failed: ping now
-            self._poke.set()
+            self.live.poke.set()
 
 
 class SessionPool:
@@ -126,6 +146,8 @@ class SessionPool:
         except Exception:
             member.check()
             raise
+        else:
+            member.live.answered()
         finally:
             member.busy -= 1
 

@@ -23,12 +23,11 @@ from mcp.shared.exceptions import MCPError
 from app.aio import wait_for, woken
 from app.tools.config import ServerConfig
 from app.tools.model import ServerUnavailable, ToolInfo
-from app.tools.pool import SessionPool
+from app.tools.pool import Liveness, SessionPool
 from app.tools.transports import describe, open_session
 
 log = logging.getLogger(__name__)
 
-PING_INTERVAL_S = 1.0
 PING_TIMEOUT_S = 10.0  # a dead process fails at once; this bounds a hung one
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 5.0
@@ -56,7 +55,7 @@ class ServerConnection:
         self._session: ClientSession | None = None
         self._up = asyncio.Event()
         self._tried = asyncio.Event()  # the first connection attempt ended (either way)
-        self._poke = asyncio.Event()  # re-list tools or check the connection now
+        self.live = Liveness()  # poked: re-list tools or check the connection now
         self._relist = False
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -69,7 +68,7 @@ class ServerConnection:
 
     async def stop(self) -> None:
         self._stop.set()
-        self._poke.set()
+        self.live.poke.set()
         if self.pool is not None:
             await self.pool.stop()
         if self._task is not None:
@@ -101,11 +100,13 @@ class ServerConnection:
             return
         try:
             yield session
-        except MCPError:  # the server answered: the session works
-            raise
+        except MCPError:  # the server answered, or the SDK saw the connection close: the
+            raise  # session is not suspect, and the next ping tells which
         except Exception:
             self.suspect()
             raise
+        else:
+            self.live.answered()
 
     @property
     def restarting(self) -> bool:
@@ -115,7 +116,7 @@ class ServerConnection:
 
     def suspect(self) -> None:
         """A call failed below the protocol: check the connection now, not at the next ping."""
-        self._poke.set()
+        self.live.poke.set()
 
     # ---- the supervisor ------------------------------------------------------------------
 
@@ -155,8 +156,8 @@ class ServerConnection:
     async def _watch(self, session: ClientSession) -> None:
         """Until stopped: ping (a dead server raises here) and re-list tools on change."""
         while not self._stop.is_set():
-            await woken(self._poke, PING_INTERVAL_S)
-            self._poke.clear()
+            if not await self.live.due():
+                continue
             if self._stop.is_set():
                 return
             await wait_for(session.send_ping(), PING_TIMEOUT_S)
@@ -181,5 +182,5 @@ class ServerConnection:
     async def _on_message(self, message: IncomingMessage) -> None:
         if isinstance(message, types.ToolListChangedNotification):
             self._relist = True
-        self._poke.set()  # a transport exception too: ping now
+        self.live.poke.set()  # a transport exception too: ping now
 

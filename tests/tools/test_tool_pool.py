@@ -6,36 +6,11 @@ overlapping requests on its one session. The server's own log says which session
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
 
-from app.tools.config import ServerConfig
-from app.tools.registry import ToolRegistry
-from tests.mcp_servers import HttpServer, calls, max_in_flight, stdio_server
-
-
-@asynccontextmanager
-async def registry(config: dict[str, object], http_sessions: int) -> AsyncIterator[ToolRegistry]:
-    tools = ToolRegistry({"s": ServerConfig.model_validate(config)}, start_wait_s=120,
-                         http_sessions=http_sessions)
-    await tools.start()
-    try:
-        assert tools.states() == {"s": "up"}
-        yield tools
-    finally:
-        await tools.stop()
-
-
-@asynccontextmanager
-async def http_server(log: Path, delay_ms: float = 0) -> AsyncIterator[HttpServer]:
-    server = await asyncio.to_thread(HttpServer, log, delay_ms)
-    try:
-        yield server
-    finally:
-        server.close()
+from tests.mcp_servers import calls, http_server, max_in_flight, registry, stdio_server
 
 
 def sessions_of(log: Path, tool: str) -> dict[str, str]:
