@@ -65,21 +65,20 @@ class WrittenAhead:
         return self._prepared is not None
 
     def first_wave(self) -> Ahead:
-        """The first attempts of the workers a new swarm sends first (no dependency; in
-        launch order, as many as its concurrency; a tool-using worker's first turn with the
-        tools it offers), opened now for the creation's
-        statement to write: their calls are then sent as soon as the swarm starts, with no
-        write-ahead commit of their own to wait for (a 1-agent swarm makes one commit where it
-        would make two). The tenant's daily cap, when it has one, is asked in that statement
-        too. Until it is sent, each is released like any row written ahead; if the creation fails,
-        nothing was written. None behind the process-wide daily cap (a statement of its
-        own), nor with the latency devices off, nor past what the swarm's budget holds now;
-        nor when the tenant's cap would be asked by a creation that holds the tenant's
-        admission lock (its bucket's row, its count's lock) to its commit: the cap's day row,
-        which every group commit settling the tenant's calls holds through its own commit,
-        would then queue all the tenant's creations behind each settlement
-        (docs/decisions/0030-quota-checked-creation.md); its calls reserve in the cap's
-        batches and are written ahead as any call is."""
+        """The first attempts of the workers a new swarm sends first (no dependency; in launch
+        order, as many as its concurrency; a tool-using worker's first turn, with the tools it
+        offers), opened now for the creation's statement to write: their calls are then sent as
+        soon as the swarm starts, with no write-ahead commit of their own to wait for (a 1-agent
+        swarm makes one commit where it would make two). The tenant's daily cap, when it has
+        one, is asked in that statement too. Until it is sent, each is released like any row
+        written ahead; if the creation fails, nothing was written. None behind the process-wide
+        daily cap (a statement of its own), nor with the latency devices off, nor past what the
+        swarm's budget holds now; nor when the tenant's cap would be asked by a creation that
+        holds the tenant's admission lock (its bucket's row, its count's lock) to its commit:
+        the cap's day row, which every group commit settling the tenant's calls holds through
+        its own commit, would then queue all the tenant's creations behind each settlement
+        (docs/decisions/0030-quota-checked-creation.md); its calls reserve in the cap's batches
+        and are written ahead as any call is."""
         owned = self.owned
         tenant = owned.swarm.tenant
         cap = owned.ctx.cap_for(tenant)
