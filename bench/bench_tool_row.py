@@ -62,9 +62,10 @@ def example_server(cli: str) -> Path:
 @contextmanager
 def serving(work: Path, sim: str, sessions: int | None, agents: int, tool_ms: float,
             web: HttpServer, cli: str = CLI, label: str | None = None
-            ) -> Iterator[tuple[str, int]]:
-    """A `serve` of `cli` (its URL and pid) with SWARM_MCP_HTTP_SESSIONS=`sessions` (None: the
-    build's default), warmed up; its stdio server is `cli`'s checkout's example server."""
+            ) -> Iterator[tuple[str, int, str]]:
+    """A `serve` of `cli` (its URL, pid and database URL) with SWARM_MCP_HTTP_SESSIONS=
+    `sessions` (None: the build's default), warmed up; its stdio server is `cli`'s checkout's
+    example server."""
     slots = {"max_concurrency": agents}
     label = label or ("default" if sessions is None else str(sessions))
     config = work / f"mcp-{label}.json"
@@ -86,7 +87,7 @@ def serving(work: Path, sim: str, sessions: int | None, agents: int, tool_ms: fl
             wait_ready(f"{api}/readyz", serve)
             for tools in TRANSPORTS.values():  # warm-up: connections, sessions, caches
                 run_swarm(api, agents, 1, tools)
-            yield api, serve.pid
+            yield api, serve.pid, db["SWARM_DATABASE_URL"]
         finally:
             serve.terminate()
             serve.wait(30)
@@ -147,7 +148,7 @@ def measure(work: Path, pool_sizes: list[int | None], *, agents: int = 100,
                                                      label=_label(v)))
                       for v, (path, n) in variants.items()}
             for i in range(runs):  # interleaved: a drift of the machine hits every variant
-                for v, (api, pid) in serves.items():
+                for v, (api, pid, _) in serves.items():
                     for transport, tools in TRANSPORTS.items():
                         raw = (spy / f"serve-{_label(v)}-{transport}.raw"
                                if spy is not None and i == runs - 1 else None)
@@ -193,12 +194,18 @@ def _label(variant: Any) -> str:
     return "default" if variant is None else str(variant)
 
 
-def main() -> None:
+def row_parser(runs: int) -> argparse.ArgumentParser:
+    """The row's own arguments: its agents, the gateway's and the tool's latency, the runs."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--agents", type=int, default=100)
     ap.add_argument("--latency-ms", type=float, default=200)
     ap.add_argument("--tool-ms", type=float, default=50)
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=runs)
+    return ap
+
+
+def main() -> None:
+    ap = row_parser(runs=5)
     ap.add_argument("--sessions", default="1,4", help="SWARM_MCP_HTTP_SESSIONS values")
     add_builds(ap, "compare builds: each one's `swarm-api serve`, swarms interleaved")
     ap.add_argument("--no-peer", action="store_true",
