@@ -40,11 +40,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(900),
 SWARMS, AGENTS, WORKERS = 30, 20, 3
 KILL_EVERY_S = 0.5
 # a worker is killed once it has been up as long as the first ones took to start, and at least
-# 1.5 s (three workers, a kill every half second: the issue's churn). A worker killed before it
-# could take its swarms over and settle a call of each (seconds for ten swarms on a loaded
-# machine, where workers take 15-20 s to start) makes every takeover fruitless, and the test
-# would measure the machine, not the engine. SWARM_CHAOS_MIN_UP_S sets it outright
-MIN_UP_FLOOR_S = 1.5
+# a lease and a wave (a kill every half second among three workers otherwise). A worker killed
+# before it could take its swarms over and settle a call of each makes every takeover fruitless,
+# and the test would measure the machine, not the engine: a dead owner's swarms are taken over
+# when its lease lapses, and their next calls take a wave (seconds more for ten swarms on a
+# loaded machine, where workers take 15-20 s to start). Workers up 1.5 s on a fast machine
+# (started in ~1 s) had 7 swarms of 30 taken over ten times in a row with calls cut off each
+# time, a crash loop by SPEC §4's rule. SWARM_CHAOS_MIN_UP_S sets it outright
+LEASE_S = 3.0
+WAVE_S = 1.0  # a call's latency at the simulator (swarm_body's agents)
+MIN_UP_FLOOR_S = LEASE_S + WAVE_S
 MIN_UP_S = os.environ.get("SWARM_CHAOS_MIN_UP_S")
 ENDS_WITHIN_S = 600.0
 # the fault mix of the spend-under-crash tests, short waits; every retryable failure retried
@@ -54,7 +59,7 @@ FAULTS = {"SWARM_SIM_RATE_429": "0.08", "SWARM_SIM_RATE_500": "0.04",
           "SWARM_SIM_RETRY_AFTER_S": "0.2"}
 # the default SWARM_MAX_RESCUES (10) is what must hold up under churn
 # ten swarms a worker: one that comes up alone does not take all thirty over at once
-ENV = {"SWARM_LEASE_SECONDS": "3", "SWARM_SHUTDOWN_GRACE_S": "15",
+ENV = {"SWARM_LEASE_SECONDS": str(LEASE_S), "SWARM_SHUTDOWN_GRACE_S": "15",
        "SWARM_MAX_RUNNING_SWARMS": "10"}
 
 
@@ -193,7 +198,7 @@ async def test_kill_9_every_half_second_fails_no_swarm(churn_db: str, tmp_path: 
     async with cluster(churn_db, tmp_path, **ENV) as c:
         t0 = time.monotonic()
         # ten waves of a second: the churn goes on for several lives of a worker
-        workers, ids, startup_s = await start(c, 1000, 2)
+        workers, ids, startup_s = await start(c, int(WAVE_S * 1000), 2)
         min_up_s = (float(MIN_UP_S) if MIN_UP_S is not None
                     else max(MIN_UP_FLOOR_S, startup_s))
         kills = await kill_churn(c, db, workers, ids, min_up_s)
@@ -210,7 +215,7 @@ async def test_a_rolling_sigterm_of_every_worker_fails_none_and_leaves_no_unknow
     async with cluster(churn_db, tmp_path, **ENV) as c:
         t0 = time.monotonic()
         # ten waves of a second: the swarms outlast a successor's start on a loaded machine
-        workers, ids, _ = await start(c, 1000, 2)
+        workers, ids, _ = await start(c, int(WAVE_S * 1000), 2)
         stopped = await rolling_deploy(c, db, workers, ids)
         figures = await check_outcome(db, c.sim_url, ids)
     print(f"\nrolling SIGTERM: {stopped} drained in {time.monotonic() - t0:.1f}s, {figures}")
