@@ -31,16 +31,21 @@ from tests.support import CLI, free_port, process
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
+def tool_swarm(agents: int, turns: int, tools: tuple[str, ...]) -> dict[str, Any]:
+    """A swarm of `agents` all at once, each `turns` turns calling `tools`, then an answer."""
+    return {"task": "benchmark tools", "synthesis": {"strategy": "none"}, "max_tokens": 200,
+            "limits": {"concurrency": agents, "max_tool_calls": 100_000},
+            "agents": [{"name": f"agent_{i}", "tools": list(tools),
+                        "max_turns": turns + 1, "prompt": f"bench {i} [[sim turns={turns}]]"}
+                       for i in range(agents)]}
+
+
 def run_swarm(api: str, agents: int, turns: int,
               tools: tuple[str, ...] = ("docs.lookup", "web.lookup"),
               on_end: Callable[[], None] | None = None) -> tuple[float, dict[str, Any]]:
     """(wall, the swarm's view) of one swarm; `on_end` runs as its end is seen, before the
     transcripts are checked (what `serve` spends on those reads is not the swarm's)."""
-    body = {"task": "benchmark tools", "synthesis": {"strategy": "none"}, "max_tokens": 200,
-            "limits": {"concurrency": agents, "max_tool_calls": 100_000},
-            "agents": [{"name": f"agent_{i}", "tools": list(tools),
-                        "max_turns": turns + 1, "prompt": f"bench {i} [[sim turns={turns}]]"}
-                       for i in range(agents)]}
+    body = tool_swarm(agents, turns, tools)
     with httpx.Client(timeout=60) as c:
         t0 = time.perf_counter()
         swarm_id = c.post(f"{api}/swarms", json=body).raise_for_status().json()["id"]

@@ -23,12 +23,11 @@ import asyncpg
 import httpx
 
 from bench.bench_tool_row import TRANSPORTS, example_server, row_parser, serving
+from bench.bench_tools import TERMINAL, tool_swarm
 from bench.builds import add_builds
 from bench.builds import builds as bench_builds
 from tests.mcp_servers import HttpServer
 from tests.support import CLI, free_port, process
-
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def spread(xs: list[float]) -> str:
@@ -38,10 +37,7 @@ def spread(xs: list[float]) -> str:
 
 def one_swarm(api: str, agents: int, tools: tuple[str, ...]) -> tuple[str, float, float]:
     """(the swarm's id, the client's clock at its POST (Unix s), the wall until it saw the end)."""
-    body = {"task": "tool anatomy", "synthesis": {"strategy": "none"}, "max_tokens": 200,
-            "limits": {"concurrency": agents, "max_tool_calls": 100_000},
-            "agents": [{"name": f"agent_{i}", "tools": list(tools), "max_turns": 2,
-                        "prompt": f"anatomy {i} [[sim turns=1]]"} for i in range(agents)]}
+    body = tool_swarm(agents, 1, tools)
     with httpx.Client(timeout=60) as c:
         t0, p0 = time.time(), time.perf_counter()
         swarm_id = c.post(f"{api}/swarms", json=body).raise_for_status().json()["id"]
