@@ -94,7 +94,8 @@ class WrittenAhead:
         for sub in ready[:int(owned.limits["concurrency"])]:
             messages = self.inputs.messages(sub, [])
             tools = agent_tools(owned, sub) if sub.tools else None
-            meter = self.steps.meter(sub, messages, 1, openai_tools(tools or []) or None)
+            # sized on the request the turn loop sends: no `tools` field without any
+            meter = self.steps.meter(sub, messages, 1, openai_tools(tools) if tools else None)
             row = meter.reserve_ahead(cap_asked=cap is not None)
             if row is None:
                 break
