@@ -127,8 +127,10 @@ class PrivatePostgres:
     fsync) that a test may stop, restart and start again without touching the shared server
     other tests and other checkouts use. As root, the server runs as the `postgres` user."""
 
-    def __init__(self) -> None:
+    def __init__(self, *settings: str) -> None:
+        """`settings`: `name=value` pairs over the defaults below (the last one given wins)."""
         self.bin = PG_BIN[-1].parent
+        self.settings = settings
         self.data = Path(tempfile.mkdtemp(prefix="swarm-pg-"))
         self.port = free_port()
         self.url = f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
@@ -145,7 +147,8 @@ class PrivatePostgres:
     def ctl(self, action: str) -> None:
         """`pg_ctl start|stop|restart`, waiting until it is done (stop: fast, no checkpoint)."""
         options = (f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 "
-                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
+                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+                   + "".join(f" -c {setting}" for setting in self.settings))
         args = ["-D", str(self.data), "-l", str(self.data / "server.log"), "-w", "-t", "60"]
         if action in ("start", "restart"):
             args += ["-o", options]
@@ -153,16 +156,20 @@ class PrivatePostgres:
             args += ["-m", "fast"]
         self._run("pg_ctl", action, *args)
 
+    def crash(self) -> None:
+        """Stop as a crash would: no shutdown checkpoint, and WAL not yet written is lost."""
+        self._run("pg_ctl", "stop", "-D", str(self.data), "-m", "immediate", "-w")
+
     def close(self) -> None:
         with contextlib.suppress(subprocess.SubprocessError):
-            self._run("pg_ctl", "stop", "-D", str(self.data), "-m", "immediate", "-w")
+            self.crash()
         shutil.rmtree(self.data, ignore_errors=True)
 
 
 @contextlib.contextmanager
-def private_postgres() -> Iterator[PrivatePostgres]:
-    """A running `PrivatePostgres`, removed afterwards."""
-    server = PrivatePostgres()
+def private_postgres(*settings: str) -> Iterator[PrivatePostgres]:
+    """A running `PrivatePostgres` (with `settings`), removed afterwards."""
+    server = PrivatePostgres(*settings)
     try:
         server.ctl("start")
         yield server

@@ -14,7 +14,7 @@ from sqlalchemy import Table, insert, select, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from app.db import creation_statement
+from app.db import creation_statement, durable
 from app.db.base import column_values
 from app.db.batch import executemany
 from app.db.columns import SUBTASK_INSERT_COLUMNS
@@ -124,10 +124,12 @@ async def insert_swarm_alone(engine: AsyncEngine, swarm: Swarm, subtasks: Sequen
     Idempotency-Key, no quota to check in its transaction): one round trip where a
     transaction takes four (docs/decisions/0002-group-commit-one-statement.md).
     With `admit`, the tenant's quotas are checked in that statement: `Refused` when one is
-    reached (nothing stored). With `key_ttl_s` (the swarm carries an Idempotency-Key), an
-    expired holder of its key lets go of it in that statement too: `KeyTaken` when a live one
-    (a concurrent request's) has it. `ahead` as `insert_swarm`'s; `audit`: the creation's audit
-    row's values (`audit.statement_values`), written by the statement."""
+    reached (nothing stored); it commits without waiting for its flush, and returns once a
+    flush shared with concurrent creations covers it (`durable`). With `key_ttl_s` (the swarm
+    carries an Idempotency-Key), an expired holder of its key lets go of it in that statement
+    too: `KeyTaken` when a live one (a concurrent request's) has it. `ahead` as
+    `insert_swarm`'s; `audit`: the creation's audit row's values (`audit.statement_values`),
+    written by the statement."""
     sql, args = _creation(swarm, subtasks, claim_for, lease_s, position, admit, key_ttl_s,
                           ahead, audit)
     try:
@@ -141,6 +143,8 @@ async def insert_swarm_alone(engine: AsyncEngine, swarm: Swarm, subtasks: Sequen
             raise refused from None
         raise
     assert row is not None  # the statement answers one row
+    if admit is not None:  # it committed without its flush, to free the tenant's lock sooner
+        await durable.flushed(engine)
     return _created(swarm, row, claim_for, position, ahead)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from app.db.base import table_of
 from app.db.notify import QUEUED
-from app.db.quotas import Admit
+from app.db.quotas import ASYNC_COMMIT, Admit
 from app.db.recordsets import Columns, defaults_of, document, json_param, quote, recordset
 from app.db.tables import AuditRow, GatewayCall, Subtask, Swarm
 from app.db.tenant_cap import CapAsk
@@ -39,9 +39,11 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
     position and prompts) are sent once, not once per row: a 1,000-agent swarm's document
     holds ~30 keys a row where three vary (547 KB, ~13 ms to encode and parse, sent whole).
 
-    With `admit`, the tenant's quotas are checked first, in the same statement (migration
-    0014's `tenant_admit`, which the swarm's INSERT reads before it writes): a refusal raises
-    (quotas.Refused.of) and nothing of the statement stays, the token taken included. With
+    With `admit`, the tenant's quotas are checked in the same statement (migration 0014's
+    `tenant_admit`): first, read by the swarm's INSERT before it writes, or last, once the new
+    rows are in, when they are all it locks before (`_admits_last`); a refusal raises
+    (quotas.Refused.of) and nothing of the statement stays, the token taken included. That
+    transaction commits without waiting for its flush (the caller waits for one). With
     `key_ttl_s`, the swarm's Idempotency-Key is first freed from an older swarm that holds it
     past that TTL (that swarm keeps its data), before the new row takes it. `ledger`: rows of
     `gateway_calls` written with it (its first calls' attempts, written ahead: a claimed
@@ -71,7 +73,10 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
     if claim_s is not None:
         args.append(float(claim_s))
     if admit is not None:
-        args += admit.args(swarm["id"])
+        # the lock taken last reads the new row's id from the row itself
+        args += admit.args(swarm["id"])[:-1] if _admits_last(
+            admit is not None, key_ttl_s is not None, cap is not None and bool(ledger)) \
+            else admit.args(swarm["id"])
     if key_ttl_s is not None:
         args += [swarm["tenant"], swarm["idempotency_key"], float(key_ttl_s)]
     if audit is not None:
@@ -150,20 +155,19 @@ def _creation(swarm_keys: tuple[str, ...],
                                                   given=varying, alias="a")
             selected += [f"a.{quote(k)}" for k in alike_cols.keys]
             source += f" CROSS JOIN {alike_source}"
+    last = _admits_last(admit, expire_key, capped)
     ledger_cols, ledger_alike, ahead = ((None, None, []) if ledger_keys is None
-                                        else _ahead(ledger_keys, capped, params))
+                                        else _ahead(ledger_keys, capped, params, last))
     if claim:
         values["lease_expires_at"] = f"now() + make_interval(secs => ${next(params)}::float8)"
     # One lock order for every creation, this statement's and the session paths' alike (a
     # deadlock otherwise): the tenant's (its bucket's row, or its advisory lock), then the key's
     # old holder, then the new rows (the queue counts' shards, locked by the AFTER triggers at
-    # the statement's end). Each CTE below is read by the next, which orders them.
-    ctes = []
-    admitted = "true"
-    if admit:  # the checks (and their lock) come first
-        call = Admit.CALL.format(*(f"${next(params)}" for _ in range(7)))
-        ctes.append(f"admitted AS (SELECT {call} AS ok)")
-        admitted = "(SELECT ok FROM admitted)"
+    # the statement's end). Each CTE below is read by the next, which orders them. A creation
+    # that locks nothing else but new rows takes the tenant's lock last (`_admits_last`).
+    # Either way the lock's holder commits without waiting for its WAL flush (ASYNC_COMMIT):
+    # the caller waits for one after the lock is released (app/db/durable.py).
+    ctes, admitted, late_admit = _admission(admit, last, params)
     if expire_key:  # then the old holder lets go of the key, before the new row takes it
         tenant, key, ttl = (f"${next(params)}" for _ in range(3))
         ctes.append(f"expired AS (UPDATE {quote(_SWARMS.name)} SET idempotency_key = NULL, "
@@ -171,8 +175,7 @@ def _creation(swarm_keys: tuple[str, ...],
                     f"{key}::varchar AND created_at < now() - make_interval(secs => {ttl}::float8) "
                     f"AND {admitted} RETURNING 1)")
         sw_source += " CROSS JOIN (SELECT count(*) FROM expired) AS e"
-    if admit:
-        sw_source += f" WHERE {admitted}"
+    sw_source += "" if admitted == "true" else f" WHERE {admitted}"
     ctes.append(f"new_swarm AS (INSERT INTO {quote(_SWARMS.name)} "
                 f"({', '.join(map(quote, values))}) SELECT {', '.join(values.values())} "
                 f"FROM {sw_source} RETURNING id, tenant, created_at, lease_expires_at)")
@@ -181,7 +184,7 @@ def _creation(swarm_keys: tuple[str, ...],
         # the subtasks' foreign key is checked at the statement's end: their swarm is there
         ctes.append(f"new_subtasks AS (INSERT INTO {quote(_SUBTASKS.name)} "
                     f"({', '.join(map(quote, columns))}) SELECT {', '.join(selected)} "
-                    f"FROM {source})")
+                    f"FROM {source}{' RETURNING 1' if last else ''})")
     ctes += ahead  # the ledger's rows: their swarm's foreign key checked at the end, as theirs
     if audited:  # the creation's audit row, only if the swarm's row was written
         key_id, action, request_id, client = (f"${next(params)}::varchar" for _ in range(4))
@@ -196,6 +199,13 @@ def _creation(swarm_keys: tuple[str, ...],
         out.append(f"(SELECT coalesce(sum(q.queued), 0) FROM {quote(_QUEUES.name)} q "
                    "WHERE q.tenant = n.tenant)")
     source = "new_swarm n"
+    if late_admit is not None:
+        # in the answer's columns, computed once the rows it joins are inserted (a condition
+        # on `n` alone would be checked as `n` is scanned, before them)
+        out.insert(1, late_admit)
+        source += "".join(f" CROSS JOIN (SELECT count(*) FROM {cte}) AS {cte}_n"
+                          for cte, there in (("new_subtasks", st_cols is not None),
+                                             ("new_ledger", bool(ahead))) if there)
     if capped:  # the cap's answer, before the count (read last)
         out[1:1] = ["cap.o_day", "cap.o_ids", "cap.o_left", "cap.o_live"]
         source += " CROSS JOIN cap"
@@ -203,12 +213,35 @@ def _creation(swarm_keys: tuple[str, ...],
     return sql, sw_cols, st_cols, alike_cols, ledger_cols, ledger_alike
 
 
-def _ahead(keys: tuple[tuple[str, ...], tuple[str, ...]], capped: bool, params: Iterator[int]
-           ) -> tuple[Columns, Columns | None, list[str]]:
+def _admission(admit: bool, last: bool, params: Iterator[int]
+               ) -> tuple[list[str], str, str | None]:
+    """The tenant's checks in the statement: (the CTE that runs them first, what the swarm's
+    insert is conditioned on, the answer's column that runs them last instead)."""
+    if last:
+        call = Admit.CALL.format(*(f"${next(params)}" for _ in range(6)), "n.id")
+        return [], "true", f"{call} AND {ASYNC_COMMIT}"
+    if admit:  # the checks (and their lock) come first
+        call = Admit.CALL.format(*(f"${next(params)}" for _ in range(7)))
+        return [f"admitted AS (SELECT {call} AND {ASYNC_COMMIT} AS ok)"], \
+            "(SELECT ok FROM admitted)", None
+    return [], "true", None
+
+
+def _admits_last(admit: bool, expire_key: bool, capped: bool) -> bool:
+    """Whether the tenant's lock is taken at the statement's end, once its rows are inserted:
+    when it locks no row but its own new ones before (no Idempotency-Key to take over from an
+    old holder, whose row and unique entry the session paths lock after the tenant's; no
+    reservation on the tenant's day row). It is held for less of the statement then."""
+    return admit and not expire_key and not capped
+
+
+def _ahead(keys: tuple[tuple[str, ...], tuple[str, ...]], capped: bool, params: Iterator[int],
+           returning: bool = False) -> tuple[Columns, Columns | None, list[str]]:
     """The creation's calls written ahead: their documents' columns (the keys that vary by
     row, then those alike in one row with the columns' defaults: a 100-call wave's document
     was 42 KB of 16 keys a row, where four vary), and the CTEs that insert them (`capped`:
-    each only if the tenant's cap, asked first, reserved it)."""
+    each only if the tenant's cap, asked first, reserved it; `returning`: read by the answer's
+    row, which takes the tenant's lock once they are in)."""
     varying, alike = keys
     cols, source = recordset(_LEDGER, varying, params, defaults=False)
     columns = list(cols.keys)
@@ -233,5 +266,5 @@ def _ahead(keys: tuple[tuple[str, ...], tuple[str, ...]], capped: bool, params: 
                    "WHERE u.rid IS NOT NULL)")
     ctes.append(f"new_ledger AS (INSERT INTO {quote(_LEDGER.name)} "
                 f"({', '.join(map(quote, columns))}) "
-                f"SELECT {', '.join(selected)} FROM {source})")
+                f"SELECT {', '.join(selected)} FROM {source}{' RETURNING 1' if returning else ''})")
     return cols, alike_cols, ctes

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from app.config import Settings
 from app.db import changes
 from app.db.tables import Swarm
-from app.db.tenant_tables import TenantDailyReservation, TenantDailySpend
+from app.db.tenant_tables import TenantBucket, TenantDailyReservation, TenantDailySpend
 from app.engine.runner import SwarmRunner
 from app.engine.scheduler import Scheduler
 from tests.conftest import Harness, make_settings, start_harness
@@ -119,6 +119,28 @@ async def test_a_one_agent_swarm_is_written_by_the_engine_without_a_write_ahead(
     mine = [w for batch in batches for w in batch if w.swarm_id == data["id"]]
     outcomes = [r["outcome"] for w in mine for r in w.ledger]
     assert outcomes == (["ok"] if devices else ["in_flight", "ok"])  # the settlement alone
+
+
+async def test_a_tenant_with_an_admission_lock_and_no_cap_writes_its_first_wave_too(
+        database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A token bucket and `max_active_swarms` (the tenant's lock) without a daily cap: the
+    creation's statement checks them after writing the swarm's rows and its first calls
+    (decision 0039), takes the token, and the engine writes no call of that wave again."""
+    path = tmp_path / "tenants.toml"
+    path.write_text(NO_DAILY_CAP + "requests_per_minute = 600\nburst = 100\n"
+                    "max_active_swarms = 5\n")
+    h, close = await start_harness(make_settings(database_url, tenants_file=str(path)))
+    batches = record_batches(h, monkeypatch)
+    try:
+        data = await h.run({"task": "t", "agents": [agent("a"), agent("b")],
+                            "synthesis": {"strategy": "concatenate"}})
+        async with h.app.state.sessions() as s:
+            tokens = (await s.execute(select(TenantBucket.tokens))).scalars().all()
+    finally:
+        await close()
+    assert data["status"] == "succeeded", data["error"]
+    assert written_ahead(batches, data["id"]) == []
+    assert len(tokens) == 1 and 98 < tokens[0] < 99.5  # one taken, a little refilled
 
 
 async def test_a_first_call_never_sent_settles_cancelled(database_url: str, tmp_path: Path
