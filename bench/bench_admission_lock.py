@@ -4,10 +4,10 @@ run, sent by `--connections` concurrent connections of one process, with SPEC §
 checked (`tenant_admit`: the tenant's bucket row, locked to the commit) or lifted.
 
 Modes, each a round in turn: `lifted` (no lock); `checked` (this checkout: the lock taken
-after the rows, the commit not waiting for its flush, the caller waiting for a flush shared
-with the others, `app/db/durable.py`); `checked-sync` (the statement before decision 0039:
-the lock taken first and held through the commit's flush, rebuilt by switching both off);
-`checked-keyed` (with an Idempotency-Key: the lock first, the commit not waiting); `token` and
+once the subtasks are in, the commit not waiting for its flush, the caller waiting for a
+flush shared with the others, `app/db/durable.py`); `checked-sync` (the statement before
+decision 0039: the lock taken first and held through the commit's flush, rebuilt by
+switching both off); `checked-keyed` (the same as `checked` with an Idempotency-Key); `token` and
 `token-sync` (the facade's token alone, `quotas.admit_alone`, as built and as before).
 
     .venv/bin/python -m bench.bench_admission_lock --creations 3000 --connections 32 --rounds 3
@@ -43,17 +43,19 @@ ADMIT = Admit("bench", 1e7, 1e8 / 60, 10**7, Decimal(10**6))
 def statement_before() -> Iterator[None]:
     """The creation statement as it was before decision 0039: the lock first, a synchronous
     commit (the statement shapes are cached: cleared on the way in and out)."""
-    saved = (creation_statement.ASYNC_COMMIT, creation_statement._admits_last,
+    saved = (creation_statement.ASYNC_COMMIT, creation_statement._admission,
              quotas._ADMIT_ALONE, durable.flushed)
+    admission = creation_statement._admission
     creation_statement.ASYNC_COMMIT = "true"
-    creation_statement._admits_last = lambda *_: False  # type: ignore[assignment]
+    creation_statement._admission = (  # type: ignore[assignment]
+        lambda admit, first, params: admission(admit, [], params))
     quotas._ADMIT_ALONE = f"SELECT {Admit.CALL.format(*(f'${i}' for i in range(1, 8)))}"
     durable.flushed = _nothing  # the commit was the flush
     creation_statement._creation.cache_clear()
     try:
         yield
     finally:
-        (creation_statement.ASYNC_COMMIT, creation_statement._admits_last,
+        (creation_statement.ASYNC_COMMIT, creation_statement._admission,
          quotas._ADMIT_ALONE, durable.flushed) = saved
         creation_statement._creation.cache_clear()
 

@@ -40,8 +40,8 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
     holds ~30 keys a row where three vary (547 KB, ~13 ms to encode and parse, sent whole).
 
     With `admit`, the tenant's quotas are checked in the same statement (migration 0014's
-    `tenant_admit`): first, read by the swarm's INSERT before it writes, or last, once the new
-    rows are in, when they are all it locks before (`_admits_last`); a refusal raises
+    `tenant_admit`), once its subtasks (and calls without a reservation) are in and before
+    the swarm's INSERT, which reads the checks' answer; a refusal raises
     (quotas.Refused.of) and nothing of the statement stays, the token taken included. That
     transaction commits without waiting for its flush (the caller waits for one). With
     `key_ttl_s`, the swarm's Idempotency-Key is first freed from an older swarm that holds it
@@ -73,10 +73,7 @@ def creation(swarm: dict[str, Any], subtasks: Sequence[Mapping[str, Any]],
     if claim_s is not None:
         args.append(float(claim_s))
     if admit is not None:
-        # the lock taken last reads the new row's id from the row itself
-        args += admit.args(swarm["id"])[:-1] if _admits_last(
-            admit is not None, key_ttl_s is not None, cap is not None and bool(ledger)) \
-            else admit.args(swarm["id"])
+        args += admit.args(swarm["id"])
     if key_ttl_s is not None:
         args += [swarm["tenant"], swarm["idempotency_key"], float(key_ttl_s)]
     if audit is not None:
@@ -155,19 +152,33 @@ def _creation(swarm_keys: tuple[str, ...],
                                                   given=varying, alias="a")
             selected += [f"a.{quote(k)}" for k in alike_cols.keys]
             source += f" CROSS JOIN {alike_source}"
-    last = _admits_last(admit, expire_key, capped)
     ledger_cols, ledger_alike, ahead = ((None, None, []) if ledger_keys is None
-                                        else _ahead(ledger_keys, capped, params, last))
+                                        else _ahead(ledger_keys, capped, params,
+                                                    returning=admit and not capped))
     if claim:
         values["lease_expires_at"] = f"now() + make_interval(secs => ${next(params)}::float8)"
     # One lock order for every creation, this statement's and the session paths' alike (a
-    # deadlock otherwise): the tenant's (its bucket's row, or its advisory lock), then the key's
-    # old holder, then the new rows (the queue counts' shards, locked by the AFTER triggers at
-    # the statement's end). Each CTE below is read by the next, which orders them. A creation
-    # that locks nothing else but new rows takes the tenant's lock last (`_admits_last`).
-    # Either way the lock's holder commits without waiting for its WAL flush (ASYNC_COMMIT):
-    # the caller waits for one after the lock is released (app/db/durable.py).
-    ctes, admitted, late_admit = _admission(admit, last, params)
+    # deadlock otherwise): rows nobody else can lock yet (its subtasks, the calls it writes
+    # ahead without a reservation: in before the lock, which is held for less of the statement
+    # then), the tenant's (its bucket's row, or its advisory lock), then the key's old holder
+    # and the new swarm's row (its key's unique entry), the tenant's day row (the calls'
+    # reservations), then the queue counts' shards (locked by the AFTER triggers at the
+    # statement's end). Each CTE is read by the next, which orders them. The lock's holder
+    # commits without waiting for its WAL flush (ASYNC_COMMIT): the caller waits for one after
+    # the lock is released (app/db/durable.py).
+    ctes: list[str] = []
+    if st_cols is not None:
+        columns = [*st_cols.keys, *(alike_cols.keys if alike_cols else ())]
+        # the subtasks' foreign key is checked at the statement's end: their swarm is there
+        ctes.append(f"new_subtasks AS (INSERT INTO {quote(_SUBTASKS.name)} "
+                    f"({', '.join(map(quote, columns))}) SELECT {', '.join(selected)} "
+                    f"FROM {source}{' RETURNING 1' if admit else ''})")
+    if not capped:  # the ledger's rows: their swarm's foreign key checked at the end, as theirs
+        ctes += ahead
+    first = [name for name, there in (("new_subtasks", st_cols is not None),
+                                      ("new_ledger", bool(ahead) and not capped)) if there]
+    admission, admitted = _admission(admit, first, params)
+    ctes += admission
     if expire_key:  # then the old holder lets go of the key, before the new row takes it
         tenant, key, ttl = (f"${next(params)}" for _ in range(3))
         ctes.append(f"expired AS (UPDATE {quote(_SWARMS.name)} SET idempotency_key = NULL, "
@@ -179,13 +190,8 @@ def _creation(swarm_keys: tuple[str, ...],
     ctes.append(f"new_swarm AS (INSERT INTO {quote(_SWARMS.name)} "
                 f"({', '.join(map(quote, values))}) SELECT {', '.join(values.values())} "
                 f"FROM {sw_source} RETURNING id, tenant, created_at, lease_expires_at)")
-    if st_cols is not None:
-        columns = [*st_cols.keys, *(alike_cols.keys if alike_cols else ())]
-        # the subtasks' foreign key is checked at the statement's end: their swarm is there
-        ctes.append(f"new_subtasks AS (INSERT INTO {quote(_SUBTASKS.name)} "
-                    f"({', '.join(map(quote, columns))}) SELECT {', '.join(selected)} "
-                    f"FROM {source}{' RETURNING 1' if last else ''})")
-    ctes += ahead  # the ledger's rows: their swarm's foreign key checked at the end, as theirs
+    if capped:  # each row only if its reservation, asked after the swarm's row, was granted
+        ctes += ahead
     if audited:  # the creation's audit row, only if the swarm's row was written
         key_id, action, request_id, client = (f"${next(params)}::varchar" for _ in range(4))
         ctes.append(f"new_audit AS (INSERT INTO {quote(_AUDIT.name)} (time, tenant, key_id, "
@@ -199,13 +205,6 @@ def _creation(swarm_keys: tuple[str, ...],
         out.append(f"(SELECT coalesce(sum(q.queued), 0) FROM {quote(_QUEUES.name)} q "
                    "WHERE q.tenant = n.tenant)")
     source = "new_swarm n"
-    if late_admit is not None:
-        # in the answer's columns, computed once the rows it joins are inserted (a condition
-        # on `n` alone would be checked as `n` is scanned, before them)
-        out.insert(1, late_admit)
-        source += "".join(f" CROSS JOIN (SELECT count(*) FROM {cte}) AS {cte}_n"
-                          for cte, there in (("new_subtasks", st_cols is not None),
-                                             ("new_ledger", bool(ahead))) if there)
     if capped:  # the cap's answer, before the count (read last)
         out[1:1] = ["cap.o_day", "cap.o_ids", "cap.o_left", "cap.o_live"]
         source += " CROSS JOIN cap"
@@ -213,26 +212,15 @@ def _creation(swarm_keys: tuple[str, ...],
     return sql, sw_cols, st_cols, alike_cols, ledger_cols, ledger_alike
 
 
-def _admission(admit: bool, last: bool, params: Iterator[int]
-               ) -> tuple[list[str], str, str | None]:
-    """The tenant's checks in the statement: (the CTE that runs them first, what the swarm's
-    insert is conditioned on, the answer's column that runs them last instead)."""
-    if last:
-        call = Admit.CALL.format(*(f"${next(params)}" for _ in range(6)), "n.id")
-        return [], "true", f"{call} AND {ASYNC_COMMIT}"
-    if admit:  # the checks (and their lock) come first
-        call = Admit.CALL.format(*(f"${next(params)}" for _ in range(7)))
-        return [f"admitted AS (SELECT {call} AND {ASYNC_COMMIT} AS ok)"], \
-            "(SELECT ok FROM admitted)", None
-    return [], "true", None
-
-
-def _admits_last(admit: bool, expire_key: bool, capped: bool) -> bool:
-    """Whether the tenant's lock is taken at the statement's end, once its rows are inserted:
-    when it locks no row but its own new ones before (no Idempotency-Key to take over from an
-    old holder, whose row and unique entry the session paths lock after the tenant's; no
-    reservation on the tenant's day row). It is held for less of the statement then."""
-    return admit and not expire_key and not capped
+def _admission(admit: bool, first: list[str], params: Iterator[int]) -> tuple[list[str], str]:
+    """The tenant's checks in the statement: (the CTE that runs them once the CTEs `first`
+    are inserted, which it reads, what the swarm's row and key are conditioned on)."""
+    if not admit:
+        return [], "true"
+    call = Admit.CALL.format(*(f"${next(params)}" for _ in range(7)))
+    after = " CROSS JOIN ".join(f"(SELECT count(*) FROM {name}) AS {name}_n" for name in first)
+    return [f"admitted AS (SELECT {call} AND {ASYNC_COMMIT} AS ok"
+            f"{' FROM ' + after if after else ''})"], "(SELECT ok FROM admitted)"
 
 
 def _ahead(keys: tuple[tuple[str, ...], tuple[str, ...]], capped: bool, params: Iterator[int],
@@ -240,8 +228,8 @@ def _ahead(keys: tuple[tuple[str, ...], tuple[str, ...]], capped: bool, params: 
     """The creation's calls written ahead: their documents' columns (the keys that vary by
     row, then those alike in one row with the columns' defaults: a 100-call wave's document
     was 42 KB of 16 keys a row, where four vary), and the CTEs that insert them (`capped`:
-    each only if the tenant's cap, asked first, reserved it; `returning`: read by the answer's
-    row, which takes the tenant's lock once they are in)."""
+    each only if the tenant's cap, asked first, reserved it; `returning`: read by the
+    admission, which takes the tenant's lock once they are in)."""
     varying, alike = keys
     cols, source = recordset(_LEDGER, varying, params, defaults=False)
     columns = list(cols.keys)

@@ -124,8 +124,9 @@ async def test_a_one_agent_swarm_is_written_by_the_engine_without_a_write_ahead(
 async def test_a_tenant_with_an_admission_lock_and_no_cap_writes_its_first_wave_too(
         database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A token bucket and `max_active_swarms` (the tenant's lock) without a daily cap: the
-    creation's statement checks them after writing the swarm's rows and its first calls
-    (decision 0039), takes the token, and the engine writes no call of that wave again."""
+    creation's statement checks them once its subtasks and first calls are in, before the
+    swarm's row (decision 0039), takes the token, and the engine writes no call of that wave
+    again."""
     path = tmp_path / "tenants.toml"
     path.write_text(NO_DAILY_CAP + "requests_per_minute = 600\nburst = 100\n"
                     "max_active_swarms = 5\n")
