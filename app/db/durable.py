@@ -35,24 +35,33 @@ class WalFlusher:
             self._next = asyncio.get_running_loop().create_future()
             # nobody left to read a failure (every waiter cancelled): not logged as unread
             self._next.add_done_callback(_read_failure)
-        if self._task is None:
+        if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
+            self._task.add_done_callback(self._ended)
         # shielded: a waiter cancelled does not cancel the flush others share
         await asyncio.shield(self._next)
 
     async def _run(self) -> None:
-        try:
-            while (waiting := self._next) is not None:
-                self._next = None
-                try:
-                    await fetchrow_pooled(self._engine, FLUSH, ())
-                except Exception as exc:  # each waiter's request fails with it, as its own would
-                    waiting.set_exception(exc)
-                else:
-                    self.flushes += 1
-                    waiting.set_result(None)
-        finally:
-            self._task = None
+        while (waiting := self._next) is not None:
+            self._next = None
+            try:
+                await fetchrow_pooled(self._engine, FLUSH, ())
+            except Exception as exc:  # each waiter's request fails with it, as its own would
+                waiting.set_exception(exc)
+            except BaseException:  # cancelled (the loop shuts down): its waiters with it
+                waiting.cancel()
+                raise
+            else:
+                self.flushes += 1
+                waiting.set_result(None)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if self._task is not task:  # a later one took over, with the waiters left
+            return
+        self._task = None
+        if task.cancelled() and self._next is not None:  # nobody sends for those left
+            self._next.cancel()
+            self._next = None
 
 
 def _read_failure(future: asyncio.Future[None]) -> None:

@@ -63,6 +63,20 @@ async def test_a_failed_flush_fails_its_waiters_and_the_next_one_flushes(
     await engine.dispose()
 
 
+async def test_a_flush_cancelled_cancels_its_waiters_and_the_next_one_flushes(
+        engine: AsyncEngine) -> None:
+    flusher = durable.flusher(engine)
+    waiter = asyncio.create_task(durable.flushed(engine))
+    await asyncio.sleep(0)  # the flush is on its way
+    assert flusher._task is not None
+    flusher._task.cancel()
+    await asyncio.wait({waiter}, timeout=5)
+    assert waiter.cancelled()  # not left waiting for a flush nobody sends
+    await durable.flushed(engine)
+    assert flusher.flushes == 1
+    await engine.dispose()
+
+
 @pytest.fixture(scope="module")
 def slow_wal_writer() -> Iterator[PrivatePostgres]:
     """A server that flushes WAL only when a commit asks (its WAL writer waits 10 s): what a
