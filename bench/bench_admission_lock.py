@@ -49,7 +49,7 @@ def statement_before() -> Iterator[None]:
     creation_statement.ASYNC_COMMIT = "true"
     creation_statement._admission = (  # type: ignore[assignment]
         lambda admit, first, params: admission(admit, [], params))
-    quotas._ADMIT_ALONE = f"SELECT {Admit.CALL.format(*(f'${i}' for i in range(1, 8)))}"
+    quotas._ADMIT_ALONE = quotas._ADMIT_CALL
     durable.flushed = _nothing  # the commit was the flush
     creation_statement._creation.cache_clear()
     try:

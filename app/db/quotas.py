@@ -217,8 +217,8 @@ async def admit_alone(engine: AsyncEngine, admit: Admit) -> None:
         raise
 
 
-_ADMIT_ALONE = (f"SELECT {Admit.CALL.format(*(f'${i}' for i in range(1, 8)))} AND "
-                f"{ASYNC_COMMIT}")
+_ADMIT_CALL = f"SELECT {Admit.CALL.format(*(f'${i}' for i in range(1, 8)))}"
+_ADMIT_ALONE = f"{_ADMIT_CALL} AND {ASYNC_COMMIT}"
 
 
 class Refused(Exception):
